@@ -1,0 +1,288 @@
+//! One GPU instance, one second: [`Sample`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The service class of the workload holding an instance; drives reclaim policy and alerting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SloClass {
+    /// Online inference: idle capacity is headroom, reclaimed last.
+    LatencyCritical,
+    /// Notebooks and shells: idle capacity is the usual hoarding suspect.
+    Interactive,
+    /// Training and batch jobs.
+    Batch,
+}
+
+impl SloClass {
+    /// Every class, in a fixed order.
+    pub const ALL: [SloClass; 3] = [
+        SloClass::LatencyCritical,
+        SloClass::Interactive,
+        SloClass::Batch,
+    ];
+
+    /// The name used in CSV, JSON and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SloClass::LatencyCritical => "latency_critical",
+            SloClass::Interactive => "interactive",
+            SloClass::Batch => "batch",
+        }
+    }
+}
+
+impl fmt::Display for SloClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The error for a string that names no [`SloClass`].
+#[derive(Debug, thiserror::Error)]
+#[error("unknown SLO class {0:?} (expected latency_critical, interactive or batch)")]
+pub struct UnknownSloClass(pub String);
+
+impl FromStr for SloClass {
+    type Err = UnknownSloClass;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SloClass::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownSloClass(s.to_owned()))
+    }
+}
+
+/// Which physical GPU and which slice of it: the identity of a series.
+///
+/// A whole GPU (no MIG) has `mig_profile`, `gpu_instance_id` and the placement all `None`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Instance {
+    /// Kubernetes node name or host name.
+    pub node: String,
+    /// The physical GPU's UUID as NVML reports it (`GPU-…`).
+    pub gpu_uuid: String,
+    /// The GPU's product name as NVML reports it (`NVIDIA H100 80GB HBM3`).
+    pub gpu_model: String,
+    /// MIG profile name (`3g.40gb`); `None` for a whole GPU.
+    pub mig_profile: Option<String>,
+    /// MIG GPU instance id on its parent GPU; `None` for a whole GPU.
+    pub gpu_instance_id: Option<u32>,
+    /// First memory slice the instance occupies (NVML placement start).
+    pub placement_start: Option<u32>,
+    /// Number of memory slices the instance occupies (NVML placement size).
+    pub placement_size: Option<u32>,
+}
+
+impl Instance {
+    /// Compute slices out of seven: `3g.40gb` is 3, a whole GPU is 7. `None` for a profile name
+    /// that does not start with `<n>g.`.
+    pub fn compute_slices(&self) -> Option<u32> {
+        match &self.mig_profile {
+            None => Some(crate::mig::SLICES_PER_GPU),
+            Some(p) => crate::mig::compute_slices_of(p),
+        }
+    }
+
+    /// The instance's size in GPU-equivalents: compute slices / 7, a whole GPU is 1.
+    pub fn gpu_equivalents(&self) -> Option<f64> {
+        self.compute_slices()
+            .map(|s| f64::from(s) / f64::from(crate::mig::SLICES_PER_GPU))
+    }
+}
+
+/// Who held an instance during a second. All `None` = not allocated.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Attribution {
+    /// The tenant charged for the instance (team, account, namespace owner).
+    pub tenant: Option<String>,
+    /// The workload holding it: a pod `namespace/name` or a Slurm job id.
+    pub workload: Option<String>,
+    /// The workload's service class.
+    pub slo_class: Option<SloClass>,
+}
+
+impl Attribution {
+    /// Whether anyone holds the instance.
+    pub fn is_allocated(&self) -> bool {
+        self.tenant.is_some()
+    }
+}
+
+/// The counters of one instance over one second. `None` means "not measured" (an unsupported
+/// counter, a collector that failed), never zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Fraction of time at least one warp was resident on an SM, averaged over the instance's SMs
+    /// (DCGM SM_ACTIVE, NVML GPM SM_UTIL / 100). 0–1.
+    pub sm_active: Option<f64>,
+    /// Resident warps over the SMs' maximum (DCGM SM_OCCUPANCY, GPM SM_OCCUPANCY / 100). 0–1.
+    pub sm_occupancy: Option<f64>,
+    /// Fraction of cycles any tensor pipe was active (GPM ANY_TENSOR_UTIL / 100). 0–1.
+    pub tensor_active: Option<f64>,
+    /// Fraction of cycles the DRAM interface was busy (GPM DRAM_BW_UTIL / 100). 0–1.
+    pub dram_active: Option<f64>,
+    /// Framebuffer (HBM) bytes in use at the end of the second.
+    pub fb_used_bytes: Option<u64>,
+    /// Framebuffer (HBM) bytes of the instance.
+    pub fb_total_bytes: Option<u64>,
+    /// NVLink bytes transmitted during the second (whole GPUs only: MIG instances do no NVLink P2P).
+    pub nvlink_tx_bytes: Option<u64>,
+    /// NVLink bytes received during the second.
+    pub nvlink_rx_bytes: Option<u64>,
+}
+
+/// One instance, one second: the unit of gpuledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The second the sample covers, as Unix seconds (UTC): `[timestamp, timestamp + 1)`.
+    pub timestamp: i64,
+    /// The instance sampled.
+    pub instance: Instance,
+    /// Who held it.
+    pub attribution: Attribution,
+    /// What it did.
+    pub counters: Counters,
+}
+
+/// A field of a sample that breaks the rules every representation shares.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct InvalidField {
+    /// The field's name as the CSV column and the wire JSON name it.
+    pub field: &'static str,
+    /// What is wrong, as a sentence fragment.
+    pub problem: String,
+}
+
+impl Sample {
+    /// Checks the rules every representation shares: ratios within 0–1, used ≤ total memory,
+    /// a MIG instance has its instance id, names are not empty.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let bad = |field, problem: String| Err(InvalidField { field, problem });
+        for (field, name) in [
+            ("node", &self.instance.node),
+            ("gpu_uuid", &self.instance.gpu_uuid),
+            ("gpu_model", &self.instance.gpu_model),
+        ] {
+            if name.is_empty() {
+                return bad(field, "must not be empty".into());
+            }
+        }
+        let c = &self.counters;
+        for (field, v) in [
+            ("sm_active", c.sm_active),
+            ("sm_occupancy", c.sm_occupancy),
+            ("tensor_active", c.tensor_active),
+            ("dram_active", c.dram_active),
+        ] {
+            if let Some(v) = v
+                && !(0.0..=1.0).contains(&v)
+            {
+                return bad(field, format!("{v} is outside 0–1"));
+            }
+        }
+        if let (Some(used), Some(total)) = (c.fb_used_bytes, c.fb_total_bytes)
+            && used > total
+        {
+            return bad(
+                "fb_used_bytes",
+                format!("{used} exceeds fb_total_bytes {total}"),
+            );
+        }
+        if let Some(profile) = &self.instance.mig_profile {
+            if crate::mig::compute_slices_of(profile).is_none() {
+                return bad(
+                    "mig_profile",
+                    format!("{profile:?} is not a MIG profile name like 3g.40gb"),
+                );
+            }
+            if self.instance.gpu_instance_id.is_none() {
+                return bad("gpu_instance_id", "is required for a MIG instance".into());
+            }
+        } else if self.instance.gpu_instance_id.is_some() || self.instance.placement_start.is_some()
+        {
+            return bad(
+                "mig_profile",
+                "is required when gpu_instance_id or a placement is given".into(),
+            );
+        }
+        if self.instance.placement_start.is_some() != self.instance.placement_size.is_some() {
+            return bad(
+                "placement_size",
+                "placement_start and placement_size go together".into(),
+            );
+        }
+        if self.attribution.tenant.is_none()
+            && (self.attribution.workload.is_some() || self.attribution.slo_class.is_some())
+        {
+            return bad(
+                "tenant",
+                "is required when a workload or SLO class is given".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole_gpu() -> Sample {
+        Sample {
+            timestamp: 1_700_000_000,
+            instance: Instance {
+                node: "n1".into(),
+                gpu_uuid: "GPU-1".into(),
+                gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                mig_profile: None,
+                gpu_instance_id: None,
+                placement_start: None,
+                placement_size: None,
+            },
+            attribution: Attribution::default(),
+            counters: Counters {
+                sm_active: Some(0.5),
+                ..Counters::default()
+            },
+        }
+    }
+
+    #[test]
+    fn gpu_equivalents_follow_compute_slices() {
+        let mut s = whole_gpu();
+        assert_eq!(s.instance.gpu_equivalents(), Some(1.0));
+        s.instance.mig_profile = Some("3g.40gb".into());
+        assert_eq!(s.instance.gpu_equivalents(), Some(3.0 / 7.0));
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut s = whole_gpu();
+        s.counters.sm_active = Some(1.5);
+        assert_eq!(s.validate().unwrap_err().field, "sm_active");
+        let mut s = whole_gpu();
+        s.counters.fb_used_bytes = Some(2);
+        s.counters.fb_total_bytes = Some(1);
+        assert_eq!(s.validate().unwrap_err().field, "fb_used_bytes");
+        let mut s = whole_gpu();
+        s.attribution.workload = Some("ns/pod".into());
+        assert_eq!(s.validate().unwrap_err().field, "tenant");
+        let mut s = whole_gpu();
+        s.instance.mig_profile = Some("3g.40gb".into());
+        assert_eq!(s.validate().unwrap_err().field, "gpu_instance_id");
+        assert!(whole_gpu().validate().is_ok());
+    }
+
+    #[test]
+    fn slo_class_round_trips() {
+        for c in SloClass::ALL {
+            assert_eq!(c.as_str().parse::<SloClass>().unwrap(), c);
+        }
+        assert!("gold".parse::<SloClass>().is_err());
+    }
+}

@@ -1,0 +1,458 @@
+//! The ingest batch: how an exporter ships samples to the aggregator. Specified in
+//! `schema/WIRE.md`.
+//!
+//! A batch is JSON, gzip-compressed on the wire (`Content-Encoding: gzip`), column-oriented per
+//! series: a series is one instance held by one attribution, with a `t` array of seconds and one
+//! array per counter, all the same length. Columns that are entirely unmeasured are left out. The
+//! `batch_id` (a UUIDv7) is what the receiver deduplicates on.
+
+use std::collections::HashMap;
+use std::io::Read;
+
+use flate2::Compression;
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::sample::{Attribution, Counters, Instance, InvalidField, Sample, SloClass};
+
+/// The wire version this build writes and the only one it reads.
+pub const VERSION: u32 = 1;
+/// The media type of a batch body.
+pub const CONTENT_TYPE: &str = "application/json";
+/// The ingest path on the aggregator.
+pub const INGEST_PATH: &str = "/api/v1/ingest";
+
+/// A batch of samples from one exporter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    /// Wire version; see [`VERSION`].
+    pub v: u32,
+    /// Unique id of the batch; a receiver stores a batch id at most once.
+    pub batch_id: Uuid,
+    /// The node that sent the batch (the node its token is for).
+    pub node: String,
+    /// The samples, grouped by instance and attribution.
+    pub series: Vec<Series>,
+}
+
+/// The samples of one instance under one attribution, column-wise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    /// Node of the instance (usually the batch's node; differs only in multi-node backfills).
+    pub node: String,
+    /// Physical GPU UUID.
+    pub gpu_uuid: String,
+    /// NVML product name.
+    pub gpu_model: String,
+    /// MIG profile; absent for a whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    /// MIG GPU instance id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance_id: Option<u32>,
+    /// MIG placement start slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_start: Option<u32>,
+    /// MIG placement size in slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_size: Option<u32>,
+    /// Tenant; absent when not allocated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    /// SLO class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_class: Option<SloClass>,
+    /// The seconds (Unix) of the samples.
+    pub t: Vec<i64>,
+    /// SM activity per second, 0–1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_active: Option<Vec<Option<f64>>>,
+    /// SM occupancy per second, 0–1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_occupancy: Option<Vec<Option<f64>>>,
+    /// Tensor-pipe activity per second, 0–1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_active: Option<Vec<Option<f64>>>,
+    /// DRAM bandwidth activity per second, 0–1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dram_active: Option<Vec<Option<f64>>>,
+    /// HBM bytes used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fb_used_bytes: Option<Vec<Option<u64>>>,
+    /// HBM bytes of the instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fb_total_bytes: Option<Vec<Option<u64>>>,
+    /// NVLink bytes sent during each second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_tx_bytes: Option<Vec<Option<u64>>>,
+    /// NVLink bytes received during each second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_rx_bytes: Option<Vec<Option<u64>>>,
+}
+
+/// Why a body is not a valid batch. `field` is a JSON path such as `series[2].sm_active[7]`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WireError {
+    /// Not gzip, not JSON, or not the shape of a batch.
+    #[error("body: {0}")]
+    Malformed(String),
+    /// A wire version this build does not read.
+    #[error("v: unknown wire version {0} (this build reads version {VERSION})")]
+    UnknownVersion(u32),
+    /// A field breaks a rule.
+    #[error("{field}: {problem}")]
+    Invalid {
+        /// JSON path of the field.
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl WireError {
+    /// The JSON path of the offending field (`body` for an unparsable body).
+    pub fn field(&self) -> &str {
+        match self {
+            WireError::Malformed(_) => "body",
+            WireError::UnknownVersion(_) => "v",
+            WireError::Invalid { field, .. } => field,
+        }
+    }
+}
+
+impl Batch {
+    /// Groups `samples` into a new batch with a fresh time-ordered id.
+    pub fn from_samples(node: &str, samples: &[Sample]) -> Batch {
+        let mut index: HashMap<(&Instance, &Attribution), usize> = HashMap::new();
+        let mut groups: Vec<Vec<&Sample>> = Vec::new();
+        for s in samples {
+            let i = *index
+                .entry((&s.instance, &s.attribution))
+                .or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                });
+            groups[i].push(s);
+        }
+        Batch {
+            v: VERSION,
+            batch_id: Uuid::now_v7(),
+            node: node.to_owned(),
+            series: groups.iter().map(|g| Series::from_samples(g)).collect(),
+        }
+    }
+
+    /// Number of samples in the batch.
+    pub fn sample_count(&self) -> usize {
+        self.series.iter().map(|s| s.t.len()).sum()
+    }
+
+    /// The samples, series by series.
+    pub fn samples(&self) -> impl Iterator<Item = Sample> + '_ {
+        self.series.iter().flat_map(Series::samples)
+    }
+
+    /// gzip-compressed JSON, the body an exporter POSTs.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+        serde_json::to_writer(&mut gz, self).expect("a batch always serializes");
+        gz.finish().expect("writing to a Vec cannot fail")
+    }
+
+    /// Decodes and validates a body: gzip-compressed when `gzip`, else plain JSON.
+    pub fn decode(body: &[u8], gzip: bool) -> Result<Batch, WireError> {
+        let json;
+        let json = if gzip {
+            let mut out = Vec::with_capacity(body.len() * 8);
+            GzDecoder::new(body)
+                .read_to_end(&mut out)
+                .map_err(|e| WireError::Malformed(format!("not valid gzip: {e}")))?;
+            json = out;
+            &json[..]
+        } else {
+            body
+        };
+        let batch: Batch = serde_json::from_slice(json).map_err(|e| {
+            #[derive(Deserialize)]
+            struct VersionOnly {
+                v: u32,
+            }
+            match serde_json::from_slice::<VersionOnly>(json) {
+                Ok(VersionOnly { v }) if v != VERSION => WireError::UnknownVersion(v),
+                _ => WireError::Malformed(e.to_string()),
+            }
+        })?;
+        if batch.v != VERSION {
+            return Err(WireError::UnknownVersion(batch.v));
+        }
+        batch.validate()?;
+        Ok(batch)
+    }
+
+    /// Checks column lengths and every sample's rules.
+    pub fn validate(&self) -> Result<(), WireError> {
+        if self.node.is_empty() {
+            return Err(WireError::Invalid {
+                field: "node".into(),
+                problem: "must not be empty".into(),
+            });
+        }
+        for (i, series) in self.series.iter().enumerate() {
+            series
+                .validate()
+                .map_err(|(field, j, problem)| WireError::Invalid {
+                    field: match j {
+                        Some(j) => format!("series[{i}].{field}[{j}]"),
+                        None => format!("series[{i}].{field}"),
+                    },
+                    problem,
+                })?;
+        }
+        Ok(())
+    }
+}
+
+fn column<T: Copy>(
+    group: &[&Sample],
+    get: impl Fn(&Counters) -> Option<T>,
+) -> Option<Vec<Option<T>>> {
+    let values: Vec<Option<T>> = group.iter().map(|s| get(&s.counters)).collect();
+    values.iter().any(Option::is_some).then_some(values)
+}
+
+impl Series {
+    fn from_samples(group: &[&Sample]) -> Series {
+        let (i, a) = (&group[0].instance, &group[0].attribution);
+        Series {
+            node: i.node.clone(),
+            gpu_uuid: i.gpu_uuid.clone(),
+            gpu_model: i.gpu_model.clone(),
+            mig_profile: i.mig_profile.clone(),
+            gpu_instance_id: i.gpu_instance_id,
+            placement_start: i.placement_start,
+            placement_size: i.placement_size,
+            tenant: a.tenant.clone(),
+            workload: a.workload.clone(),
+            slo_class: a.slo_class,
+            t: group.iter().map(|s| s.timestamp).collect(),
+            sm_active: column(group, |c| c.sm_active),
+            sm_occupancy: column(group, |c| c.sm_occupancy),
+            tensor_active: column(group, |c| c.tensor_active),
+            dram_active: column(group, |c| c.dram_active),
+            fb_used_bytes: column(group, |c| c.fb_used_bytes),
+            fb_total_bytes: column(group, |c| c.fb_total_bytes),
+            nvlink_tx_bytes: column(group, |c| c.nvlink_tx_bytes),
+            nvlink_rx_bytes: column(group, |c| c.nvlink_rx_bytes),
+        }
+    }
+
+    /// The series' instance.
+    pub fn instance(&self) -> Instance {
+        Instance {
+            node: self.node.clone(),
+            gpu_uuid: self.gpu_uuid.clone(),
+            gpu_model: self.gpu_model.clone(),
+            mig_profile: self.mig_profile.clone(),
+            gpu_instance_id: self.gpu_instance_id,
+            placement_start: self.placement_start,
+            placement_size: self.placement_size,
+        }
+    }
+
+    /// The series' attribution.
+    pub fn attribution(&self) -> Attribution {
+        Attribution {
+            tenant: self.tenant.clone(),
+            workload: self.workload.clone(),
+            slo_class: self.slo_class,
+        }
+    }
+
+    /// The counters of the `j`th second.
+    pub fn counters(&self, j: usize) -> Counters {
+        fn at<T: Copy>(col: &Option<Vec<Option<T>>>, j: usize) -> Option<T> {
+            col.as_ref().and_then(|c| c.get(j).copied().flatten())
+        }
+        Counters {
+            sm_active: at(&self.sm_active, j),
+            sm_occupancy: at(&self.sm_occupancy, j),
+            tensor_active: at(&self.tensor_active, j),
+            dram_active: at(&self.dram_active, j),
+            fb_used_bytes: at(&self.fb_used_bytes, j),
+            fb_total_bytes: at(&self.fb_total_bytes, j),
+            nvlink_tx_bytes: at(&self.nvlink_tx_bytes, j),
+            nvlink_rx_bytes: at(&self.nvlink_rx_bytes, j),
+        }
+    }
+
+    /// The series as samples.
+    pub fn samples(&self) -> impl Iterator<Item = Sample> + '_ {
+        let (instance, attribution) = (self.instance(), self.attribution());
+        self.t
+            .iter()
+            .enumerate()
+            .map(move |(j, &timestamp)| Sample {
+                timestamp,
+                instance: instance.clone(),
+                attribution: attribution.clone(),
+                counters: self.counters(j),
+            })
+    }
+
+    fn validate(&self) -> Result<(), (&'static str, Option<usize>, String)> {
+        let n = self.t.len();
+        if n == 0 {
+            return Err(("t", None, "must hold at least one second".into()));
+        }
+        let lengths = [
+            ("sm_active", self.sm_active.as_ref().map(Vec::len)),
+            ("sm_occupancy", self.sm_occupancy.as_ref().map(Vec::len)),
+            ("tensor_active", self.tensor_active.as_ref().map(Vec::len)),
+            ("dram_active", self.dram_active.as_ref().map(Vec::len)),
+            ("fb_used_bytes", self.fb_used_bytes.as_ref().map(Vec::len)),
+            ("fb_total_bytes", self.fb_total_bytes.as_ref().map(Vec::len)),
+            (
+                "nvlink_tx_bytes",
+                self.nvlink_tx_bytes.as_ref().map(Vec::len),
+            ),
+            (
+                "nvlink_rx_bytes",
+                self.nvlink_rx_bytes.as_ref().map(Vec::len),
+            ),
+        ];
+        for (field, len) in lengths {
+            if let Some(len) = len
+                && len != n
+            {
+                return Err((
+                    field,
+                    None,
+                    format!("has {len} values for {n} seconds in t"),
+                ));
+            }
+        }
+        let (instance, attribution) = (self.instance(), self.attribution());
+        for (j, &timestamp) in self.t.iter().enumerate() {
+            let sample = Sample {
+                timestamp,
+                instance: instance.clone(),
+                attribution: attribution.clone(),
+                counters: self.counters(j),
+            };
+            sample
+                .validate()
+                .map_err(|InvalidField { field, problem }| {
+                    let per_second = !matches!(
+                        field,
+                        "node"
+                            | "gpu_uuid"
+                            | "gpu_model"
+                            | "mig_profile"
+                            | "gpu_instance_id"
+                            | "placement_size"
+                            | "tenant"
+                    );
+                    (field, per_second.then_some(j), problem)
+                })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(t: i64, gi: u32, tenant: Option<&str>, sm: Option<f64>) -> Sample {
+        Sample {
+            timestamp: t,
+            instance: Instance {
+                node: "n1".into(),
+                gpu_uuid: "GPU-a".into(),
+                gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                mig_profile: Some("1g.10gb".into()),
+                gpu_instance_id: Some(gi),
+                placement_start: Some(gi),
+                placement_size: Some(1),
+            },
+            attribution: Attribution {
+                tenant: tenant.map(Into::into),
+                workload: None,
+                slo_class: None,
+            },
+            counters: Counters {
+                sm_active: sm,
+                fb_total_bytes: Some(10),
+                ..Counters::default()
+            },
+        }
+    }
+
+    #[test]
+    fn samples_round_trip_through_the_wire() {
+        let samples = vec![
+            sample(1, 7, Some("a"), Some(0.5)),
+            sample(1, 8, None, None),
+            sample(2, 7, Some("a"), None),
+            sample(2, 8, None, None),
+            sample(3, 7, Some("b"), Some(1.0)),
+        ];
+        let batch = Batch::from_samples("n1", &samples);
+        assert_eq!(batch.series.len(), 3, "a tenant change starts a new series");
+        assert!(
+            batch.series[1].sm_active.is_none(),
+            "an unmeasured column is left out"
+        );
+        let decoded = Batch::decode(&batch.encode(), true).unwrap();
+        assert_eq!(decoded, batch);
+        let mut back: Vec<Sample> = decoded.samples().collect();
+        back.sort_by_key(|s| (s.timestamp, s.instance.gpu_instance_id));
+        assert_eq!(back, samples);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let batch = Batch::from_samples(
+            "n1",
+            &[
+                sample(1, 7, Some("a"), Some(0.5)),
+                sample(2, 7, Some("a"), Some(0.5)),
+            ],
+        );
+        let mut json: serde_json::Value = serde_json::to_value(&batch).unwrap();
+        json["series"][0]["sm_active"][1] = serde_json::json!(1.25);
+        let err = Batch::decode(json.to_string().as_bytes(), false).unwrap_err();
+        assert_eq!(err.field(), "series[0].sm_active[1]");
+
+        json["series"][0]["sm_active"] = serde_json::json!([0.5]);
+        let err = Batch::decode(json.to_string().as_bytes(), false).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "series[0].sm_active: has 1 values for 2 seconds in t"
+        );
+
+        json["v"] = serde_json::json!(2);
+        json["series"] = serde_json::json!("changed shape in v2");
+        assert_eq!(
+            Batch::decode(json.to_string().as_bytes(), false).unwrap_err(),
+            WireError::UnknownVersion(2)
+        );
+
+        json["v"] = serde_json::json!(1);
+        assert_eq!(
+            Batch::decode(json.to_string().as_bytes(), false)
+                .unwrap_err()
+                .field(),
+            "body"
+        );
+        assert_eq!(
+            Batch::decode(b"not gzip", true).unwrap_err().field(),
+            "body"
+        );
+    }
+}
