@@ -129,6 +129,18 @@ impl<R: Read> TraceReader<R> {
         }
     }
 
+    /// An error about `column` of the row read last, for checks a caller adds (such as time order).
+    pub fn error_at(&self, column: &'static str, message: impl std::fmt::Display) -> TraceError {
+        let line = self.record.position().map_or(0, |p| p.line());
+        Row {
+            file: &self.file,
+            line,
+            record: &self.record,
+            index: &self.index,
+        }
+        .error(column, message)
+    }
+
     fn parse_record(&self) -> Result<Sample, TraceError> {
         let line = self.record.position().map_or(0, |p| p.line());
         let row = Row {

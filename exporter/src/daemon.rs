@@ -1,0 +1,362 @@
+//! The exporter daemon: sample every second, attribute, expose, ship.
+//!
+//! A dedicated thread owns the source (NVML calls block) and paces it: live sources on each
+//! wall-clock second, recorded ones at `--speed`. Each second's readings update `/metrics` and go
+//! over a bounded channel to the shipper task. On SIGTERM/SIGINT the sampler stops, the shipper
+//! seals what it holds into the spool and tries to send for up to `drain_timeout`; anything left
+//! is sent on the next start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use gpuledger_schema::Sample;
+use tokio::sync::{mpsc, watch};
+
+use crate::attribution::StaticMap;
+use crate::metrics::Metrics;
+use crate::ship::{self, Finish, ShipConfig};
+use crate::source::nvml::{NvmlDriver, NvmlSource};
+use crate::source::replay::ReplaySource;
+use crate::source::sim::{Fleet, SimSource};
+use crate::source::{CollectorOutcome, Source};
+
+/// How fast a recorded trace plays.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Speed {
+    /// `factor` trace seconds per wall second (1 = real time).
+    Times(f64),
+    /// As fast as the shipper takes it.
+    Max,
+}
+
+impl std::str::FromStr for Speed {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "max" {
+            return Ok(Speed::Max);
+        }
+        match s.trim_end_matches('x').parse::<f64>() {
+            Ok(f) if f > 0.0 && f.is_finite() => Ok(Speed::Times(f)),
+            _ => Err(format!(
+                "{s:?} is not a speed: use 1, a factor such as 60, or max"
+            )),
+        }
+    }
+}
+
+/// Which source to run.
+#[derive(Debug, Clone)]
+pub enum SourceChoice {
+    /// Real GPUs; the named collectors are skipped.
+    Nvml {
+        /// Collectors to skip.
+        disabled: Vec<String>,
+    },
+    /// The simulator, with a fleet file or the built-in fleet.
+    Sim {
+        /// Fleet file.
+        fleet: Option<PathBuf>,
+    },
+    /// A trace CSV.
+    Replay {
+        /// The file.
+        file: PathBuf,
+        /// Pace.
+        speed: Speed,
+        /// Exit once the file is shipped and acknowledged.
+        once: bool,
+    },
+}
+
+/// Everything the daemon needs.
+#[derive(Debug, Clone)]
+pub struct ExporterConfig {
+    /// The source.
+    pub source: SourceChoice,
+    /// `/metrics` address.
+    pub listen: SocketAddr,
+    /// This node's name.
+    pub node: String,
+    /// Shipping; `None` serves `/metrics` only.
+    pub ship: Option<ShipConfig>,
+    /// Static attribution map.
+    pub attribution_map: Option<PathBuf>,
+    /// How long to keep sending at shutdown.
+    pub drain_timeout: Duration,
+}
+
+/// Why the daemon could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The source could not be set up.
+    #[error("{0}")]
+    Source(String),
+    /// The attribution map is unusable.
+    #[error(transparent)]
+    Map(#[from] crate::attribution::MapError),
+    /// The listen address is unusable.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Shipping failed in a way retrying cannot fix.
+    #[error(transparent)]
+    Ship(#[from] ship::ShipError),
+    /// `--once` without an aggregator.
+    #[error(
+        "--once needs --aggregator: it exits when the aggregator has acknowledged the whole file"
+    )]
+    OnceWithoutAggregator,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Builds the source a choice names.
+pub fn open_source(choice: &SourceChoice, node: &str) -> Result<Box<dyn Source>, DaemonError> {
+    Ok(match choice {
+        SourceChoice::Nvml { disabled } => {
+            let driver = NvmlDriver::init().map_err(|e| DaemonError::Source(e.to_string()))?;
+            Box::new(
+                NvmlSource::new(driver, node, disabled)
+                    .map_err(|e| DaemonError::Source(e.to_string()))?,
+            )
+        }
+        SourceChoice::Sim { fleet } => {
+            let fleet = match fleet {
+                Some(path) => Fleet::load(path).map_err(|e| DaemonError::Source(e.to_string()))?,
+                None => Fleet::builtin(),
+            };
+            Box::new(SimSource::new(fleet, node).map_err(|e| DaemonError::Source(e.to_string()))?)
+        }
+        SourceChoice::Replay { file, .. } => {
+            Box::new(ReplaySource::open(file).map_err(|e| DaemonError::Source(e.to_string()))?)
+        }
+    })
+}
+
+struct Sampler {
+    source: Box<dyn Source>,
+    map: Option<StaticMap>,
+    metrics: Arc<Metrics>,
+    tx: Option<mpsc::Sender<Vec<Sample>>>,
+    stop: Arc<AtomicBool>,
+    speed: Speed,
+}
+
+impl Sampler {
+    /// Sleeps until `deadline` unless asked to stop; returns false when stopping.
+    fn sleep_until(&self, deadline: Instant) -> bool {
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return true;
+            }
+            std::thread::sleep((deadline - now).min(Duration::from_millis(100)));
+        }
+    }
+
+    fn run(mut self) {
+        let recorded = self.source.is_recorded();
+        let started = Instant::now();
+        let mut first_trace_second: Option<i64> = None;
+        let mut failing = false;
+        loop {
+            if !recorded {
+                let now = unix_now();
+                let next = now.floor() + 1.0;
+                if !self.sleep_until(Instant::now() + Duration::from_secs_f64(next - now)) {
+                    return;
+                }
+            } else if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let t0 = Instant::now();
+            let result = self.source.collect(unix_now().round() as i64);
+            let outcome = CollectorOutcome {
+                collector: self.source.name(),
+                duration: t0.elapsed(),
+                success: result.is_ok(),
+            };
+            self.metrics.exporter.record_collector(&outcome);
+            let mut second = match result {
+                Ok(Some(second)) => {
+                    if failing {
+                        tracing::info!(source = self.source.name(), "The source works again.");
+                    }
+                    failing = false;
+                    second
+                }
+                Ok(None) => {
+                    tracing::info!(source = self.source.name(), "The source has no more data.");
+                    return;
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(source = self.source.name(), error = %e, "The source failed; retrying every second.");
+                    }
+                    failing = true;
+                    continue;
+                }
+            };
+            for c in &second.collectors {
+                self.metrics.exporter.record_collector(c);
+            }
+            if let (true, Speed::Times(factor)) = (recorded, self.speed) {
+                let first = *first_trace_second.get_or_insert(second.timestamp);
+                let offset = (second.timestamp - first) as f64 / factor;
+                if !self.sleep_until(started + Duration::from_secs_f64(offset)) {
+                    return;
+                }
+            }
+            if let Some(map) = &self.map {
+                map.apply(&mut second.readings);
+            }
+            self.metrics
+                .instances
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .update(&second.readings, &second.gpus);
+            self.metrics
+                .exporter
+                .samples_collected
+                .inc_by(second.readings.len() as u64);
+            self.metrics.exporter.last_sample.set(second.timestamp);
+            if let Some(tx) = &self.tx {
+                let samples = second
+                    .readings
+                    .into_iter()
+                    .map(|r| Sample {
+                        timestamp: second.timestamp,
+                        instance: r.instance,
+                        attribution: r.attribution,
+                        counters: r.counters,
+                    })
+                    .collect();
+                if tx.blocking_send(samples).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Runs the exporter until `shutdown` resolves (or, with `--once`, until the trace is shipped).
+pub async fn run(
+    config: ExporterConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let once = matches!(config.source, SourceChoice::Replay { once: true, .. });
+    if once && config.ship.is_none() {
+        return Err(DaemonError::OnceWithoutAggregator);
+    }
+    let speed = match config.source {
+        SourceChoice::Replay { speed, .. } => speed,
+        _ => Speed::Times(1.0),
+    };
+    let source = open_source(&config.source, &config.node)?;
+    let map = config
+        .attribution_map
+        .as_deref()
+        .map(StaticMap::load)
+        .transpose()?;
+    let metrics = Metrics::new();
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| DaemonError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| DaemonError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    tracing::info!(listen = %local, source = source.name(), node = %config.node, "Serving /metrics.");
+    let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        axum::serve(listener, crate::server::router(metrics.clone()))
+            .with_graceful_shutdown(async {
+                let _ = server_stop_rx.await;
+            })
+            .into_future(),
+    );
+
+    let (finish_tx, finish_rx) = watch::channel(Finish::Running);
+    let (tx, shipper) = match config.ship.clone() {
+        Some(mut ship_config) => {
+            ship_config.wait_when_full = source.is_recorded();
+            let (tx, rx) = mpsc::channel(16);
+            (
+                Some(tx),
+                Some(tokio::spawn(ship::run(
+                    ship_config,
+                    metrics.clone(),
+                    rx,
+                    finish_rx,
+                ))),
+            )
+        }
+        None => (None, None),
+    };
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = Sampler {
+        source,
+        map,
+        metrics: metrics.clone(),
+        tx,
+        stop: stop.clone(),
+        speed,
+    };
+    let sampler = tokio::task::spawn_blocking(move || sampler.run());
+    tokio::pin!(sampler);
+    tokio::pin!(shutdown);
+
+    let mut sampler_done = false;
+    tokio::select! {
+        _ = &mut shutdown => {
+            tracing::info!("Shutting down: sealing and sending what is buffered.");
+        }
+        _ = &mut sampler => {
+            sampler_done = true;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    if !sampler_done {
+        let _ = sampler.await;
+    }
+    let finish = if once && sampler_done {
+        Finish::Drain(None)
+    } else if sampler_done {
+        // A replay without --once keeps serving its last values and shipping until told to stop.
+        shutdown.await;
+        Finish::Drain(Some(tokio::time::Instant::now() + config.drain_timeout))
+    } else {
+        Finish::Drain(Some(tokio::time::Instant::now() + config.drain_timeout))
+    };
+    let _ = finish_tx.send(finish);
+    if let Some(shipper) = shipper {
+        shipper.await.expect("the shipper does not panic")?;
+        if once {
+            tracing::info!("The whole trace is shipped and acknowledged.");
+        }
+    }
+    let _ = server_stop_tx.send(());
+    let _ = server.await;
+    Ok(())
+}

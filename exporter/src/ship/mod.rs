@@ -1,0 +1,442 @@
+//! Shipping: 1 s samples → sealed batches → on-disk spool → `POST /api/v1/ingest`.
+//!
+//! Contract (`schema/WIRE.md`): gzip JSON batch, `Authorization: Bearer <token>`, a unique
+//! `batch_id` per batch. A 2xx acknowledges the batch and it leaves the spool. 429, 5xx and
+//! connection failures are retried, oldest batch first, with exponential backoff (1 s to 30 s)
+//! or the server's `Retry-After`; the batch waits on disk meanwhile, across restarts too. 401/403
+//! are retried as well (a token fix must not cost data) and logged at ERROR. Any other 4xx means
+//! the aggregator will never accept the batch: it moves to `spool/rejected/`, is counted as
+//! dropped and logged at ERROR.
+//!
+//! Bounds: a batch holds at most `max_batch_samples`; the spool holds at most `spool_max_bytes`.
+//! When it is full, a live source drops the oldest batch (counted, ERROR); a recorded source
+//! (replay) waits for room instead, since it can.
+
+pub mod spool;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuledger_schema::Sample;
+use gpuledger_schema::wire::{self, Batch};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+
+use crate::metrics::{Metrics, ReasonLabels};
+use spool::Spool;
+
+/// Where and how to ship.
+#[derive(Debug, Clone)]
+pub struct ShipConfig {
+    /// Aggregator base URL (`http://aggregator:9836`).
+    pub aggregator: String,
+    /// Bearer token.
+    pub token: String,
+    /// The node this exporter speaks for.
+    pub node: String,
+    /// Spool directory.
+    pub spool_dir: PathBuf,
+    /// Spool bound in bytes.
+    pub spool_max_bytes: u64,
+    /// How often the buffer is sealed into a batch.
+    pub interval: Duration,
+    /// Largest batch, in samples.
+    pub max_batch_samples: usize,
+    /// Wait for room instead of dropping the oldest batch when the spool is full.
+    pub wait_when_full: bool,
+    /// Per-request timeout.
+    pub request_timeout: Duration,
+}
+
+/// How the sender should stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// Keep going.
+    Running,
+    /// Stop once the spool is empty, or at the deadline (what is left stays spooled).
+    Drain(Option<Instant>),
+}
+
+/// A shipping failure that needs the operator; anything transient is retried instead.
+#[derive(Debug, thiserror::Error)]
+pub enum ShipError {
+    /// The spool directory is unusable.
+    #[error("spool {dir}: {source}")]
+    Spool {
+        /// The directory.
+        dir: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+/// A batch left the spool without being acknowledged. Logged at ERROR: this is data loss.
+struct BatchDropped<'a> {
+    reason: &'static str,
+    entry: &'a spool::Entry,
+    detail: String,
+}
+
+impl BatchDropped<'_> {
+    fn emit(&self, metrics: &Metrics) {
+        tracing::error!(
+            reason = self.reason,
+            batch_id = %self.entry.batch_id,
+            samples = self.entry.samples,
+            "A batch was dropped without reaching the aggregator: {}.",
+            self.detail
+        );
+        metrics
+            .exporter
+            .batches_dropped
+            .get_or_create(&ReasonLabels {
+                reason: self.reason,
+            })
+            .inc();
+    }
+}
+
+/// A send failed; counted by reason, logged once per failure streak.
+struct ShipFailed {
+    reason: &'static str,
+    detail: String,
+}
+
+impl ShipFailed {
+    fn emit(&self, metrics: &Metrics, first_in_streak: bool) {
+        if first_in_streak {
+            if self.reason == "unauthorized" {
+                tracing::error!(
+                    reason = self.reason,
+                    "The aggregator refused this exporter's token ({}); batches stay spooled until it is fixed.",
+                    self.detail
+                );
+            } else {
+                tracing::warn!(
+                    reason = self.reason,
+                    "Cannot ship to the aggregator ({}); batches wait in the spool and are retried.",
+                    self.detail
+                );
+            }
+        }
+        metrics
+            .exporter
+            .ship_failures
+            .get_or_create(&ReasonLabels {
+                reason: self.reason,
+            })
+            .inc();
+    }
+}
+
+fn update_spool_gauges(metrics: &Metrics, spool: &Spool) {
+    metrics.exporter.spool_batches.set(spool.len() as i64);
+    metrics.exporter.spool_bytes.set(spool.bytes() as i64);
+}
+
+/// Runs the shipper: seals what arrives on `samples` into batches, spools and sends them. Returns
+/// when `samples` closes and the sender has finished per `finish`.
+pub async fn run(
+    config: ShipConfig,
+    metrics: Arc<Metrics>,
+    mut samples: mpsc::Receiver<Vec<Sample>>,
+    finish: watch::Receiver<Finish>,
+) -> Result<(), ShipError> {
+    let spool_err = |source| ShipError::Spool {
+        dir: config.spool_dir.display().to_string(),
+        source,
+    };
+    let spool = Spool::open(&config.spool_dir, config.spool_max_bytes).map_err(spool_err)?;
+    if !spool.is_empty() {
+        tracing::info!(
+            batches = spool.len(),
+            bytes = spool.bytes(),
+            "Resuming with batches a previous run left in the spool."
+        );
+    }
+    update_spool_gauges(&metrics, &spool);
+    let spool = Arc::new(Mutex::new(spool));
+    let notify = Arc::new(Notify::new());
+    let client = reqwest::Client::builder()
+        .timeout(config.request_timeout)
+        .user_agent(concat!("gpuledger-exporter/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| ShipError::Client(e.to_string()))?;
+    let sender = tokio::spawn(send_loop(
+        config.clone(),
+        client,
+        spool.clone(),
+        notify.clone(),
+        metrics.clone(),
+        finish,
+    ));
+
+    let mut buffer: Vec<Sample> = Vec::new();
+    let mut tick = tokio::time::interval(config.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            got = samples.recv() => match got {
+                Some(s) => {
+                    buffer.extend(s);
+                    while buffer.len() >= config.max_batch_samples {
+                        let rest = buffer.split_off(config.max_batch_samples);
+                        seal(&config, &metrics, &spool, &notify, std::mem::replace(&mut buffer, rest)).await.map_err(spool_err)?;
+                    }
+                }
+                None => break,
+            },
+            _ = tick.tick() => {
+                if !buffer.is_empty() {
+                    seal(&config, &metrics, &spool, &notify, std::mem::take(&mut buffer)).await.map_err(spool_err)?;
+                }
+            }
+        }
+    }
+    if !buffer.is_empty() {
+        seal(&config, &metrics, &spool, &notify, buffer)
+            .await
+            .map_err(spool_err)?;
+    }
+    notify.notify_one();
+    sender.await.expect("the sender does not panic");
+    Ok(())
+}
+
+async fn seal(
+    config: &ShipConfig,
+    metrics: &Metrics,
+    spool: &Mutex<Spool>,
+    notify: &Notify,
+    samples: Vec<Sample>,
+) -> std::io::Result<()> {
+    let batch = Batch::from_samples(&config.node, &samples);
+    let body = batch.encode();
+    if config.wait_when_full {
+        while spool
+            .lock()
+            .expect("spool lock")
+            .would_overflow(body.len() as u64)
+        {
+            notify.notify_one();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let dropped = tokio::task::block_in_place(|| {
+        let mut spool = spool.lock().expect("spool lock");
+        let dropped = spool.push(batch.batch_id, samples.len() as u64, &body);
+        update_spool_gauges(metrics, &spool);
+        dropped
+    })?;
+    for entry in &dropped {
+        BatchDropped {
+            reason: "spool_full",
+            entry,
+            detail: format!(
+                "the spool reached its bound of {} bytes",
+                config.spool_max_bytes
+            ),
+        }
+        .emit(metrics);
+    }
+    notify.notify_one();
+    Ok(())
+}
+
+enum Outcome {
+    Acked,
+    Retry {
+        reason: &'static str,
+        detail: String,
+        after: Option<Duration>,
+    },
+    Rejected(String),
+}
+
+async fn send(
+    client: &reqwest::Client,
+    config: &ShipConfig,
+    entry: &spool::Entry,
+    body: Vec<u8>,
+) -> Outcome {
+    let url = format!(
+        "{}{}",
+        config.aggregator.trim_end_matches('/'),
+        wire::INGEST_PATH
+    );
+    let response = client
+        .post(url)
+        .bearer_auth(&config.token)
+        .header(reqwest::header::CONTENT_TYPE, wire::CONTENT_TYPE)
+        .header(reqwest::header::CONTENT_ENCODING, "gzip")
+        .header("x-gpuledger-batch-id", entry.batch_id.to_string())
+        .body(body)
+        .send()
+        .await;
+    let response = match response {
+        Ok(r) => r,
+        Err(e) => {
+            return Outcome::Retry {
+                reason: "unreachable",
+                detail: e.without_url().to_string(),
+                after: None,
+            };
+        }
+    };
+    let status = response.status();
+    if status.is_success() {
+        return Outcome::Acked;
+    }
+    let after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let text: String = response
+        .text()
+        .await
+        .unwrap_or_default()
+        .chars()
+        .take(500)
+        .collect();
+    let detail = format!("HTTP {status}: {text}");
+    match status.as_u16() {
+        429 => Outcome::Retry {
+            reason: "throttled",
+            detail,
+            after,
+        },
+        401 | 403 => Outcome::Retry {
+            reason: "unauthorized",
+            detail,
+            after: None,
+        },
+        500..=599 => Outcome::Retry {
+            reason: "server_error",
+            detail,
+            after,
+        },
+        _ => Outcome::Rejected(detail),
+    }
+}
+
+async fn send_loop(
+    config: ShipConfig,
+    client: reqwest::Client,
+    spool: Arc<Mutex<Spool>>,
+    notify: Arc<Notify>,
+    metrics: Arc<Metrics>,
+    mut finish: watch::Receiver<Finish>,
+) {
+    const MIN_BACKOFF: Duration = Duration::from_secs(1);
+    const MAX_BACKOFF: Duration = Duration::from_secs(30);
+    let mut backoff = MIN_BACKOFF;
+    let mut failing = false;
+    let mut counted_as_spooled: HashSet<u64> = HashSet::new();
+    loop {
+        let state = *finish.borrow();
+        if let Finish::Drain(Some(deadline)) = state
+            && Instant::now() >= deadline
+        {
+            let left = spool.lock().expect("spool lock").len();
+            if left > 0 {
+                tracing::info!(
+                    batches = left,
+                    "Stopping with batches still spooled; they are sent on the next start."
+                );
+            }
+            return;
+        }
+        let next = tokio::task::block_in_place(|| spool.lock().expect("spool lock").oldest());
+        let (entry, body) = match next {
+            Ok(Some(next)) => next,
+            Ok(None) => {
+                if matches!(state, Finish::Drain(_)) {
+                    return;
+                }
+                tokio::select! {
+                    _ = notify.notified() => {}
+                    _ = finish.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot read the spool; retrying.");
+                tokio::time::sleep(MAX_BACKOFF).await;
+                continue;
+            }
+        };
+        let wait = match send(&client, &config, &entry, body).await {
+            Outcome::Acked => {
+                tokio::task::block_in_place(|| {
+                    let mut spool = spool.lock().expect("spool lock");
+                    if let Err(e) = spool.ack(entry.seq) {
+                        tracing::error!(error = %e, "Cannot remove an acknowledged batch from the spool; it will be re-sent and deduplicated by id.");
+                    }
+                    update_spool_gauges(&metrics, &spool);
+                });
+                metrics.exporter.batches_shipped.inc();
+                metrics.exporter.samples_shipped.inc_by(entry.samples);
+                counted_as_spooled.remove(&entry.seq);
+                if failing {
+                    tracing::info!("The aggregator accepts batches again.");
+                }
+                failing = false;
+                backoff = MIN_BACKOFF;
+                continue;
+            }
+            Outcome::Rejected(detail) => {
+                let moved = tokio::task::block_in_place(|| {
+                    let mut spool = spool.lock().expect("spool lock");
+                    let moved = spool.reject(entry.seq);
+                    update_spool_gauges(&metrics, &spool);
+                    moved
+                });
+                ShipFailed {
+                    reason: "rejected",
+                    detail: detail.clone(),
+                }
+                .emit(&metrics, true);
+                let kept = moved
+                    .map(|p| format!(", kept at {}", p.display()))
+                    .unwrap_or_default();
+                BatchDropped {
+                    reason: "rejected",
+                    entry: &entry,
+                    detail: format!("the aggregator refused it ({detail}){kept}"),
+                }
+                .emit(&metrics);
+                continue;
+            }
+            Outcome::Retry {
+                reason,
+                detail,
+                after,
+            } => {
+                ShipFailed { reason, detail }.emit(&metrics, !failing);
+                failing = true;
+                if counted_as_spooled.insert(entry.seq) {
+                    metrics.exporter.batches_spooled.inc();
+                }
+                let wait = after.unwrap_or(backoff).min(MAX_BACKOFF);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                wait
+            }
+        };
+        let mut wake = Instant::now() + wait;
+        if let Finish::Drain(Some(deadline)) = *finish.borrow() {
+            wake = wake.min(deadline);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = finish.changed() => {}
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Where samples come from: one small trait, [`Source`], and three implementations.
+//!
+//! - [`nvml`]: the real GPUs, through NVML (libnvidia-ml loaded at run time).
+//! - [`sim`]: a deterministic simulated fleet.
+//! - [`replay`]: a recorded trace CSV (`schema/TRACE.md`).
+//!
+//! [`SOURCES`] is the one table of sources; it drives `--source` and the help text. The daemon
+//! wraps every `collect` call and exports its duration and success per collector.
+
+pub mod nvml;
+pub mod replay;
+pub mod sim;
+
+use std::time::Duration;
+
+use gpuledger_schema::{Attribution, Counters, Instance};
+
+/// One instance as a source saw it during one second.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    /// The instance.
+    pub instance: Instance,
+    /// The MIG device UUID (`MIG-…`), when the source knows it; attribution maps key on it.
+    pub mig_uuid: Option<String>,
+    /// Who holds it, as far as the source knows (sim and replay know; NVML does not).
+    pub attribution: Attribution,
+    /// Its counters.
+    pub counters: Counters,
+}
+
+/// A physical GPU's own readings (not per instance).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuReading {
+    /// Node name.
+    pub node: String,
+    /// GPU UUID.
+    pub gpu_uuid: String,
+    /// NVML product name.
+    pub gpu_model: String,
+    /// Board power draw in watts, when measured.
+    pub power_watts: Option<f64>,
+}
+
+/// How one collector inside a source fared.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CollectorOutcome {
+    /// The collector's name (a fixed, bounded set per source).
+    pub collector: &'static str,
+    /// Time it took.
+    pub duration: Duration,
+    /// Whether it succeeded. "No data" (no MIG on a GPU) is success.
+    pub success: bool,
+}
+
+/// Everything a source saw in one second.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Second {
+    /// The second covered, Unix seconds: `[timestamp, timestamp + 1)`.
+    pub timestamp: i64,
+    /// One reading per instance.
+    pub readings: Vec<Reading>,
+    /// One reading per physical GPU.
+    pub gpus: Vec<GpuReading>,
+    /// Sub-collectors the source ran, beyond the source as a whole.
+    pub collectors: Vec<CollectorOutcome>,
+}
+
+/// A source failed for this second; the daemon counts it and tries again next second.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The driver or library failed.
+    #[error("{0}")]
+    Driver(String),
+    /// A recorded source's file is unusable.
+    #[error(transparent)]
+    Trace(#[from] gpuledger_schema::trace::TraceError),
+    /// Other I/O.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// A place samples come from.
+pub trait Source: Send {
+    /// The source's name, used as the `collector` label.
+    fn name(&self) -> &'static str;
+
+    /// The readings for one second. Live sources (NVML, sim) measure the second ending at
+    /// `now` (Unix seconds) and return it as `now - 1`; recorded sources (replay) ignore `now` and
+    /// return their next second. `Ok(None)`: the source is exhausted.
+    fn collect(&mut self, now: i64) -> Result<Option<Second>, SourceError>;
+
+    /// Whether the source plays back recorded time: it may be paced, and it must wait (not drop)
+    /// when the spool is full.
+    fn is_recorded(&self) -> bool {
+        false
+    }
+}
+
+/// A `--source` choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceKind {
+    /// The name on the command line.
+    pub name: &'static str,
+    /// One line for `--help`.
+    pub help: &'static str,
+}
+
+/// Every source, in the order `--help` lists them.
+pub const SOURCES: &[SourceKind] = &[
+    SourceKind {
+        name: "nvml",
+        help: "the GPUs of this machine, through NVML (needs the NVIDIA driver)",
+    },
+    SourceKind {
+        name: "sim",
+        help: "a deterministic simulated node (see --fleet)",
+    },
+    SourceKind {
+        name: "replay",
+        help: "a recorded trace CSV (see --replay-file, --speed)",
+    },
+];

@@ -1,0 +1,426 @@
+//! The real GPUs, through NVML.
+//!
+//! Per physical GPU and per MIG instance, every second: SM activity, SM occupancy, tensor-pipe and
+//! DRAM activity from GPM (NVML's GPU Performance Monitoring, Hopper and newer; SM_UTIL is the
+//! quantity DCGM exports as SM_ACTIVE), framebuffer used/total, NVLink bytes (GPM NVLink
+//! bandwidth × interval, whole GPUs only: MIG instances do no NVLink P2P), board power, and the
+//! MIG geometry (profile, GPU instance id, placement).
+//!
+//! Where GPM is unsupported (pre-Hopper GPUs, or a driver without it) the activity and NVLink
+//! series are left absent; no value is invented. Each of the four collectors below reports its
+//! own duration and success; "not supported" is success with no data.
+//!
+//! NVML reference: <https://docs.nvidia.com/deploy/nvml-api/> (GPM: `nvmlGpmSampleGet`,
+//! `nvmlGpmMigSampleGet`, `nvmlGpmMetricsGet`; MIG: `nvmlDeviceGetMigDeviceHandleByIndex`,
+//! `nvmlDeviceGetGpuInstanceId`, `nvmlGpuInstanceGetInfo`).
+
+pub mod driver;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use gpuledger_schema::{Attribution, Counters, Instance};
+
+pub use driver::{Driver, DriverError, NvmlDriver};
+
+use super::{CollectorOutcome, GpuReading, Reading, Second, Source, SourceError};
+
+/// The NVML collectors, each with what it reads. `--disable-collector` takes these names.
+pub const COLLECTORS: &[(&str, &str)] = &[
+    ("mig", "MIG geometry: profile, GPU instance id, placement"),
+    ("memory", "framebuffer used and total bytes"),
+    (
+        "gpm",
+        "SM, occupancy, tensor and DRAM activity; NVLink bytes",
+    ),
+    ("power", "board power draw"),
+];
+
+#[derive(Default)]
+struct Tally {
+    duration: Duration,
+    failed: bool,
+}
+
+impl Tally {
+    fn run<T>(&mut self, f: impl FnOnce() -> Result<T, DriverError>) -> Option<T> {
+        let started = Instant::now();
+        let result = f();
+        self.duration += started.elapsed();
+        match result {
+            Ok(v) => Some(v),
+            Err(DriverError::NotSupported) => None,
+            Err(DriverError::Failed(e)) => {
+                if !self.failed {
+                    tracing::warn!(error = %e, "An NVML call failed; its counters are absent this second.");
+                }
+                self.failed = true;
+                None
+            }
+        }
+    }
+}
+
+/// The NVML source over any [`Driver`].
+pub struct NvmlSource<D: Driver> {
+    driver: D,
+    node: String,
+    disabled: BTreeSet<String>,
+}
+
+impl<D: Driver> NvmlSource<D> {
+    /// A source for this node's GPUs. `disabled` names collectors from [`COLLECTORS`] to skip.
+    pub fn new(driver: D, node: &str, disabled: &[String]) -> Result<Self, SourceError> {
+        for name in disabled {
+            if !COLLECTORS.iter().any(|(c, _)| c == name) {
+                let known: Vec<&str> = COLLECTORS.iter().map(|(c, _)| *c).collect();
+                return Err(SourceError::Driver(format!(
+                    "unknown collector {name:?} (known: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(NvmlSource {
+            driver,
+            node: node.to_owned(),
+            disabled: disabled.iter().cloned().collect(),
+        })
+    }
+
+    fn enabled(&self, collector: &str) -> bool {
+        !self.disabled.contains(collector)
+    }
+}
+
+impl<D: Driver> Source for NvmlSource<D> {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn collect(&mut self, now: i64) -> Result<Option<Second>, SourceError> {
+        let devices = self
+            .driver
+            .devices()
+            .map_err(|e| SourceError::Driver(format!("cannot list GPUs: {e}")))?;
+        let (mut mig, mut memory, mut gpm, mut power) = (
+            Tally::default(),
+            Tally::default(),
+            Tally::default(),
+            Tally::default(),
+        );
+        let mut second = Second {
+            timestamp: now - 1,
+            ..Second::default()
+        };
+        let (use_memory, use_gpm) = (self.enabled("memory"), self.enabled("gpm"));
+        for device in devices {
+            let base = Instance {
+                node: self.node.clone(),
+                gpu_uuid: device.uuid.clone(),
+                gpu_model: device.name.clone(),
+                mig_profile: None,
+                gpu_instance_id: None,
+                placement_start: None,
+                placement_size: None,
+            };
+            if device.mig_enabled {
+                // Without the geometry there is no way to name the instances: skip the GPU's
+                // instances this second rather than misattribute them.
+                if !self.enabled("mig") {
+                    continue;
+                }
+                let Some(instances) = mig.run(|| self.driver.mig_devices(device.index)) else {
+                    continue;
+                };
+                for m in instances {
+                    let fb = if use_memory {
+                        memory.run(|| self.driver.memory(device.index, Some(m.index)))
+                    } else {
+                        None
+                    };
+                    let act = if use_gpm {
+                        gpm.run(|| self.driver.activity(device.index, Some(m.gpu_instance_id)))
+                            .flatten()
+                    } else {
+                        None
+                    };
+                    second.readings.push(Reading {
+                        instance: Instance {
+                            mig_profile: Some(m.profile),
+                            gpu_instance_id: Some(m.gpu_instance_id),
+                            placement_start: m.placement.map(|p| p.0),
+                            placement_size: m.placement.map(|p| p.1),
+                            ..base.clone()
+                        },
+                        mig_uuid: Some(m.uuid),
+                        attribution: Attribution::default(),
+                        counters: counters(fb, act),
+                    });
+                }
+            } else {
+                let fb = if use_memory {
+                    memory.run(|| self.driver.memory(device.index, None))
+                } else {
+                    None
+                };
+                let act = if use_gpm {
+                    gpm.run(|| self.driver.activity(device.index, None))
+                        .flatten()
+                } else {
+                    None
+                };
+                second.readings.push(Reading {
+                    instance: base,
+                    mig_uuid: None,
+                    attribution: Attribution::default(),
+                    counters: counters(fb, act),
+                });
+            }
+            let watts = if self.enabled("power") {
+                power.run(|| self.driver.power_watts(device.index))
+            } else {
+                None
+            };
+            second.gpus.push(GpuReading {
+                node: self.node.clone(),
+                gpu_uuid: device.uuid,
+                gpu_model: device.name,
+                power_watts: watts,
+            });
+        }
+        for (name, tally) in [
+            ("mig", mig),
+            ("memory", memory),
+            ("gpm", gpm),
+            ("power", power),
+        ] {
+            if self.enabled(name) {
+                second.collectors.push(CollectorOutcome {
+                    collector: match name {
+                        "mig" => "nvml_mig",
+                        "memory" => "nvml_memory",
+                        "gpm" => "nvml_gpm",
+                        _ => "nvml_power",
+                    },
+                    duration: tally.duration,
+                    success: !tally.failed,
+                });
+            }
+        }
+        Ok(Some(second))
+    }
+}
+
+fn counters(fb: Option<driver::Memory>, act: Option<driver::Activity>) -> Counters {
+    let act = act.unwrap_or_default();
+    Counters {
+        sm_active: act.sm_active,
+        sm_occupancy: act.sm_occupancy,
+        tensor_active: act.tensor_active,
+        dram_active: act.dram_active,
+        fb_used_bytes: fb.map(|m| m.used.min(m.total)),
+        fb_total_bytes: fb.map(|m| m.total),
+        nvlink_tx_bytes: act.nvlink_tx_bytes,
+        nvlink_rx_bytes: act.nvlink_rx_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::driver::{Activity, DeviceInfo, Memory, MigInfo};
+    use super::*;
+
+    /// Stands in for the GPU: an H100 in MIG mode (3g + 2g + 1g + 1g, one MIG call failing on
+    /// request), an A100 without GPM, and a whole H100 with NVLink traffic.
+    struct FakeGpus {
+        calls: u32,
+        fail_memory_of: Option<u32>,
+    }
+
+    impl Driver for FakeGpus {
+        fn devices(&mut self) -> Result<Vec<DeviceInfo>, DriverError> {
+            self.calls += 1;
+            Ok(vec![
+                DeviceInfo {
+                    index: 0,
+                    uuid: "GPU-h100-mig".into(),
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    mig_enabled: true,
+                },
+                DeviceInfo {
+                    index: 1,
+                    uuid: "GPU-a100".into(),
+                    name: "NVIDIA A100-SXM4-40GB".into(),
+                    mig_enabled: false,
+                },
+                DeviceInfo {
+                    index: 2,
+                    uuid: "GPU-h100-whole".into(),
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    mig_enabled: false,
+                },
+            ])
+        }
+        fn mig_devices(&mut self, gpu: u32) -> Result<Vec<MigInfo>, DriverError> {
+            assert_eq!(gpu, 0);
+            let m = |index, gi, profile: &str, start, size| MigInfo {
+                index,
+                uuid: format!("MIG-{gi}"),
+                gpu_instance_id: gi,
+                profile: profile.into(),
+                placement: Some((start, size)),
+            };
+            Ok(vec![
+                m(0, 2, "3g.40gb", 4, 4),
+                m(1, 3, "2g.20gb", 0, 2),
+                m(2, 9, "1g.10gb", 2, 1),
+                m(3, 10, "1g.10gb", 3, 1),
+            ])
+        }
+        fn memory(&mut self, gpu: u32, mig: Option<u32>) -> Result<Memory, DriverError> {
+            if self.fail_memory_of == mig && gpu == 0 {
+                return Err(DriverError::Failed("GPU is lost".into()));
+            }
+            Ok(Memory {
+                used: 1 << 30,
+                total: 10 << 30,
+            })
+        }
+        fn activity(&mut self, gpu: u32, gi: Option<u32>) -> Result<Option<Activity>, DriverError> {
+            if gpu == 1 {
+                return Err(DriverError::NotSupported);
+            }
+            if self.calls < 2 {
+                return Ok(None);
+            }
+            Ok(Some(Activity {
+                sm_active: Some(0.5),
+                sm_occupancy: Some(0.25),
+                tensor_active: Some(0.125),
+                dram_active: Some(0.0625),
+                nvlink_tx_bytes: gi.is_none().then_some(1_000),
+                nvlink_rx_bytes: gi.is_none().then_some(2_000),
+            }))
+        }
+        fn power_watts(&mut self, _gpu: u32) -> Result<f64, DriverError> {
+            Ok(350.5)
+        }
+    }
+
+    fn source(fail_memory_of: Option<u32>, disabled: &[&str]) -> NvmlSource<FakeGpus> {
+        let disabled: Vec<String> = disabled.iter().map(|s| s.to_string()).collect();
+        NvmlSource::new(
+            FakeGpus {
+                calls: 0,
+                fail_memory_of,
+            },
+            "node-a",
+            &disabled,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn mig_instances_and_whole_gpus_are_read_with_their_geometry() {
+        let mut s = source(None, &[]);
+        let first = s.collect(101).unwrap().unwrap();
+        assert_eq!(first.timestamp, 100);
+        assert_eq!(first.readings.len(), 6);
+        assert!(
+            first
+                .readings
+                .iter()
+                .all(|r| r.counters.sm_active.is_none()),
+            "no GPM interval on the first second"
+        );
+        let second = s.collect(102).unwrap().unwrap();
+        let three_g = &second.readings[0];
+        assert_eq!(three_g.instance.mig_profile.as_deref(), Some("3g.40gb"));
+        assert_eq!(
+            (
+                three_g.instance.gpu_instance_id,
+                three_g.instance.placement_start,
+                three_g.instance.placement_size
+            ),
+            (Some(2), Some(4), Some(4))
+        );
+        assert_eq!(three_g.mig_uuid.as_deref(), Some("MIG-2"));
+        assert_eq!(three_g.counters.sm_active, Some(0.5));
+        assert_eq!(
+            three_g.counters.nvlink_tx_bytes, None,
+            "MIG instances have no NVLink"
+        );
+        assert_eq!(three_g.counters.fb_total_bytes, Some(10 << 30));
+        let whole = &second.readings[5];
+        assert_eq!(whole.instance.mig_profile, None);
+        assert_eq!(
+            (
+                whole.counters.nvlink_tx_bytes,
+                whole.counters.nvlink_rx_bytes
+            ),
+            (Some(1_000), Some(2_000))
+        );
+        assert_eq!(second.gpus[0].power_watts, Some(350.5));
+        assert!(second.collectors.iter().all(|c| c.success));
+    }
+
+    #[test]
+    fn pre_hopper_gpus_have_no_activity_series_and_that_is_not_a_failure() {
+        let mut s = source(None, &[]);
+        s.collect(1).unwrap();
+        let second = s.collect(2).unwrap().unwrap();
+        let a100 = second
+            .readings
+            .iter()
+            .find(|r| r.instance.gpu_uuid == "GPU-a100")
+            .unwrap();
+        assert_eq!(a100.counters.sm_active, None);
+        assert_eq!(a100.counters.fb_used_bytes, Some(1 << 30));
+        let gpm = second
+            .collectors
+            .iter()
+            .find(|c| c.collector == "nvml_gpm")
+            .unwrap();
+        assert!(gpm.success);
+    }
+
+    #[test]
+    fn a_failing_call_leaves_its_counter_absent_and_marks_its_collector() {
+        let mut s = source(Some(1), &[]);
+        let second = s.collect(2).unwrap().unwrap();
+        assert_eq!(second.readings[1].counters.fb_used_bytes, None);
+        assert_eq!(second.readings[0].counters.fb_used_bytes, Some(1 << 30));
+        let memory = second
+            .collectors
+            .iter()
+            .find(|c| c.collector == "nvml_memory")
+            .unwrap();
+        assert!(!memory.success);
+    }
+
+    #[test]
+    fn disabled_collectors_are_skipped_and_unknown_ones_refused() {
+        let mut s = source(None, &["power", "gpm"]);
+        s.collect(1).unwrap();
+        let second = s.collect(2).unwrap().unwrap();
+        assert!(second.gpus.iter().all(|g| g.power_watts.is_none()));
+        assert!(
+            second
+                .readings
+                .iter()
+                .all(|r| r.counters.sm_active.is_none())
+        );
+        assert_eq!(second.collectors.len(), 2);
+        assert!(
+            NvmlSource::new(
+                FakeGpus {
+                    calls: 0,
+                    fail_memory_of: None
+                },
+                "n",
+                &["dcgm".into()]
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,265 @@
+//! `gpuledger exporter`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use gpuledger_exporter::daemon::{self, ExporterConfig, SourceChoice, Speed};
+use gpuledger_exporter::ship::ShipConfig;
+use gpuledger_exporter::source::SOURCES;
+use serde::Deserialize;
+
+/// Flags of `gpuledger exporter`. Every flag can also be set in `--config FILE` (TOML, the flag's
+/// long name with `_` for `-`); a flag on the command line wins.
+#[derive(Debug, Default, clap::Args)]
+#[command(after_help = sources_help())]
+pub struct Args {
+    /// Where samples come from: nvml, sim or replay [default: nvml].
+    #[arg(long, value_parser = source_names())]
+    source: Option<String>,
+    /// Address for /metrics [default: 0.0.0.0:9835].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Aggregator base URL (http://aggregator:9836); without it the exporter only serves /metrics.
+    #[arg(long)]
+    aggregator: Option<String>,
+    /// File holding the bearer token for the aggregator (required with --aggregator).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// This node's name [default: $NODE_NAME, else the host name].
+    #[arg(long)]
+    node: Option<String>,
+    /// TOML file with any of these flags.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Simulated fleet (TOML) for --source sim [default: the built-in fleet].
+    #[arg(long)]
+    fleet: Option<PathBuf>,
+    /// Trace CSV for --source replay.
+    #[arg(long)]
+    replay_file: Option<PathBuf>,
+    /// Replay pace: 1 (real time), a factor such as 60, or max [default: 1].
+    #[arg(long)]
+    speed: Option<String>,
+    /// Exit (0) once the whole replay file is shipped and acknowledged.
+    #[arg(long)]
+    once: bool,
+    /// Static attribution map (TOML): device UUID → tenant, workload, SLO class.
+    #[arg(long)]
+    attribution_map: Option<PathBuf>,
+    /// Directory of the on-disk spool [default: /var/lib/gpuledger/spool].
+    #[arg(long)]
+    spool_dir: Option<PathBuf>,
+    /// Spool bound in bytes; when full, the oldest batch is dropped [default: 1073741824].
+    #[arg(long)]
+    spool_max_bytes: Option<u64>,
+    /// How often samples are sealed into a batch and shipped [default: 5s].
+    #[arg(long)]
+    ship_interval: Option<humantime::Duration>,
+    /// NVML collector to skip (mig, memory, gpm, power); repeatable.
+    #[arg(long)]
+    disable_collector: Vec<String>,
+}
+
+fn sources_help() -> String {
+    let mut s = String::from("Sources:\n");
+    for k in SOURCES {
+        s.push_str(&format!("  {:<8} {}\n", k.name, k.help));
+    }
+    s
+}
+
+fn source_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(SOURCES.iter().map(|s| s.name))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    source: Option<String>,
+    listen: Option<SocketAddr>,
+    aggregator: Option<String>,
+    token_file: Option<PathBuf>,
+    node: Option<String>,
+    fleet: Option<PathBuf>,
+    replay_file: Option<PathBuf>,
+    speed: Option<String>,
+    once: Option<bool>,
+    attribution_map: Option<PathBuf>,
+    spool_dir: Option<PathBuf>,
+    spool_max_bytes: Option<u64>,
+    ship_interval: Option<String>,
+    #[serde(default)]
+    disable_collector: Vec<String>,
+}
+
+fn default_node() -> anyhow::Result<String> {
+    if let Ok(n) = std::env::var("NODE_NAME")
+        && !n.is_empty()
+    {
+        return Ok(n);
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("cannot read the host name; pass --node")?;
+    Ok(host.trim().to_owned())
+}
+
+fn read_token(path: &Path) -> anyhow::Result<String> {
+    let token = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the token file {}", path.display()))?;
+    let token = token.trim().to_owned();
+    if token.is_empty() {
+        bail!("the token file {} is empty", path.display());
+    }
+    Ok(token)
+}
+
+/// Merges flags over the config file over defaults.
+fn config(args: Args) -> anyhow::Result<ExporterConfig> {
+    let file: FileConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let source = args.source.or(file.source).unwrap_or_else(|| "nvml".into());
+    let node = match args.node.or(file.node) {
+        Some(n) => n,
+        None => default_node()?,
+    };
+    let speed: Speed = args
+        .speed
+        .or(file.speed)
+        .unwrap_or_else(|| "1".into())
+        .parse()
+        .map_err(anyhow::Error::msg)
+        .context("--speed")?;
+    let once = args.once || file.once.unwrap_or(false);
+    let disabled: Vec<String> = args
+        .disable_collector
+        .into_iter()
+        .chain(file.disable_collector)
+        .collect();
+    let source = match source.as_str() {
+        "nvml" => SourceChoice::Nvml { disabled },
+        "sim" => SourceChoice::Sim {
+            fleet: args.fleet.or(file.fleet),
+        },
+        "replay" => SourceChoice::Replay {
+            file: args
+                .replay_file
+                .or(file.replay_file)
+                .context("--source replay needs --replay-file")?,
+            speed,
+            once,
+        },
+        other => bail!("unknown source {other:?}"),
+    };
+    let ship_interval: Duration = match (args.ship_interval, file.ship_interval) {
+        (Some(d), _) => d.into(),
+        (None, Some(s)) => {
+            humantime::parse_duration(&s).with_context(|| format!("ship_interval {s:?}"))?
+        }
+        (None, None) => Duration::from_secs(5),
+    };
+    let ship = match args.aggregator.or(file.aggregator) {
+        None => None,
+        Some(url) => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                bail!("--aggregator {url:?} must be an http:// or https:// URL");
+            }
+            let token_file = args
+                .token_file
+                .or(file.token_file)
+                .context("--aggregator needs --token-file: ingest is authenticated")?;
+            Some(ShipConfig {
+                aggregator: url,
+                token: read_token(&token_file)?,
+                node: node.clone(),
+                spool_dir: args
+                    .spool_dir
+                    .or(file.spool_dir)
+                    .unwrap_or_else(|| "/var/lib/gpuledger/spool".into()),
+                spool_max_bytes: args
+                    .spool_max_bytes
+                    .or(file.spool_max_bytes)
+                    .unwrap_or(1 << 30),
+                interval: ship_interval,
+                max_batch_samples: 50_000,
+                wait_when_full: false,
+                request_timeout: Duration::from_secs(30),
+            })
+        }
+    };
+    Ok(ExporterConfig {
+        source,
+        listen: args
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| "0.0.0.0:9835".parse().expect("a valid address")),
+        node,
+        ship,
+        attribution_map: args.attribution_map.or(file.attribution_map),
+        drain_timeout: Duration::from_secs(5),
+    })
+}
+
+/// Runs the exporter until SIGTERM/SIGINT (or, with --once, until the trace is shipped).
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let config = config(args)?;
+    super::runtime()?.block_on(daemon::run(config, super::shutdown_signal()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_file_fills_in_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cret\n").unwrap();
+        let file = dir.path().join("exporter.toml");
+        std::fs::write(
+            &file,
+            format!("source = \"sim\"\nnode = \"gpu-h100-01\"\naggregator = \"http://agg:9836\"\ntoken_file = {:?}\nship_interval = \"2s\"\n", token),
+        )
+        .unwrap();
+        let c = config(Args {
+            config: Some(file.clone()),
+            node: Some("gpu-h100-02".into()),
+            ..Args::default()
+        })
+        .unwrap();
+        assert!(matches!(c.source, SourceChoice::Sim { fleet: None }));
+        assert_eq!(c.node, "gpu-h100-02");
+        let ship = c.ship.unwrap();
+        assert_eq!(
+            (ship.token.as_str(), ship.interval),
+            ("s3cret", Duration::from_secs(2))
+        );
+
+        std::fs::write(&file, "aggregator = \"http://agg:9836\"\nnode = \"n\"\n").unwrap();
+        let err = config(Args {
+            config: Some(file.clone()),
+            ..Args::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--token-file"), "{err}");
+
+        std::fs::write(&file, "sorce = \"sim\"\n").unwrap();
+        let err = config(Args {
+            config: Some(file),
+            ..Args::default()
+        })
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("unknown field `sorce`"),
+            "{err:#}"
+        );
+    }
+}
