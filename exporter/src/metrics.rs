@@ -150,61 +150,61 @@ impl InstanceMetrics {
             sm_active: Tracked::register(
                 &mut r,
                 "gpuledger_instance_sm_active",
-                "Fraction of time at least one warp was resident on an SM during the last second, averaged over the instance's SMs (DCGM SM_ACTIVE, NVML GPM SM_UTIL).",
+                "Fraction of time at least one warp was resident on an SM during the last second, averaged over the instance's SMs (DCGM SM_ACTIVE, NVML GPM SM_UTIL)",
                 ratio.clone(),
             ),
             sm_occupancy: Tracked::register(
                 &mut r,
                 "gpuledger_instance_sm_occupancy",
-                "Resident warps over the SMs' maximum during the last second (GPM SM_OCCUPANCY).",
+                "Resident warps over the SMs' maximum during the last second (GPM SM_OCCUPANCY)",
                 ratio.clone(),
             ),
             tensor_active: Tracked::register(
                 &mut r,
                 "gpuledger_instance_tensor_active",
-                "Fraction of cycles any tensor pipe was active during the last second (GPM ANY_TENSOR_UTIL).",
+                "Fraction of cycles any tensor pipe was active during the last second (GPM ANY_TENSOR_UTIL)",
                 ratio.clone(),
             ),
             dram_active: Tracked::register(
                 &mut r,
                 "gpuledger_instance_dram_active",
-                "Fraction of cycles the DRAM interface was busy during the last second (GPM DRAM_BW_UTIL).",
+                "Fraction of cycles the DRAM interface was busy during the last second (GPM DRAM_BW_UTIL)",
                 ratio.clone(),
             ),
             fb_used: Tracked::register(
                 &mut r,
                 "gpuledger_instance_fb_used",
-                "Framebuffer (HBM) bytes in use on the instance.",
+                "Framebuffer (HBM) bytes in use on the instance",
                 bytes.clone(),
             ),
             fb_total: Tracked::register(
                 &mut r,
                 "gpuledger_instance_fb_total",
-                "Framebuffer (HBM) bytes of the instance.",
+                "Framebuffer (HBM) bytes of the instance",
                 bytes.clone(),
             ),
             nvlink_tx: Tracked::register(
                 &mut r,
                 "gpuledger_instance_nvlink_transmit",
-                "NVLink bytes transmitted by a whole GPU (MIG instances do no NVLink P2P).",
+                "NVLink bytes transmitted by a whole GPU (MIG instances do no NVLink P2P)",
                 bytes.clone(),
             ),
             nvlink_rx: Tracked::register(
                 &mut r,
                 "gpuledger_instance_nvlink_receive",
-                "NVLink bytes received by a whole GPU.",
+                "NVLink bytes received by a whole GPU",
                 bytes,
             ),
             gpu_equivalents: Tracked::register(
                 &mut r,
                 "gpuledger_instance_gpu_equivalents",
-                "Size of the instance in GPUs: compute slices / 7, a whole GPU is 1.",
+                "Size of the instance in GPUs: compute slices / 7, a whole GPU is 1",
                 None,
             ),
             power: Tracked::register(
                 &mut r,
                 "gpuledger_gpu_power",
-                "Board power draw of the physical GPU.",
+                "Board power draw of the physical GPU",
                 Some(Unit::Other("watts".into())),
             ),
             registry: r,
@@ -345,48 +345,48 @@ impl ExporterMetrics {
         };
         r.register(
             "gpuledger_exporter_build",
-            "The exporter's version.",
+            "The exporter's version",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
         r.register_with_unit(
             "gpuledger_exporter_collector_duration",
-            "Time the collector took in its last run.",
+            "Time the collector took in its last run",
             Unit::Seconds,
             m.collector_duration.clone(),
         );
-        r.register("gpuledger_exporter_collector_success", "Whether the collector's last run succeeded (1) or failed (0); unsupported counters are not failures.", m.collector_success.clone());
+        r.register("gpuledger_exporter_collector_success", "Whether the collector's last run succeeded (1) or failed (0); unsupported counters are not failures", m.collector_success.clone());
         r.register(
             "gpuledger_exporter_samples_collected",
-            "Instance-seconds sampled.",
+            "Instance-seconds sampled",
             m.samples_collected.clone(),
         );
         r.register_with_unit(
             "gpuledger_exporter_last_sample_timestamp",
-            "Unix time of the newest second sampled.",
+            "Unix time of the newest second sampled",
             Unit::Seconds,
             m.last_sample.clone(),
         );
         r.register(
             "gpuledger_exporter_batches_shipped",
-            "Batches the aggregator acknowledged.",
+            "Batches the aggregator acknowledged",
             m.batches_shipped.clone(),
         );
         r.register(
             "gpuledger_exporter_samples_shipped",
-            "Instance-seconds in batches the aggregator acknowledged.",
+            "Instance-seconds in batches the aggregator acknowledged",
             m.samples_shipped.clone(),
         );
-        r.register("gpuledger_exporter_batches_spooled", "Batches that waited in the on-disk spool because the aggregator was unreachable or asked to retry.", m.batches_spooled.clone());
-        r.register("gpuledger_exporter_batches_dropped", "Batches dropped: spool_full (the oldest batch made room) or rejected (the aggregator refused it as invalid; kept under spool/rejected).", m.batches_dropped.clone());
-        r.register("gpuledger_exporter_ship_failures", "Failed batch sends, by reason: unreachable, throttled, server_error, unauthorized, rejected.", m.ship_failures.clone());
+        r.register("gpuledger_exporter_batches_spooled", "Batches that waited in the on-disk spool because the aggregator was unreachable or asked to retry", m.batches_spooled.clone());
+        r.register("gpuledger_exporter_batches_dropped", "Batches dropped: spool_full (the oldest batch made room) or rejected (the aggregator refused it as invalid; kept under spool/rejected)", m.batches_dropped.clone());
+        r.register("gpuledger_exporter_ship_failures", "Failed batch sends, by reason: unreachable, throttled, server_error, unauthorized, rejected", m.ship_failures.clone());
         r.register(
             "gpuledger_exporter_spool_batches",
-            "Batches waiting in the on-disk spool.",
+            "Batches waiting in the on-disk spool",
             m.spool_batches.clone(),
         );
         r.register_with_unit(
             "gpuledger_exporter_spool",
-            "Bytes waiting in the on-disk spool.",
+            "Bytes waiting in the on-disk spool",
             Unit::Bytes,
             m.spool_bytes.clone(),
         );

@@ -16,6 +16,7 @@ pub mod spool;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -167,14 +168,9 @@ pub async fn run(
         .user_agent(concat!("gpuledger-exporter/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| ShipError::Client(e.to_string()))?;
-    let sender = tokio::spawn(send_loop(
-        config.clone(),
-        client,
-        spool.clone(),
-        notify.clone(),
-        metrics.clone(),
-        finish,
-    ));
+    // Set once the last batch is sealed: only then may a draining sender stop on an empty spool.
+    let sealed_all = Arc::new(AtomicBool::new(false));
+    let sender = tokio::spawn(send_loop(config.clone(), client, spool.clone(), notify.clone(), metrics.clone(), finish, sealed_all.clone()));
 
     let mut buffer: Vec<Sample> = Vec::new();
     let mut tick = tokio::time::interval(config.interval);
@@ -233,6 +229,7 @@ async fn seal(
         update_spool_gauges(metrics, &spool);
         dropped
     })?;
+    tracing::debug!(batch_id = %batch.batch_id, samples = samples.len(), bytes = body.len(), "Sealed a batch into the spool.");
     for entry in &dropped {
         BatchDropped {
             reason: "spool_full",
@@ -333,6 +330,7 @@ async fn send_loop(
     notify: Arc<Notify>,
     metrics: Arc<Metrics>,
     mut finish: watch::Receiver<Finish>,
+    sealed_all: Arc<AtomicBool>,
 ) {
     const MIN_BACKOFF: Duration = Duration::from_secs(1);
     const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -357,7 +355,8 @@ async fn send_loop(
         let (entry, body) = match next {
             Ok(Some(next)) => next,
             Ok(None) => {
-                if matches!(state, Finish::Drain(_)) {
+                if matches!(state, Finish::Drain(_)) && sealed_all.load(Ordering::Acquire) {
+                    tracing::debug!("The spool is empty; the sender is done.");
                     return;
                 }
                 tokio::select! {
@@ -373,6 +372,7 @@ async fn send_loop(
                 continue;
             }
         };
+        tracing::debug!(batch_id = %entry.batch_id, "Sending a batch.");
         let wait = match send(&client, &config, &entry, body).await {
             Outcome::Acked => {
                 tokio::task::block_in_place(|| {

@@ -1,0 +1,148 @@
+//! A fake aggregator: stands in for `gpuledger aggregator` in tests of the exporter's shipping
+//! contract (schema/WIRE.md). It authenticates, decodes with the real schema code, records every
+//! delivery (duplicates included, flagged by batch id) and can be told to fail.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use gpuledger_schema::Sample;
+use gpuledger_schema::wire::Batch;
+use uuid::Uuid;
+
+/// How the fake answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Store and acknowledge.
+    Accept,
+    /// 503 with Retry-After: 1, store nothing.
+    Unavailable,
+    /// Store, then answer 503 as if the acknowledgement was lost: the exporter must re-send the
+    /// same batch id.
+    AckLost,
+}
+
+/// One POST that carried a valid batch.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub batch_id: Uuid,
+    pub node: String,
+    pub samples: Vec<Sample>,
+    /// The batch id had been stored before.
+    pub duplicate: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    mode: Option<Mode>,
+    deliveries: Vec<Delivery>,
+    stored_ids: HashSet<Uuid>,
+    refused: u32,
+}
+
+#[derive(Clone)]
+struct Shared {
+    token: String,
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// The fake, listening on a fixed loopback port until stopped; restartable on the same port with
+/// its records intact.
+pub struct FakeAggregator {
+    pub port: u16,
+    shared: Shared,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+async fn ingest(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> (StatusCode, HeaderMap, String) {
+    let mut out = HeaderMap::new();
+    let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if auth != format!("Bearer {}", s.token) {
+        return (StatusCode::UNAUTHORIZED, out, r#"{"error":{"field":"authorization","message":"bad token"}}"#.into());
+    }
+    let gzip = headers.get("content-encoding").is_some_and(|v| v == "gzip");
+    let batch = match Batch::decode(&body, gzip) {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, out, format!(r#"{{"error":{{"field":"{}","message":"{e}"}}}}"#, e.field())),
+    };
+    let mut inner = s.inner.lock().unwrap();
+    let mode = inner.mode.unwrap_or(Mode::Accept);
+    if mode == Mode::Unavailable {
+        inner.refused += 1;
+        out.insert("retry-after", "1".parse().unwrap());
+        return (StatusCode::SERVICE_UNAVAILABLE, out, "{}".into());
+    }
+    let duplicate = !inner.stored_ids.insert(batch.batch_id);
+    inner.deliveries.push(Delivery { batch_id: batch.batch_id, node: batch.node.clone(), samples: batch.samples().collect(), duplicate });
+    if mode == Mode::AckLost {
+        out.insert("retry-after", "1".parse().unwrap());
+        return (StatusCode::SERVICE_UNAVAILABLE, out, "{}".into());
+    }
+    (StatusCode::OK, out, format!(r#"{{"accepted":{},"duplicate":{duplicate}}}"#, batch.sample_count()))
+}
+
+impl FakeAggregator {
+    /// Starts on `port` (0 for any), requiring `token`.
+    pub async fn start(port: u16, token: &str) -> FakeAggregator {
+        let shared = Shared { token: token.into(), inner: Arc::default() };
+        let mut fake = FakeAggregator { port, shared, stop: None, task: None };
+        fake.listen().await;
+        fake
+    }
+
+    async fn listen(&mut self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
+        self.port = listener.local_addr().unwrap().port();
+        let app = Router::new().route("/api/v1/ingest", post(ingest)).with_state(self.shared.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        self.stop = Some(tx);
+        self.task = Some(tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        }));
+    }
+
+    /// The base URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops listening (connections are refused until [`FakeAggregator::restart`]).
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap();
+        }
+    }
+
+    /// Listens again on the same port.
+    pub async fn restart(&mut self) {
+        self.listen().await;
+    }
+
+    /// Sets how it answers.
+    pub fn set_mode(&self, mode: Mode) {
+        self.shared.inner.lock().unwrap().mode = Some(mode);
+    }
+
+    /// Every delivery so far.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.shared.inner.lock().unwrap().deliveries.clone()
+    }
+
+    /// Requests refused with 503 without storing.
+    pub fn refused(&self) -> u32 {
+        self.shared.inner.lock().unwrap().refused
+    }
+}
