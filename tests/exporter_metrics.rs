@@ -21,12 +21,27 @@ fn fixture_metrics() -> std::sync::Arc<Metrics> {
     let metrics = Metrics::new();
     for t in [T - 1, T] {
         let s = sim.second(Some("gpu-h100-02"), t);
-        metrics.instances.lock().unwrap().update(&s.readings, &s.gpus);
+        metrics
+            .instances
+            .lock()
+            .unwrap()
+            .update(&s.readings, &s.gpus);
     }
-    metrics.exporter.record_collector(&CollectorOutcome { collector: "sim", duration: std::time::Duration::from_millis(1), success: true });
+    metrics.exporter.record_collector(&CollectorOutcome {
+        collector: "sim",
+        duration: std::time::Duration::from_millis(1),
+        success: true,
+    });
     // Labelled families appear once they have a series.
-    let _ = metrics.exporter.batches_dropped.get_or_create(&ReasonLabels { reason: "spool_full" });
-    let _ = metrics.exporter.ship_failures.get_or_create(&ReasonLabels { reason: "unreachable" });
+    let _ = metrics
+        .exporter
+        .batches_dropped
+        .get_or_create(&ReasonLabels {
+            reason: "spool_full",
+        });
+    let _ = metrics.exporter.ship_failures.get_or_create(&ReasonLabels {
+        reason: "unreachable",
+    });
     metrics
 }
 
@@ -57,18 +72,39 @@ fn golden_instance_metrics_from_a_fixed_seed_simulation() {
         let s = sim.second(Some("gpu-h100-02"), t);
         m.update(&s.readings, &s.gpus);
     }
-    insta::assert_snapshot!("instance_metrics_openmetrics", normalized(&render(&[m.registry()], Format::OpenMetrics)));
+    insta::assert_snapshot!(
+        "instance_metrics_openmetrics",
+        normalized(&render(&[m.registry()], Format::OpenMetrics))
+    );
 }
 
 #[test]
 fn classic_exposition_passes_promtool_check_metrics() {
     common::require_tool("promtool");
     let text = fixture_metrics().render(Format::Classic);
-    let mut child = Command::new("promtool").args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && report.trim().is_empty(), "promtool check metrics:\n{report}");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && report.trim().is_empty(),
+        "promtool check metrics:\n{report}"
+    );
 }
 
 #[test]
@@ -80,20 +116,36 @@ fn openmetrics_exposition_passes_a_strict_parser() {
     // The reference OpenMetrics parser (Python prometheus_client) rejects anything off-spec:
     // unit suffixes, counter naming, label escaping, the final # EOF.
     let script = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\nprint(len(list(parse(open(sys.argv[1]).read()))))";
-    let out = Command::new("python3").args(["-c", script]).arg(&path).output().expect("python3 runs");
-    assert!(out.status.success(), "the OpenMetrics parser refused the exposition:\n{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(&path)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "the OpenMetrics parser refused the exposition:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn the_readme_metric_reference_lists_exactly_the_exported_families() {
     let text = fixture_metrics().render(Format::Classic);
-    let exported: BTreeSet<String> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap().to_owned()).collect();
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let exported: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_owned())
+        .collect();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let documented: BTreeSet<String> = readme
         .lines()
         .filter_map(|l| l.strip_prefix("| `gpuledger_"))
         .map(|l| format!("gpuledger_{}", l.split('`').next().unwrap()))
         .filter(|name| !name.starts_with("gpuledger_aggregator_"))
         .collect();
-    assert_eq!(documented, exported, "README.md's metric reference and the exporter's /metrics differ");
+    assert_eq!(
+        documented, exported,
+        "README.md's metric reference and the exporter's /metrics differ"
+    );
 }

@@ -19,7 +19,12 @@ impl Drop for Killed {
 
 async fn query(port: u16, q: &str) -> Option<serde_json::Value> {
     let url = format!("http://127.0.0.1:{port}/api/v1/query");
-    let r = reqwest::Client::new().get(url).query(&[("query", q)]).send().await.ok()?;
+    let r = reqwest::Client::new()
+        .get(url)
+        .query(&[("query", q)])
+        .send()
+        .await
+        .ok()?;
     let v: serde_json::Value = r.json().await.ok()?;
     (v["status"] == "success").then_some(v["data"]["result"].clone())
 }
@@ -43,7 +48,10 @@ async fn prometheus_scrapes_the_exporter_and_answers_queries() {
     let _prometheus = Killed(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -52,16 +60,46 @@ async fn prometheus_scrapes_the_exporter_and_answers_queries() {
     );
 
     let count = |q: &'static str| async move {
-        query(port, q).await.and_then(|r| r.get(0).and_then(|s| s["value"][1].as_str().map(str::to_owned)))
+        query(port, q).await.and_then(|r| {
+            r.get(0)
+                .and_then(|s| s["value"][1].as_str().map(str::to_owned))
+        })
     };
-    eventually("16 instance series in Prometheus", Duration::from_secs(60), async || count("count(gpuledger_instance_sm_active_ratio)").await.filter(|v| v == "16")).await;
-    assert_eq!(count("count(gpuledger_instance_nvlink_transmit_bytes_total)").await.as_deref(), Some("4"), "NVLink only on the 4 whole GPUs");
-    assert_eq!(count("up{job=\"gpuledger-exporter\"}").await.as_deref(), Some("1"));
+    eventually(
+        "16 instance series in Prometheus",
+        Duration::from_secs(60),
+        async || {
+            count("count(gpuledger_instance_sm_active_ratio)")
+                .await
+                .filter(|v| v == "16")
+        },
+    )
+    .await;
+    assert_eq!(
+        count("count(gpuledger_instance_nvlink_transmit_bytes_total)")
+            .await
+            .as_deref(),
+        Some("4"),
+        "NVLink only on the 4 whole GPUs"
+    );
+    assert_eq!(
+        count("up{job=\"gpuledger-exporter\"}").await.as_deref(),
+        Some("1")
+    );
     // 8 GPUs, of which one (3g + 3g) leaves a compute slice unpartitioned: 55/7 GPU-equivalents.
-    let carved: f64 = count("sum(gpuledger_instance_gpu_equivalents)").await.unwrap().parse().unwrap();
+    let carved: f64 = count("sum(gpuledger_instance_gpu_equivalents)")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((carved - 55.0 / 7.0).abs() < 1e-9, "{carved}");
 
-    let series = query(port, "gpuledger_instance_fb_total_bytes{mig_profile=\"3g.40gb\"}").await.unwrap();
+    let series = query(
+        port,
+        "gpuledger_instance_fb_total_bytes{mig_profile=\"3g.40gb\"}",
+    )
+    .await
+    .unwrap();
     let first = &series[0]["metric"];
     assert_eq!(first["node"], "gpu-h100-02");
     assert_eq!(first["gpu_model"], "NVIDIA H100 80GB HBM3");

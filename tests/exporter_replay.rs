@@ -12,7 +12,18 @@ use gpuledger_schema::trace::TraceReader;
 
 fn simulate(path: &std::path::Path) {
     let status = gpuledger()
-        .args(["simulate", "--seed", "7", "--duration", "2m", "--start", "2026-01-01T00:00:00Z", "--node", "gpu-h100-02", "--out"])
+        .args([
+            "simulate",
+            "--seed",
+            "7",
+            "--duration",
+            "2m",
+            "--start",
+            "2026-01-01T00:00:00Z",
+            "--node",
+            "gpu-h100-02",
+            "--out",
+        ])
         .arg(path)
         .status()
         .unwrap();
@@ -24,6 +35,8 @@ fn sorted(mut samples: Vec<Sample>) -> Vec<Sample> {
     samples
 }
 
+/// Regression: `--once` used to exit after the first acknowledged batch (the sender saw an empty
+/// spool before the last batch was sealed), shipping 288 of 1,920 rows.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_valid_trace_replays_to_exactly_its_rows() {
     let dir = tempfile::tempdir().unwrap();
@@ -33,19 +46,48 @@ async fn a_valid_trace_replays_to_exactly_its_rows() {
     let fake = FakeAggregator::start(0, "t").await;
     let url = fake.url();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args(["exporter", "--source", "replay", "--speed", "max", "--once", "--node", "gpu-h100-02", "--listen", "127.0.0.1:0"])
-        .args(["--aggregator", &url, "--token-file", token.to_str().unwrap(), "--spool-dir"])
+        .args([
+            "exporter",
+            "--source",
+            "replay",
+            "--speed",
+            "max",
+            "--once",
+            "--node",
+            "gpu-h100-02",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--aggregator",
+            &url,
+            "--token-file",
+            token.to_str().unwrap(),
+            "--spool-dir",
+        ])
         .arg(dir.path().join("spool"))
         .arg("--replay-file")
         .arg(&trace)
+        .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await.expect("--once exits").unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("--once exits")
+        .unwrap();
     assert!(status.success());
 
-    let expected: Vec<Sample> = TraceReader::open(&trace).unwrap().collect::<Result<_, _>>().unwrap();
+    let expected: Vec<Sample> = TraceReader::open(&trace)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
     assert_eq!(expected.len(), 120 * 16);
-    let shipped: Vec<Sample> = fake.deliveries().into_iter().filter(|d| !d.duplicate).flat_map(|d| d.samples).collect();
+    let shipped: Vec<Sample> = fake
+        .deliveries()
+        .into_iter()
+        .filter(|d| !d.duplicate)
+        .flat_map(|d| d.samples)
+        .collect();
     let (shipped, expected) = (sorted(shipped), sorted(expected));
     assert_eq!(shipped.len(), expected.len());
     for (got, want) in shipped.iter().zip(&expected) {
@@ -69,8 +111,25 @@ async fn a_malformed_trace_is_refused_with_file_line_and_column() {
     let token = token_file(dir.path(), "t");
     let fake = FakeAggregator::start(0, "t").await;
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args(["exporter", "--source", "replay", "--speed", "max", "--once", "--node", "gpu-h100-02", "--listen", "127.0.0.1:0"])
-        .args(["--aggregator", &fake.url(), "--token-file", token.to_str().unwrap(), "--spool-dir"])
+        .args([
+            "exporter",
+            "--source",
+            "replay",
+            "--speed",
+            "max",
+            "--once",
+            "--node",
+            "gpu-h100-02",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--aggregator",
+            &fake.url(),
+            "--token-file",
+            token.to_str().unwrap(),
+            "--spool-dir",
+        ])
         .arg(dir.path().join("spool"))
         .arg("--replay-file")
         .arg(&trace)
@@ -79,8 +138,17 @@ async fn a_malformed_trace_is_refused_with_file_line_and_column() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("{}:1000:12: sm_active: 1.7 is outside 0–1", trace.display())), "{stderr}");
-    assert!(fake.deliveries().is_empty(), "nothing of a bad file is shipped");
+    assert!(
+        stderr.contains(&format!(
+            "{}:1000:12: sm_active: 1.7 is outside 0–1",
+            trace.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        fake.deliveries().is_empty(),
+        "nothing of a bad file is shipped"
+    );
 }
 
 #[test]

@@ -17,7 +17,8 @@ fn spooled_ids(dir: &std::path::Path) -> HashSet<String> {
         .unwrap()
         .filter_map(|e| {
             let name = e.unwrap().file_name().to_string_lossy().into_owned();
-            name.strip_suffix(".batch").map(|stem| stem.splitn(3, '-').nth(2).unwrap().to_owned())
+            name.strip_suffix(".batch")
+                .map(|stem| stem.splitn(3, '-').nth(2).unwrap().to_owned())
         })
         .collect()
 }
@@ -30,40 +31,82 @@ async fn outage_and_restart_lose_nothing_and_duplicate_only_by_batch_id() {
     let mut fake = FakeAggregator::start(0, "node-token").await;
     let url = fake.url();
     let args = [
-        "--source", "sim", "--node", NODE, "--aggregator", &url, "--token-file", token.to_str().unwrap(),
-        "--spool-dir", spool.to_str().unwrap(), "--ship-interval", "1s",
+        "--source",
+        "sim",
+        "--node",
+        NODE,
+        "--aggregator",
+        &url,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--spool-dir",
+        spool.to_str().unwrap(),
+        "--ship-interval",
+        "1s",
     ];
 
     let exporter = Exporter::start(&args).await;
-    eventually("two batches", Duration::from_secs(20), async || (fake.deliveries().len() >= 2).then_some(())).await;
+    eventually("two batches", Duration::from_secs(20), async || {
+        (fake.deliveries().len() >= 2).then_some(())
+    })
+    .await;
 
     // The acknowledgement gets lost: the batch is stored but the exporter must send it again.
     fake.set_mode(Mode::AckLost);
-    eventually("a re-sent batch", Duration::from_secs(20), async || fake.deliveries().iter().any(|d| d.duplicate).then_some(())).await;
+    eventually("a re-sent batch", Duration::from_secs(20), async || {
+        fake.deliveries().iter().any(|d| d.duplicate).then_some(())
+    })
+    .await;
 
     // The aggregator answers 503, then goes away entirely.
     fake.set_mode(Mode::Unavailable);
-    eventually("refused sends", Duration::from_secs(20), async || (fake.refused() >= 2).then_some(())).await;
+    eventually("refused sends", Duration::from_secs(20), async || {
+        (fake.refused() >= 2).then_some(())
+    })
+    .await;
     fake.stop().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(exporter.value("gpuledger_exporter_batches_spooled_total").await.unwrap() >= 1.0);
+    assert!(
+        exporter
+            .value("gpuledger_exporter_batches_spooled_total")
+            .await
+            .unwrap()
+            >= 1.0
+    );
 
     // The exporter restarts while the aggregator is away.
     assert!(exporter.terminate().success());
     let waiting = spooled_ids(&spool);
-    assert!(!waiting.is_empty(), "batches wait in the spool across the restart");
+    assert!(
+        !waiting.is_empty(),
+        "batches wait in the spool across the restart"
+    );
     let exporter = Exporter::start(&args).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     fake.restart().await;
     fake.set_mode(Mode::Accept);
-    eventually("an empty spool", Duration::from_secs(60), async || (exporter.value("gpuledger_exporter_spool_batches").await == Some(0.0) && exporter.value("gpuledger_exporter_batches_shipped_total").await >= Some(2.0)).then_some(())).await;
+    eventually("an empty spool", Duration::from_secs(60), async || {
+        (exporter.value("gpuledger_exporter_spool_batches").await == Some(0.0)
+            && exporter
+                .value("gpuledger_exporter_batches_shipped_total")
+                .await
+                >= Some(2.0))
+        .then_some(())
+    })
+    .await;
     assert!(exporter.terminate().success());
 
     let deliveries = fake.deliveries();
     let delivered: HashSet<String> = deliveries.iter().map(|d| d.batch_id.to_string()).collect();
-    assert!(waiting.is_subset(&delivered), "every spooled batch arrived after the restart");
-    assert!(spooled_ids(&spool).is_empty(), "a clean shutdown with the aggregator up leaves nothing spooled");
+    assert!(
+        waiting.is_subset(&delivered),
+        "every spooled batch arrived after the restart"
+    );
+    assert!(
+        spooled_ids(&spool).is_empty(),
+        "a clean shutdown with the aggregator up leaves nothing spooled"
+    );
 
     // Each (instance, second) is stored under exactly one batch id; repeats are whole-batch re-sends.
     let mut owner: HashMap<(String, Option<u32>, i64), uuid::Uuid> = HashMap::new();
@@ -79,23 +122,41 @@ async fn outage_and_restart_lose_nothing_and_duplicate_only_by_batch_id() {
         }
         first_copy.insert(d.batch_id, d.samples.len());
         for s in &d.samples {
-            let key = (s.instance.gpu_uuid.clone(), s.instance.gpu_instance_id, s.timestamp);
+            let key = (
+                s.instance.gpu_uuid.clone(),
+                s.instance.gpu_instance_id,
+                s.timestamp,
+            );
             if let Some(other) = owner.insert(key.clone(), d.batch_id) {
-                panic!("{key:?} arrived in two different batches: {other} and {}", d.batch_id);
+                panic!(
+                    "{key:?} arrived in two different batches: {other} and {}",
+                    d.batch_id
+                );
             }
             *per_second.entry(s.timestamp).or_default() += 1;
         }
     }
     // Every second that was sampled arrived whole (56 instances), with the simulator's values.
-    assert!(per_second.len() >= 8, "{} seconds arrived", per_second.len());
+    assert!(
+        per_second.len() >= 8,
+        "{} seconds arrived",
+        per_second.len()
+    );
     for (&t, &n) in &per_second {
         assert_eq!(n, 56, "second {t} arrived with {n} of 56 instances");
     }
     let (&t, _) = per_second.iter().nth(per_second.len() / 2).unwrap();
     let expected = sim.second(Some(NODE), t);
-    let got: Vec<_> = deliveries.iter().flat_map(|d| &d.samples).filter(|s| s.timestamp == t).collect();
+    let got: Vec<_> = deliveries
+        .iter()
+        .flat_map(|d| &d.samples)
+        .filter(|s| s.timestamp == t)
+        .collect();
     for r in &expected.readings {
-        let s = got.iter().find(|s| s.instance == r.instance).expect("every instance of the second");
+        let s = got
+            .iter()
+            .find(|s| s.instance == r.instance)
+            .expect("every instance of the second");
         assert_eq!((&s.attribution, &s.counters), (&r.attribution, &r.counters));
     }
 }
@@ -108,15 +169,36 @@ async fn a_wrong_token_keeps_batches_spooled_and_counts_the_failure() {
     let fake = FakeAggregator::start(0, "right").await;
     let url = fake.url();
     let exporter = Exporter::start(&[
-        "--source", "sim", "--node", NODE, "--aggregator", &url, "--token-file", token.to_str().unwrap(),
-        "--spool-dir", spool.to_str().unwrap(), "--ship-interval", "1s",
+        "--source",
+        "sim",
+        "--node",
+        NODE,
+        "--aggregator",
+        &url,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--spool-dir",
+        spool.to_str().unwrap(),
+        "--ship-interval",
+        "1s",
     ])
     .await;
-    eventually("an unauthorized failure", Duration::from_secs(20), async || {
-        let text = exporter.metrics("text/plain").await;
-        text.contains("gpuledger_exporter_ship_failures_total{reason=\"unauthorized\"}").then_some(())
-    })
+    eventually(
+        "an unauthorized failure",
+        Duration::from_secs(20),
+        async || {
+            let text = exporter.metrics("text/plain").await;
+            text.contains("gpuledger_exporter_ship_failures_total{reason=\"unauthorized\"}")
+                .then_some(())
+        },
+    )
     .await;
     assert!(fake.deliveries().is_empty());
-    assert!(exporter.value("gpuledger_exporter_spool_batches").await.unwrap() >= 1.0);
+    assert!(
+        exporter
+            .value("gpuledger_exporter_spool_batches")
+            .await
+            .unwrap()
+            >= 1.0
+    );
 }

@@ -59,16 +59,33 @@ pub struct FakeAggregator {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-async fn ingest(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> (StatusCode, HeaderMap, String) {
+async fn ingest(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, HeaderMap, String) {
     let mut out = HeaderMap::new();
-    let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     if auth != format!("Bearer {}", s.token) {
-        return (StatusCode::UNAUTHORIZED, out, r#"{"error":{"field":"authorization","message":"bad token"}}"#.into());
+        return (
+            StatusCode::UNAUTHORIZED,
+            out,
+            r#"{"error":{"field":"authorization","message":"bad token"}}"#.into(),
+        );
     }
     let gzip = headers.get("content-encoding").is_some_and(|v| v == "gzip");
     let batch = match Batch::decode(&body, gzip) {
         Ok(b) => b,
-        Err(e) => return (StatusCode::BAD_REQUEST, out, format!(r#"{{"error":{{"field":"{}","message":"{e}"}}}}"#, e.field())),
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                out,
+                format!(r#"{{"error":{{"field":"{}","message":"{e}"}}}}"#, e.field()),
+            );
+        }
     };
     let mut inner = s.inner.lock().unwrap();
     let mode = inner.mode.unwrap_or(Mode::Accept);
@@ -78,27 +95,51 @@ async fn ingest(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> (St
         return (StatusCode::SERVICE_UNAVAILABLE, out, "{}".into());
     }
     let duplicate = !inner.stored_ids.insert(batch.batch_id);
-    inner.deliveries.push(Delivery { batch_id: batch.batch_id, node: batch.node.clone(), samples: batch.samples().collect(), duplicate });
+    inner.deliveries.push(Delivery {
+        batch_id: batch.batch_id,
+        node: batch.node.clone(),
+        samples: batch.samples().collect(),
+        duplicate,
+    });
     if mode == Mode::AckLost {
         out.insert("retry-after", "1".parse().unwrap());
         return (StatusCode::SERVICE_UNAVAILABLE, out, "{}".into());
     }
-    (StatusCode::OK, out, format!(r#"{{"accepted":{},"duplicate":{duplicate}}}"#, batch.sample_count()))
+    (
+        StatusCode::OK,
+        out,
+        format!(
+            r#"{{"accepted":{},"duplicate":{duplicate}}}"#,
+            batch.sample_count()
+        ),
+    )
 }
 
 impl FakeAggregator {
     /// Starts on `port` (0 for any), requiring `token`.
     pub async fn start(port: u16, token: &str) -> FakeAggregator {
-        let shared = Shared { token: token.into(), inner: Arc::default() };
-        let mut fake = FakeAggregator { port, shared, stop: None, task: None };
+        let shared = Shared {
+            token: token.into(),
+            inner: Arc::default(),
+        };
+        let mut fake = FakeAggregator {
+            port,
+            shared,
+            stop: None,
+            task: None,
+        };
         fake.listen().await;
         fake
     }
 
     async fn listen(&mut self) {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .unwrap();
         self.port = listener.local_addr().unwrap().port();
-        let app = Router::new().route("/api/v1/ingest", post(ingest)).with_state(self.shared.clone());
+        let app = Router::new()
+            .route("/api/v1/ingest", post(ingest))
+            .with_state(self.shared.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         self.stop = Some(tx);
         self.task = Some(tokio::spawn(async move {

@@ -16,11 +16,19 @@ pub fn gpuledger() -> Command {
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, failing the test after `timeout`.
-pub async fn eventually<T>(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+pub async fn eventually<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl AsyncFnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f().await {
@@ -37,7 +45,10 @@ pub fn require_tool(name: &str) {
     let found = std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|p| p.join(name).is_file()))
         .unwrap_or(false);
-    assert!(found, "{name} is not installed; run the README's test command (./test.sh), which installs it");
+    assert!(
+        found,
+        "{name} is not installed; run the README's test command (./test.sh), which installs it"
+    );
 }
 
 /// A running exporter process; killed when dropped.
@@ -60,7 +71,17 @@ impl Exporter {
             .expect("the gpuledger binary starts");
         let exporter = Exporter { child, port };
         let url = format!("http://127.0.0.1:{port}/healthz");
-        eventually("the exporter's /healthz", Duration::from_secs(20), async || reqwest::get(&url).await.ok().filter(|r| r.status().is_success())).await;
+        eventually(
+            "the exporter's /healthz",
+            Duration::from_secs(20),
+            async || {
+                reqwest::get(&url)
+                    .await
+                    .ok()
+                    .filter(|r| r.status().is_success())
+            },
+        )
+        .await;
         exporter
     }
 
@@ -80,7 +101,11 @@ impl Exporter {
     /// The value of an unlabelled sample in the classic exposition.
     pub async fn value(&self, name: &str) -> Option<f64> {
         let text = self.metrics("text/plain").await;
-        text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.parse().ok()))
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|v| v.parse().ok())
+        })
     }
 
     /// Sends SIGTERM and waits for the process to exit.

@@ -170,7 +170,15 @@ pub async fn run(
         .map_err(|e| ShipError::Client(e.to_string()))?;
     // Set once the last batch is sealed: only then may a draining sender stop on an empty spool.
     let sealed_all = Arc::new(AtomicBool::new(false));
-    let sender = tokio::spawn(send_loop(config.clone(), client, spool.clone(), notify.clone(), metrics.clone(), finish, sealed_all.clone()));
+    let sender = tokio::spawn(send_loop(
+        config.clone(),
+        client,
+        spool.clone(),
+        notify.clone(),
+        metrics.clone(),
+        finish,
+        sealed_all.clone(),
+    ));
 
     let mut buffer: Vec<Sample> = Vec::new();
     let mut tick = tokio::time::interval(config.interval);
@@ -199,6 +207,8 @@ pub async fn run(
             .await
             .map_err(spool_err)?;
     }
+    sealed_all.store(true, Ordering::Release);
+    tracing::debug!("Sealed the last batch; waiting for the sender.");
     notify.notify_one();
     sender.await.expect("the sender does not panic");
     Ok(())
