@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs every gpuledger test. On a fresh Debian machine it first installs what the tests need:
+# Prometheus (promtool and the scrape test), Alertmanager, shellcheck, the TLS headers the HTTP
+# client links against, and Python's prometheus-client (the reference OpenMetrics parser).
+# Tests never skip for a missing tool; they fail naming it.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+# One build directory per machine, outside the clone, so bundled C/C++ builds once.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gpuledger-target}"
+
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+command -v shellcheck >/dev/null || missing+=(shellcheck)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+dpkg -s libssl-dev >/dev/null 2>&1 || missing+=(libssl-dev)
+if ((${#missing[@]})); then
+  echo "test.sh: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! python3 -c 'import prometheus_client.openmetrics.parser' 2>/dev/null; then
+  echo "test.sh: installing the Python prometheus-client (OpenMetrics reference parser)"
+  python3 -m pip install -q --disable-pip-version-check prometheus-client
+fi
+
+shellcheck test.sh .ci/run
+cargo test --workspace --all-targets --locked

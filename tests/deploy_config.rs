@@ -1,0 +1,78 @@
+//! The example configuration under deploy/ parses with the real code.
+
+mod common;
+
+use gpuledger_exporter::attribution::StaticMap;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+#[test]
+fn the_example_attribution_map_loads() {
+    StaticMap::load(std::path::Path::new(&format!(
+        "{ROOT}/deploy/config/attribution.toml"
+    )))
+    .unwrap();
+}
+
+#[test]
+fn the_example_exporter_config_is_accepted_up_to_the_missing_token() {
+    // Every key parses; on this machine the systemd credential does not exist, and the exporter
+    // says so instead of starting unauthenticated.
+    let out = common::gpuledger()
+        .args([
+            "exporter",
+            "--config",
+            &format!("{ROOT}/deploy/config/exporter.toml"),
+            "--source",
+            "sim",
+            "--node",
+            "gpu-h100-01",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "cannot read the token file /run/credentials/gpuledger-exporter.service/token"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn nvml_without_a_driver_exits_with_one_sentence() {
+    let mut child = common::gpuledger()
+        .args([
+            "exporter",
+            "--source",
+            "nvml",
+            "--node",
+            "n",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            // Still sampling: a machine with the NVIDIA driver, where there is nothing to check.
+            child.kill().unwrap();
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1));
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("gpuledger: NVML is not available on this machine"),
+        "{stderr}"
+    );
+}
