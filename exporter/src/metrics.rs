@@ -448,3 +448,69 @@ impl Metrics {
         render(&[instances.registry(), self.exporter.registry()], format)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_schema::{Attribution, Counters, Instance};
+
+    fn reading(gi: u32, tenant: Option<&str>, sm: Option<f64>) -> Reading {
+        Reading {
+            instance: Instance {
+                node: "n".into(),
+                gpu_uuid: "GPU-a".into(),
+                gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                mig_profile: Some("1g.10gb".into()),
+                gpu_instance_id: Some(gi),
+                placement_start: Some(gi - 7),
+                placement_size: Some(1),
+            },
+            mig_uuid: None,
+            attribution: Attribution {
+                tenant: tenant.map(Into::into),
+                workload: None,
+                slo_class: None,
+            },
+            counters: Counters {
+                sm_active: sm,
+                ..Counters::default()
+            },
+        }
+    }
+
+    fn sm_series(m: &InstanceMetrics) -> Vec<String> {
+        render(&[m.registry()], Format::Classic)
+            .lines()
+            .filter(|l| l.starts_with("gpuledger_instance_sm_active_ratio{"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn series_go_away_with_their_instance_allocation_or_measurement() {
+        let mut m = InstanceMetrics::new();
+        m.update(
+            &[
+                reading(7, Some("a"), Some(0.5)),
+                reading(8, None, Some(0.0)),
+            ],
+            &[],
+        );
+        assert_eq!(sm_series(&m).len(), 2);
+        // Instance 8 disappears, instance 7 changes tenant.
+        m.update(&[reading(7, Some("b"), Some(0.25))], &[]);
+        let series = sm_series(&m);
+        assert_eq!(series.len(), 1, "{series:?}");
+        assert!(
+            series[0].contains("tenant=\"b\"") && series[0].ends_with(" 0.25"),
+            "{series:?}"
+        );
+        // The counter stops being measured: its series goes, the instance's others stay.
+        m.update(&[reading(7, Some("b"), None)], &[]);
+        assert!(sm_series(&m).is_empty());
+        assert!(
+            render(&[m.registry()], Format::Classic)
+                .contains("gpuledger_instance_gpu_equivalents{")
+        );
+    }
+}

@@ -1,0 +1,194 @@
+//! Exporter benchmarks: CPU per 1 s sampling cycle and per scrape for a full node (8 GPUs × 7 MIG
+//! instances, sim source), and the running exporter's CPU share and RSS. Each figure is also given
+//! as a ratio against a baseline measured in the same run, because these machines are shared and
+//! noisy. Run with `cargo bench --bench exporter`; `cargo test` runs it only as a smoke check.
+
+use std::hint::black_box;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuledger_exporter::metrics::Metrics;
+use gpuledger_exporter::source::Source;
+use gpuledger_exporter::source::sim::{Fleet, SimSource};
+use gpuledger_schema::exposition::Format;
+use gpuledger_schema::{Sample, wire::Batch};
+
+fn cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Mean CPU time of `f` over `n` runs.
+fn measure(n: u32, mut f: impl FnMut()) -> Duration {
+    f();
+    let start = cpu_time();
+    for _ in 0..n {
+        f();
+    }
+    (cpu_time() - start) / n
+}
+
+fn proc_stat(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .unwrap();
+    (ticks, rss_kib)
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("benches/exporter.rs: run with `cargo bench --bench exporter`");
+        return;
+    }
+    const NODE: &str = "gpu-h100-01";
+    let mut source = SimSource::new(Fleet::builtin(), NODE).unwrap();
+    let metrics = Metrics::new();
+    let mut t = 1_767_225_600;
+
+    // One sampling cycle: collect 56 instances, update /metrics, hand samples to the shipper.
+    let cycle = measure(2000, || {
+        t += 1;
+        let second = source.collect(t).unwrap().unwrap();
+        metrics
+            .instances
+            .lock()
+            .unwrap()
+            .update(&second.readings, &second.gpus);
+        let samples: Vec<Sample> = second
+            .readings
+            .into_iter()
+            .map(|r| Sample {
+                timestamp: second.timestamp,
+                instance: r.instance,
+                attribution: r.attribution,
+                counters: r.counters,
+            })
+            .collect();
+        black_box(samples);
+    });
+    let second = source.collect(t + 1).unwrap().unwrap();
+    let samples: Vec<Sample> = second
+        .readings
+        .iter()
+        .map(|r| Sample {
+            timestamp: second.timestamp,
+            instance: r.instance.clone(),
+            attribution: r.attribution.clone(),
+            counters: r.counters,
+        })
+        .collect();
+    // Baseline: serialising the same second's samples as one JSON wire batch (no compression).
+    let batch = Batch::from_samples(NODE, &samples);
+    let baseline = measure(2000, || {
+        black_box(serde_json::to_vec(black_box(&batch)).unwrap());
+    });
+    let scrape_om = measure(500, || {
+        black_box(metrics.render(Format::OpenMetrics));
+    });
+    let scrape_classic = measure(500, || {
+        black_box(metrics.render(Format::Classic));
+    });
+    let five_seconds: Vec<Sample> = (0..5)
+        .flat_map(|k| {
+            samples.iter().map(move |s| Sample {
+                timestamp: s.timestamp + k,
+                ..s.clone()
+            })
+        })
+        .collect();
+    let seal = measure(500, || {
+        black_box(Batch::from_samples(NODE, black_box(&five_seconds)).encode());
+    });
+
+    println!("full node: 56 instances (8 × H100, 7 × 1g.10gb each), sim source");
+    println!(
+        "baseline (serde_json of one second's batch): {:>9.1} µs CPU",
+        baseline.as_secs_f64() * 1e6
+    );
+    for (what, d) in [
+        ("sampling cycle (collect + /metrics update)", cycle),
+        ("scrape render, OpenMetrics", scrape_om),
+        ("scrape render, classic text", scrape_classic),
+        ("seal a 5 s batch (group + JSON + gzip)", seal),
+    ] {
+        println!(
+            "{what:<45} {:>9.1} µs CPU  = {:>5.1}× baseline",
+            d.as_secs_f64() * 1e6,
+            d.as_secs_f64() / baseline.as_secs_f64()
+        );
+    }
+    println!(
+        "sampling share of one core at 1 Hz: {:.3} %",
+        cycle.as_secs_f64() * 100.0
+    );
+
+    // The real daemon: 30 s of the sim source at 1 Hz with a scrape every 5 s.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args([
+            "exporter",
+            "--source",
+            "sim",
+            "--node",
+            NODE,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let (ticks0, rss0) = proc_stat(child.id());
+    let started = Instant::now();
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_secs(5));
+        let _ = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                &format!("http://127.0.0.1:{port}/metrics"),
+            ])
+            .status();
+    }
+    let (ticks1, rss1) = proc_stat(child.id());
+    let elapsed = started.elapsed().as_secs_f64();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let share = (ticks1 - ticks0) as f64 / hz / elapsed * 100.0;
+    println!(
+        "running exporter, {elapsed:.0} s at 1 Hz with a scrape every 5 s: {share:.2} % of one core (clock-tick resolution: {:.2} %)",
+        100.0 / hz / elapsed
+    );
+    println!(
+        "running exporter RSS: {:.1} MiB after 2 s, {:.1} MiB after {elapsed:.0} s more ({:.2}× growth)",
+        rss0 as f64 / 1024.0,
+        rss1 as f64 / 1024.0,
+        rss1 as f64 / rss0 as f64
+    );
+}
