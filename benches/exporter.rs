@@ -73,29 +73,10 @@ fn main() {
             .lock()
             .unwrap()
             .update(&second.readings, &second.gpus);
-        let samples: Vec<Sample> = second
-            .readings
-            .into_iter()
-            .map(|r| Sample {
-                timestamp: second.timestamp,
-                instance: r.instance,
-                attribution: r.attribution,
-                counters: r.counters,
-            })
-            .collect();
-        black_box(samples);
+        black_box(second.into_samples());
     });
     let second = source.collect(t + 1).unwrap().unwrap();
-    let samples: Vec<Sample> = second
-        .readings
-        .iter()
-        .map(|r| Sample {
-            timestamp: second.timestamp,
-            instance: r.instance.clone(),
-            attribution: r.attribution.clone(),
-            counters: r.counters,
-        })
-        .collect();
+    let samples = second.into_samples();
     // Baseline: serialising the same second's samples as one JSON wire batch (no compression).
     let batch = Batch::from_samples(NODE, &samples);
     let baseline = measure(2000, || {

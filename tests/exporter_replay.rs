@@ -30,6 +30,36 @@ fn simulate(path: &std::path::Path) {
     assert!(status.success());
 }
 
+/// `gpuledger exporter` replaying `trace` as fast as `url` takes it, exiting once it is shipped.
+fn replay_once(
+    dir: &std::path::Path,
+    trace: &std::path::Path,
+    url: &str,
+    token: &std::path::Path,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"));
+    cmd.args([
+        "exporter",
+        "--source",
+        "replay",
+        "--speed",
+        "max",
+        "--once",
+        "--node",
+        "gpu-h100-02",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .args(["--aggregator", url, "--token-file"])
+    .arg(token)
+    .arg("--spool-dir")
+    .arg(dir.join("spool"))
+    .arg("--replay-file")
+    .arg(trace)
+    .kill_on_drop(true);
+    cmd
+}
+
 fn sorted(mut samples: Vec<Sample>) -> Vec<Sample> {
     samples.sort_by(|a, b| (a.timestamp, &a.instance).cmp(&(b.timestamp, &b.instance)));
     samples
@@ -45,30 +75,7 @@ async fn a_valid_trace_replays_to_exactly_its_rows() {
     let token = token_file(dir.path(), "t");
     let fake = FakeAggregator::start(0, "t").await;
     let url = fake.url();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args([
-            "exporter",
-            "--source",
-            "replay",
-            "--speed",
-            "max",
-            "--once",
-            "--node",
-            "gpu-h100-02",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args([
-            "--aggregator",
-            &url,
-            "--token-file",
-            token.to_str().unwrap(),
-            "--spool-dir",
-        ])
-        .arg(dir.path().join("spool"))
-        .arg("--replay-file")
-        .arg(&trace)
-        .kill_on_drop(true)
+    let mut child = replay_once(dir.path(), &trace, &url, &token)
         .spawn()
         .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
@@ -110,29 +117,7 @@ async fn a_malformed_trace_is_refused_with_file_line_and_column() {
 
     let token = token_file(dir.path(), "t");
     let fake = FakeAggregator::start(0, "t").await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args([
-            "exporter",
-            "--source",
-            "replay",
-            "--speed",
-            "max",
-            "--once",
-            "--node",
-            "gpu-h100-02",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args([
-            "--aggregator",
-            &fake.url(),
-            "--token-file",
-            token.to_str().unwrap(),
-            "--spool-dir",
-        ])
-        .arg(dir.path().join("spool"))
-        .arg("--replay-file")
-        .arg(&trace)
+    let out = replay_once(dir.path(), &trace, &fake.url(), &token)
         .output()
         .await
         .unwrap();

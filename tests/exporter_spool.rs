@@ -12,6 +12,26 @@ use gpuledger_exporter::source::sim::{Fleet, Simulator};
 
 const NODE: &str = "gpu-h100-01";
 
+/// The simulated benchmark node shipping every second to `url`.
+fn shipping_args(url: &str, token: &std::path::Path, spool: &std::path::Path) -> Vec<String> {
+    let args = [
+        "--source",
+        "sim",
+        "--node",
+        NODE,
+        "--aggregator",
+        url,
+        "--ship-interval",
+        "1s",
+        "--token-file",
+    ];
+    let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    args.push(token.display().to_string());
+    args.push("--spool-dir".into());
+    args.push(spool.display().to_string());
+    args
+}
+
 fn spooled_ids(dir: &std::path::Path) -> HashSet<String> {
     std::fs::read_dir(dir)
         .unwrap()
@@ -30,20 +50,8 @@ async fn outage_and_restart_lose_nothing_and_duplicate_only_by_batch_id() {
     let spool = dir.path().join("spool");
     let mut fake = FakeAggregator::start(0, "node-token").await;
     let url = fake.url();
-    let args = [
-        "--source",
-        "sim",
-        "--node",
-        NODE,
-        "--aggregator",
-        &url,
-        "--token-file",
-        token.to_str().unwrap(),
-        "--spool-dir",
-        spool.to_str().unwrap(),
-        "--ship-interval",
-        "1s",
-    ];
+    let owned = shipping_args(&url, &token, &spool);
+    let args: Vec<&str> = owned.iter().map(String::as_str).collect();
 
     let exporter = Exporter::start(&args).await;
     eventually("two batches", Duration::from_secs(20), async || {
@@ -168,21 +176,8 @@ async fn a_wrong_token_keeps_batches_spooled_and_counts_the_failure() {
     let spool = dir.path().join("spool");
     let fake = FakeAggregator::start(0, "right").await;
     let url = fake.url();
-    let exporter = Exporter::start(&[
-        "--source",
-        "sim",
-        "--node",
-        NODE,
-        "--aggregator",
-        &url,
-        "--token-file",
-        token.to_str().unwrap(),
-        "--spool-dir",
-        spool.to_str().unwrap(),
-        "--ship-interval",
-        "1s",
-    ])
-    .await;
+    let owned = shipping_args(&url, &token, &spool);
+    let exporter = Exporter::start(&owned.iter().map(String::as_str).collect::<Vec<_>>()).await;
     eventually(
         "an unauthorized failure",
         Duration::from_secs(20),

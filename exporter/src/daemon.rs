@@ -235,16 +235,7 @@ impl Sampler {
                 .inc_by(second.readings.len() as u64);
             self.metrics.exporter.last_sample.set(second.timestamp);
             if let Some(tx) = &self.tx {
-                let samples = second
-                    .readings
-                    .into_iter()
-                    .map(|r| Sample {
-                        timestamp: second.timestamp,
-                        instance: r.instance,
-                        attribution: r.attribution,
-                        counters: r.counters,
-                    })
-                    .collect();
+                let samples = second.into_samples();
                 if tx.blocking_send(samples).is_err() {
                     return;
                 }

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use gpuledger_exporter::source::sim::{Fleet, Simulator};
-use gpuledger_schema::Sample;
 use gpuledger_schema::trace::{self, TraceWriter};
 
 /// Flags of `gpuledger simulate`.
@@ -64,13 +63,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut rows = 0u64;
     for t in start..start + duration {
         let second = sim.second(args.node.as_deref(), t);
-        for r in second.readings {
-            w.write(&Sample {
-                timestamp: t,
-                instance: r.instance,
-                attribution: r.attribution,
-                counters: r.counters,
-            })?;
+        for sample in second.into_samples() {
+            w.write(&sample)?;
             rows += 1;
         }
     }

@@ -65,6 +65,22 @@ pub struct Second {
     pub collectors: Vec<CollectorOutcome>,
 }
 
+impl Second {
+    /// The readings as samples of this second, for shipping or a trace.
+    pub fn into_samples(self) -> Vec<gpuledger_schema::Sample> {
+        let timestamp = self.timestamp;
+        self.readings
+            .into_iter()
+            .map(|r| gpuledger_schema::Sample {
+                timestamp,
+                instance: r.instance,
+                attribution: r.attribution,
+                counters: r.counters,
+            })
+            .collect()
+    }
+}
+
 /// A source failed for this second; the daemon counts it and tries again next second.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {

@@ -230,7 +230,7 @@ impl Simulator {
                 format!("{}/jupyter-{:05x}", tenant.name, id & 0xfffff),
                 SloClass::Interactive,
             ),
-            Behaviour::Abandoned if id % 2 == 0 => (
+            Behaviour::Abandoned if id.is_multiple_of(2) => (
                 format!("{}/job-{:05x}", tenant.name, id & 0xfffff),
                 SloClass::Batch,
             ),
