@@ -27,5 +27,5 @@ if ! python3 -c 'import prometheus_client.openmetrics.parser' 2>/dev/null; then
   python3 -m pip install -q --disable-pip-version-check prometheus-client
 fi
 
-shellcheck test.sh .ci/run
+shellcheck test.sh .ci/run deploy/slurm/*.sh
 cargo test --workspace --all-targets --locked

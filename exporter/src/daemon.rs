@@ -15,7 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use gpuledger_schema::Sample;
 use tokio::sync::{mpsc, watch};
 
-use crate::attribution::StaticMap;
+use crate::attribution::slurm::TenantField;
+use crate::attribution::{Attributor, SlurmJobMap, StaticMap};
 use crate::metrics::Metrics;
 use crate::ship::{self, Finish, ShipConfig};
 use crate::source::nvml::{NvmlDriver, NvmlSource};
@@ -84,8 +85,21 @@ pub struct ExporterConfig {
     pub ship: Option<ShipConfig>,
     /// Static attribution map.
     pub attribution_map: Option<PathBuf>,
+    /// Slurm per-device job map.
+    pub slurm: Option<SlurmConfig>,
     /// How long to keep sending at shutdown.
     pub drain_timeout: Duration,
+}
+
+/// Where the Slurm prolog writes its job map, and how to read it.
+#[derive(Debug, Clone)]
+pub struct SlurmConfig {
+    /// The job map directory.
+    pub dir: PathBuf,
+    /// Which job field is the tenant.
+    pub tenant: TenantField,
+    /// QoS → SLO class; unmapped QoS are `batch`.
+    pub qos_classes: std::collections::HashMap<String, gpuledger_schema::SloClass>,
 }
 
 /// Why the daemon could not start or run.
@@ -146,7 +160,7 @@ pub fn open_source(choice: &SourceChoice, node: &str) -> Result<Box<dyn Source>,
 
 struct Sampler {
     source: Box<dyn Source>,
-    map: Option<StaticMap>,
+    attributors: Vec<Box<dyn Attributor>>,
     metrics: Arc<Metrics>,
     tx: Option<mpsc::Sender<Vec<Sample>>>,
     stop: Arc<AtomicBool>,
@@ -221,8 +235,22 @@ impl Sampler {
                     return;
                 }
             }
-            if let Some(map) = &self.map {
-                map.apply(&mut second.readings);
+            for a in &mut self.attributors {
+                let started = Instant::now();
+                let refreshed = a.refresh();
+                if let Err(e) = &refreshed {
+                    tracing::warn!(attributor = a.name(), error = %e, "Attribution could not refresh; keeping its last state.");
+                }
+                let collector = match a.name() {
+                    "slurm" => "attribution_slurm",
+                    _ => "attribution_static",
+                };
+                self.metrics.exporter.record_collector(&CollectorOutcome {
+                    collector,
+                    duration: started.elapsed(),
+                    success: refreshed.is_ok(),
+                });
+                a.apply(&mut second.readings);
             }
             self.metrics
                 .instances
@@ -258,11 +286,17 @@ pub async fn run(
         _ => Speed::Times(1.0),
     };
     let source = open_source(&config.source, &config.node)?;
-    let map = config
-        .attribution_map
-        .as_deref()
-        .map(StaticMap::load)
-        .transpose()?;
+    let mut attributors: Vec<Box<dyn Attributor>> = Vec::new();
+    if let Some(path) = &config.attribution_map {
+        attributors.push(Box::new(StaticMap::load(path)?));
+    }
+    if let Some(slurm) = &config.slurm {
+        attributors.push(Box::new(SlurmJobMap::new(
+            &slurm.dir,
+            slurm.tenant,
+            slurm.qos_classes.clone(),
+        )));
+    }
     let metrics = Metrics::new();
 
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -308,7 +342,7 @@ pub async fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = Sampler {
         source,
-        map,
+        attributors,
         metrics: metrics.clone(),
         tx,
         stop: stop.clone(),

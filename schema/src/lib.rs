@@ -14,6 +14,7 @@
 
 pub mod exposition;
 pub mod mig;
+pub mod migrations;
 pub mod sample;
 pub mod trace;
 pub mod wire;

@@ -38,6 +38,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         node: args.node,
         ship: None,
         attribution_map: None,
+        slurm: None,
         drain_timeout: Duration::from_secs(1),
     };
     super::runtime()?.block_on(daemon::run(config, super::shutdown_signal()))?;

@@ -5,9 +5,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use gpuledger_exporter::daemon::{self, ExporterConfig, SourceChoice, Speed};
+use gpuledger_exporter::attribution::slurm::TenantField;
+use gpuledger_exporter::daemon::{self, ExporterConfig, SlurmConfig, SourceChoice, Speed};
 use gpuledger_exporter::ship::ShipConfig;
 use gpuledger_exporter::source::SOURCES;
+use gpuledger_schema::SloClass;
 use serde::Deserialize;
 
 /// Flags of `gpuledger exporter`. Every flag can also be set in `--config FILE` (TOML, the flag's
@@ -60,6 +62,16 @@ pub struct Args {
     /// NVML collector to skip (mig, memory, gpm, power); repeatable.
     #[arg(long)]
     disable_collector: Vec<String>,
+    /// Slurm per-device job map written by deploy/slurm's prolog (e.g. /run/gpuledger/slurm-jobs).
+    #[arg(long)]
+    slurm_job_dir: Option<PathBuf>,
+    /// Which Slurm job field is the tenant: account, user, partition or qos [default: account].
+    #[arg(long)]
+    slurm_tenant: Option<String>,
+    /// A Slurm QoS's SLO class, as QOS=CLASS (e.g. high=latency_critical); repeatable.
+    /// Unmapped QoS are batch.
+    #[arg(long)]
+    slurm_qos_class: Vec<String>,
 }
 
 fn sources_help() -> String {
@@ -92,6 +104,10 @@ struct FileConfig {
     ship_interval: Option<String>,
     #[serde(default)]
     disable_collector: Vec<String>,
+    slurm_job_dir: Option<PathBuf>,
+    slurm_tenant: Option<String>,
+    #[serde(default)]
+    slurm_qos_class: std::collections::HashMap<String, SloClass>,
 }
 
 fn default_node() -> anyhow::Result<String> {
@@ -194,7 +210,37 @@ fn config(args: Args) -> anyhow::Result<ExporterConfig> {
             })
         }
     };
+    let slurm = match args.slurm_job_dir.or(file.slurm_job_dir) {
+        None => None,
+        Some(dir) => {
+            let tenant: TenantField = args
+                .slurm_tenant
+                .or(file.slurm_tenant)
+                .unwrap_or_else(|| "account".into())
+                .parse()
+                .map_err(anyhow::Error::msg)
+                .context("--slurm-tenant")?;
+            let mut qos_classes = file.slurm_qos_class;
+            for pair in &args.slurm_qos_class {
+                let (qos, class) = pair
+                    .split_once('=')
+                    .with_context(|| format!("--slurm-qos-class {pair:?}: expected QOS=CLASS"))?;
+                qos_classes.insert(
+                    qos.to_owned(),
+                    class
+                        .parse()
+                        .with_context(|| format!("--slurm-qos-class {pair:?}"))?,
+                );
+            }
+            Some(SlurmConfig {
+                dir,
+                tenant,
+                qos_classes,
+            })
+        }
+    };
     Ok(ExporterConfig {
+        slurm,
         source,
         listen: args
             .listen

@@ -1,4 +1,4 @@
-//! Who holds each instance, when the source does not say: a static map file.
+//! A static map file: device UUID (or GPU + instance id) → tenant, workload, SLO class.
 //!
 //! ```toml
 //! [[device]]
@@ -14,7 +14,7 @@
 //! ```
 //!
 //! A mapped instance takes the map's attribution; an unmapped one keeps what the source said
-//! (nothing, for NVML). Kubernetes and Slurm attribution come later and implement the same step.
+//! (nothing, for NVML).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,6 +23,8 @@ use gpuledger_schema::{Attribution, SloClass};
 use serde::Deserialize;
 
 use crate::source::Reading;
+
+use super::Attributor;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -114,7 +116,7 @@ impl StaticMap {
     }
 
     /// Sets the attribution of every mapped reading.
-    pub fn apply(&self, readings: &mut [Reading]) {
+    pub fn apply_to(&self, readings: &mut [Reading]) {
         for r in readings {
             let found = r
                 .mig_uuid
@@ -136,6 +138,20 @@ impl StaticMap {
                 r.attribution = a.clone();
             }
         }
+    }
+}
+
+impl Attributor for StaticMap {
+    fn name(&self) -> &'static str {
+        "static"
+    }
+
+    fn refresh(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn apply(&self, readings: &mut [Reading]) {
+        self.apply_to(readings);
     }
 }
 
@@ -186,7 +202,7 @@ mod tests {
             reading("GPU-3", Some(7), Some("MIG-x")),
             reading("GPU-3", Some(8), Some("MIG-y")),
         ];
-        map.apply(&mut rs);
+        map.apply_to(&mut rs);
         let tenants: Vec<Option<&str>> =
             rs.iter().map(|r| r.attribution.tenant.as_deref()).collect();
         assert_eq!(tenants, [Some("a"), Some("b"), Some("c"), None]);

@@ -1,0 +1,111 @@
+//! The DuckDB ledger file: opening it and bringing its schema to [`LATEST`].
+
+use std::path::Path;
+
+use duckdb::{Connection, params};
+use gpuledger_schema::migrations::{LATEST, MIGRATIONS};
+
+/// Why the ledger cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// DuckDB refused.
+    #[error("database {path}: {source}")]
+    Db {
+        /// The file (or `:memory:`).
+        path: String,
+        /// DuckDB's error.
+        source: duckdb::Error,
+    },
+    /// A newer gpuledger wrote this file.
+    #[error(
+        "database {path} is at schema version {found}, but this gpuledger only knows up to version {LATEST}; run a newer gpuledger (or restore a backup)"
+    )]
+    TooNew {
+        /// The file.
+        path: String,
+        /// Its version.
+        found: u32,
+    },
+}
+
+const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)";
+
+/// Opens (creating) the ledger at `path` (`:memory:` for tests) and applies missing migrations,
+/// each in its own transaction. Returns the connection and the schema version found before.
+pub fn open(path: &Path) -> Result<(Connection, u32), StoreError> {
+    let name = path.display().to_string();
+    let db = |source| StoreError::Db {
+        path: name.clone(),
+        source,
+    };
+    let mut conn = if name == ":memory:" {
+        Connection::open_in_memory()
+    } else {
+        Connection::open(path)
+    }
+    .map_err(db)?;
+    conn.execute_batch(VERSION_TABLE).map_err(db)?;
+    let found: u32 = conn
+        .query_row(
+            "SELECT coalesce(max(version), 0) FROM schema_version",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(db)?;
+    if found > LATEST {
+        return Err(StoreError::TooNew { path: name, found });
+    }
+    for m in MIGRATIONS.iter().filter(|m| m.version > found) {
+        let tx = conn.transaction().map_err(db)?;
+        tx.execute_batch(m.sql).map_err(db)?;
+        tx.execute(
+            "INSERT INTO schema_version (version, name) VALUES (?, ?)",
+            params![m.version, m.name],
+        )
+        .map_err(db)?;
+        tx.commit().map_err(db)?;
+        tracing::info!(
+            version = m.version,
+            name = m.name,
+            "Applied a schema migration."
+        );
+    }
+    Ok((conn, found))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_file_gets_the_schema_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.duckdb");
+        let (conn, before) = open(&path).unwrap();
+        assert_eq!(before, 0);
+        let tables: i64 = conn.query_row("SELECT count(*) FROM information_schema.tables WHERE table_name IN ('samples_raw', 'ingested_batches')", [], |r| r.get(0)).unwrap();
+        assert_eq!(tables, 2);
+        drop(conn);
+        let (_, before) = open(&path).unwrap();
+        assert_eq!(before, LATEST, "reopening applies nothing");
+    }
+
+    #[test]
+    fn an_older_binary_refuses_a_newer_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.duckdb");
+        let (conn, _) = open(&path).unwrap();
+        conn.execute(
+            "INSERT INTO schema_version (version, name) VALUES (?, 'from the future')",
+            params![LATEST + 1],
+        )
+        .unwrap();
+        drop(conn);
+        let err = open(&path).unwrap_err();
+        assert!(
+            matches!(err, StoreError::TooNew { found, .. } if found == LATEST + 1),
+            "{err}"
+        );
+        assert!(err.to_string().contains("run a newer gpuledger"), "{err}");
+    }
+}

@@ -1,0 +1,59 @@
+#!/bin/bash
+# gpuledger Slurm prolog: records which job holds which GPU or MIG device on this node, so the
+# gpuledger exporter (--slurm-job-dir) can charge the device to the job's account even while no
+# process runs on it. Install as (or call from) slurm.conf's Prolog=.
+#
+# Writes one file per device into $GPULEDGER_JOBMAP_DIR (default /run/gpuledger/slurm-jobs),
+# named after the device as Slurm gives it: a GPU UUID (GPU-…), a MIG UUID (MIG-…) or a GPU index,
+# taken from SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES. Each file holds key=value lines: job_id,
+# user, account, partition, qos. Files are written under a temporary name and renamed, so the
+# exporter never reads half a file.
+#
+# A failing prolog would drain the node, so this script reports problems on stderr and always
+# exits 0: a job is never held back by accounting.
+set -u
+
+dir="${GPULEDGER_JOBMAP_DIR:-/run/gpuledger/slurm-jobs}"
+job="${SLURM_JOB_ID:-}"
+if [ -z "$job" ]; then
+  echo "gpuledger-prolog: SLURM_JOB_ID is not set; run this as Slurm's Prolog" >&2
+  exit 0
+fi
+
+devices="${SLURM_JOB_GPUS:-},${CUDA_VISIBLE_DEVICES:-}"
+if [ "$devices" = "," ]; then
+  exit 0 # not a GPU job
+fi
+
+if ! mkdir -p "$dir"; then
+  echo "gpuledger-prolog: cannot create $dir" >&2
+  exit 0
+fi
+
+IFS=',' read -r -a ids <<<"$devices"
+for id in "${ids[@]}"; do
+  id="${id//[[:space:]]/}"
+  case "$id" in
+  "" | NoDevFiles) continue ;;
+  GPU-* | MIG-*) ;;
+  *[!0-9]*)
+    echo "gpuledger-prolog: job $job: ignoring device id '$id' (not a GPU/MIG UUID or an index)" >&2
+    continue
+    ;;
+  esac
+  case "$id" in
+  */*)
+    echo "gpuledger-prolog: job $job: ignoring the old MIG id form '$id'" >&2
+    continue
+    ;;
+  esac
+  tmp="$(mktemp "$dir/.$id.XXXXXX")" || {
+    echo "gpuledger-prolog: job $job: cannot write to $dir" >&2
+    continue
+  }
+  printf 'job_id=%s\nuser=%s\naccount=%s\npartition=%s\nqos=%s\n' \
+    "$job" "${SLURM_JOB_USER:-}" "${SLURM_JOB_ACCOUNT:-}" "${SLURM_JOB_PARTITION:-}" "${SLURM_JOB_QOS:-}" >"$tmp"
+  chmod 0644 "$tmp"
+  mv -f "$tmp" "$dir/$id" || echo "gpuledger-prolog: job $job: cannot publish $dir/$id" >&2
+done
+exit 0

@@ -1,0 +1,26 @@
+//! Who holds each instance. The device is allocated whether or not a process runs on it, so
+//! attribution comes from the scheduler's allocation: a static map ([`static_map`]) or Slurm's
+//! per-device job map ([`slurm`]). Sources that know their tenant (sim, replay) bring it along;
+//! an attributor overrides it for the instances it maps.
+//!
+//! Every attributor refreshes once a second before it is applied; its duration and success are
+//! exported like a collector's (`collector="attribution_<name>"`). A failing attributor keeps
+//! its last good state, so a hiccup does not unlabel the fleet.
+
+pub mod slurm;
+pub mod static_map;
+
+pub use slurm::SlurmJobMap;
+pub use static_map::{MapError, StaticMap};
+
+use crate::source::Reading;
+
+/// A way of telling who holds an instance.
+pub trait Attributor: Send {
+    /// Short name for metrics and logs (`static`, `slurm`).
+    fn name(&self) -> &'static str;
+    /// Re-reads the allocations; an error leaves the previous state in place.
+    fn refresh(&mut self) -> Result<(), String>;
+    /// Sets the attribution of every reading it maps.
+    fn apply(&self, readings: &mut [Reading]);
+}

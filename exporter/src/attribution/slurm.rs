@@ -1,0 +1,291 @@
+//! Slurm: a per-device job map directory, written by the prolog and removed by the epilog that
+//! ship in `deploy/slurm/` (the scheme of jobstats and of dcgm-exporter's HPC job mapping).
+//!
+//! Each file in the directory is named after a device — a MIG UUID (`MIG-…`), a GPU UUID
+//! (`GPU-…`) or an NVML GPU index (`0`) — and holds `key=value` lines: `job_id`, `user`,
+//! `account`, `partition`, `qos`. The tenant is one of those fields (`account` by default); the
+//! workload is the job id; the SLO class comes from a QoS map (unmapped QoS: `batch`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use gpuledger_schema::{Attribution, SloClass};
+
+use super::Attributor;
+use crate::source::Reading;
+
+/// Which job field names the tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantField {
+    /// The Slurm account (the default: accounts are what sites charge).
+    Account,
+    /// The user.
+    User,
+    /// The partition.
+    Partition,
+    /// The QoS.
+    Qos,
+}
+
+impl FromStr for TenantField {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "account" => TenantField::Account,
+            "user" => TenantField::User,
+            "partition" => TenantField::Partition,
+            "qos" => TenantField::Qos,
+            _ => {
+                return Err(format!(
+                    "{s:?} is not a Slurm tenant field (account, user, partition or qos)"
+                ));
+            }
+        })
+    }
+}
+
+/// One device's job, as the prolog wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Slurm job id.
+    pub job_id: String,
+    /// Fields by name.
+    pub fields: BTreeMap<String, String>,
+}
+
+/// Parses a job file's `key=value` lines; `job_id` is required.
+pub fn parse_job(text: &str) -> Result<Job, String> {
+    let mut fields = BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| format!("line {}: expected key=value", n + 1))?;
+        fields.insert(k.trim().to_owned(), v.trim().to_owned());
+    }
+    let job_id = fields
+        .get("job_id")
+        .filter(|j| !j.is_empty())
+        .cloned()
+        .ok_or("no job_id")?;
+    Ok(Job { job_id, fields })
+}
+
+/// The job map directory and how to read it.
+pub struct SlurmJobMap {
+    dir: PathBuf,
+    tenant: TenantField,
+    qos_classes: HashMap<String, SloClass>,
+    jobs: HashMap<String, Job>,
+    bad_files_logged: std::collections::HashSet<PathBuf>,
+}
+
+impl SlurmJobMap {
+    /// A map over `dir`.
+    pub fn new(
+        dir: &Path,
+        tenant: TenantField,
+        qos_classes: HashMap<String, SloClass>,
+    ) -> SlurmJobMap {
+        SlurmJobMap {
+            dir: dir.to_owned(),
+            tenant,
+            qos_classes,
+            jobs: HashMap::new(),
+            bad_files_logged: Default::default(),
+        }
+    }
+
+    fn attribution(&self, job: &Job) -> Option<Attribution> {
+        let key = match self.tenant {
+            TenantField::Account => "account",
+            TenantField::User => "user",
+            TenantField::Partition => "partition",
+            TenantField::Qos => "qos",
+        };
+        let tenant = job.fields.get(key).filter(|t| !t.is_empty())?.clone();
+        let qos = job.fields.get("qos").map(String::as_str).unwrap_or("");
+        Some(Attribution {
+            tenant: Some(tenant),
+            workload: Some(job.job_id.clone()),
+            slo_class: Some(
+                self.qos_classes
+                    .get(qos)
+                    .copied()
+                    .unwrap_or(SloClass::Batch),
+            ),
+        })
+    }
+
+    /// Devices currently mapped, by file name.
+    pub fn jobs(&self) -> &HashMap<String, Job> {
+        &self.jobs
+    }
+}
+
+impl Attributor for SlurmJobMap {
+    fn name(&self) -> &'static str {
+        "slurm"
+    }
+
+    fn refresh(&mut self) -> Result<(), String> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            // No job has run on this node since boot: nothing is allocated.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.jobs.clear();
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot read the Slurm job map {}: {e}",
+                    self.dir.display()
+                ));
+            }
+        };
+        let mut jobs = HashMap::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| e.to_string())?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue; // the prolog's temporary files
+            }
+            let path = entry.path();
+            match std::fs::read_to_string(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|t| parse_job(&t))
+            {
+                Ok(job) => {
+                    jobs.insert(name, job);
+                }
+                Err(e) => {
+                    if self.bad_files_logged.insert(path.clone()) {
+                        tracing::warn!(file = %path.display(), error = %e, "Ignoring an unreadable Slurm job map file.");
+                    }
+                }
+            }
+        }
+        self.jobs = jobs;
+        Ok(())
+    }
+
+    fn apply(&self, readings: &mut [Reading]) {
+        if self.jobs.is_empty() {
+            return;
+        }
+        // NVML indices are not in the reading; a whole GPU is matched by UUID, or by its index in
+        // the order the source lists GPUs (the order NVML enumerates them).
+        let mut gpu_index: HashMap<String, usize> = HashMap::new();
+        for r in readings.iter() {
+            let next = gpu_index.len();
+            gpu_index.entry(r.instance.gpu_uuid.clone()).or_insert(next);
+        }
+        for r in readings.iter_mut() {
+            let job = r
+                .mig_uuid
+                .as_ref()
+                .and_then(|u| self.jobs.get(u))
+                .or_else(|| {
+                    if r.instance.mig_profile.is_some() {
+                        return None;
+                    }
+                    self.jobs
+                        .get(&r.instance.gpu_uuid)
+                        .or_else(|| self.jobs.get(&gpu_index[&r.instance.gpu_uuid].to_string()))
+                });
+            if let Some(a) = job.and_then(|j| self.attribution(j)) {
+                r.attribution = a;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_schema::{Counters, Instance};
+
+    fn reading(gpu: &str, mig: Option<&str>) -> Reading {
+        Reading {
+            instance: Instance {
+                node: "n".into(),
+                gpu_uuid: gpu.into(),
+                gpu_model: "m".into(),
+                mig_profile: mig.map(|_| "1g.10gb".into()),
+                gpu_instance_id: mig.map(|_| 7),
+                placement_start: None,
+                placement_size: None,
+            },
+            mig_uuid: mig.map(Into::into),
+            attribution: Attribution::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    #[test]
+    fn maps_mig_uuids_gpu_uuids_and_indices_to_the_configured_tenant_field() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("MIG-aaa"),
+            "job_id=41\nuser=alice\naccount=physics\npartition=gpu\nqos=high\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("GPU-bbb"),
+            "job_id=42\nuser=bob\naccount=chem\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("2"), "job_id=43\nuser=carol\naccount=bio\n").unwrap();
+        std::fs::write(dir.path().join("junk"), "no equals sign\n").unwrap();
+        std::fs::write(dir.path().join(".tmp.123"), "job_id=44\naccount=x\n").unwrap();
+        let qos = HashMap::from([("high".to_owned(), SloClass::LatencyCritical)]);
+        let mut map = SlurmJobMap::new(dir.path(), TenantField::Account, qos);
+        map.refresh().unwrap();
+        assert_eq!(map.jobs().len(), 3);
+        let mut rs = vec![
+            reading("GPU-zzz", Some("MIG-aaa")),
+            reading("GPU-bbb", None),
+            reading("GPU-ccc", None),
+            reading("GPU-ddd", None),
+        ];
+        map.apply(&mut rs);
+        assert_eq!(
+            rs[0].attribution,
+            Attribution {
+                tenant: Some("physics".into()),
+                workload: Some("41".into()),
+                slo_class: Some(SloClass::LatencyCritical)
+            }
+        );
+        assert_eq!(rs[1].attribution.tenant.as_deref(), Some("chem"));
+        assert_eq!(rs[1].attribution.slo_class, Some(SloClass::Batch));
+        assert_eq!(
+            rs[2].attribution.workload.as_deref(),
+            Some("43"),
+            "index 2 is the third GPU listed"
+        );
+        assert_eq!(rs[3].attribution.tenant, None);
+
+        let mut by_user = SlurmJobMap::new(dir.path(), TenantField::User, HashMap::new());
+        by_user.refresh().unwrap();
+        let mut rs = vec![reading("GPU-zzz", Some("MIG-aaa"))];
+        by_user.apply(&mut rs);
+        assert_eq!(rs[0].attribution.tenant.as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn a_missing_directory_means_nothing_allocated() {
+        let mut map = SlurmJobMap::new(
+            Path::new("/nonexistent/gpuledger-jobs"),
+            TenantField::Account,
+            HashMap::new(),
+        );
+        assert!(map.refresh().is_ok());
+        assert!(map.jobs().is_empty());
+        assert!(parse_job("user=x\n").is_err());
+    }
+}

@@ -1,0 +1,50 @@
+//! The DuckDB schema as numbered migrations (`schema/migrations/NNNN_name.sql`). The aggregator
+//! applies the ones a database lacks, in order, and records each in `schema_version`; a database
+//! at a higher version than [`LATEST`] belongs to a newer gpuledger and is refused.
+
+/// One migration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    /// Its number; migrations apply in increasing order, without gaps.
+    pub version: u32,
+    /// Its name (the file name without number and extension).
+    pub name: &'static str,
+    /// The SQL, one or more statements.
+    pub sql: &'static str,
+}
+
+/// Every migration, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "ledger",
+    sql: include_str!("../migrations/0001_ledger.sql"),
+}];
+
+/// The schema version this build writes.
+pub const LATEST: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_without_gaps_and_match_their_files() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version as usize, i + 1);
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        let expected: Vec<String> = MIGRATIONS
+            .iter()
+            .map(|m| format!("{:04}_{}.sql", m.version, m.name))
+            .collect();
+        assert_eq!(
+            files, expected,
+            "every file in schema/migrations is listed in MIGRATIONS"
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! Slurm attribution: the prolog/epilog in deploy/slurm run with a fake Slurm environment (Slurm
+//! itself cannot run here; the environment variables are what slurmd hands a Prolog), are
+//! shellcheck-clean, and the exporter charges a MIG slice to the job's account.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Exporter, eventually, require_tool};
+use gpuledger_exporter::source::sim::{Fleet, Simulator};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn run_script(script: &str, dir: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new("bash");
+    cmd.arg(format!("{ROOT}/deploy/slurm/{script}"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("GPULEDGER_JOBMAP_DIR", dir);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script} must never fail a job: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_scripts_are_shellcheck_clean() {
+    require_tool("shellcheck");
+    let out = Command::new("shellcheck")
+        .arg(format!("{ROOT}/deploy/slurm/gpuledger-prolog.sh"))
+        .arg(format!("{ROOT}/deploy/slurm/gpuledger-epilog.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn the_prolog_maps_every_device_form_and_the_epilog_removes_only_its_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("jobs");
+    let job = [
+        ("SLURM_JOB_ID", "101"),
+        ("SLURM_JOB_USER", "alice"),
+        ("SLURM_JOB_ACCOUNT", "physics"),
+        ("SLURM_JOB_PARTITION", "gpu"),
+        ("SLURM_JOB_QOS", "high"),
+        ("SLURM_JOB_GPUS", "0,3"),
+        (
+            "CUDA_VISIBLE_DEVICES",
+            "MIG-4f1c2b7e-0000-4000-8000-000000000001, GPU-9a8b7c6d-0000-4000-8000-000000000002,MIG-GPU-x/1/0",
+        ),
+    ];
+    let out = run_script("gpuledger-prolog.sh", &dir, &job);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ignoring the old MIG id form"));
+    assert_eq!(
+        files(&dir),
+        [
+            "0",
+            "3",
+            "GPU-9a8b7c6d-0000-4000-8000-000000000002",
+            "MIG-4f1c2b7e-0000-4000-8000-000000000001"
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("MIG-4f1c2b7e-0000-4000-8000-000000000001")).unwrap(),
+        "job_id=101\nuser=alice\naccount=physics\npartition=gpu\nqos=high\n"
+    );
+
+    // Device 3 is handed to job 102 before job 101's epilog runs.
+    run_script(
+        "gpuledger-prolog.sh",
+        &dir,
+        &[
+            ("SLURM_JOB_ID", "102"),
+            ("SLURM_JOB_ACCOUNT", "chem"),
+            ("SLURM_JOB_GPUS", "3"),
+        ],
+    );
+    run_script("gpuledger-epilog.sh", &dir, &[("SLURM_JOB_ID", "101")]);
+    assert_eq!(files(&dir), ["3"]);
+    assert!(
+        std::fs::read_to_string(dir.join("3"))
+            .unwrap()
+            .starts_with("job_id=102\n")
+    );
+
+    // A CPU-only job writes nothing; outside Slurm the scripts say so and succeed.
+    let empty = tmp.path().join("empty");
+    run_script("gpuledger-prolog.sh", &empty, &[("SLURM_JOB_ID", "103")]);
+    assert!(files(&empty).is_empty());
+    let out = run_script("gpuledger-epilog.sh", &dir, &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SLURM_JOB_ID is not set"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_exporter_charges_a_mig_slice_to_the_jobs_account() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("jobs");
+    let sim = Simulator::new(Fleet::builtin());
+    let target = sim
+        .second(Some("gpu-h100-01"), 0)
+        .readings
+        .into_iter()
+        .nth(9)
+        .unwrap();
+    let mig_uuid = target.mig_uuid.clone().unwrap();
+    run_script(
+        "gpuledger-prolog.sh",
+        &dir,
+        &[
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_JOB_USER", "bob"),
+            ("SLURM_JOB_ACCOUNT", "physics"),
+            ("SLURM_JOB_QOS", "high"),
+            ("CUDA_VISIBLE_DEVICES", &mig_uuid),
+        ],
+    );
+    let exporter = Exporter::start(&[
+        "--source",
+        "sim",
+        "--node",
+        "gpu-h100-01",
+        "--slurm-job-dir",
+        dir.to_str().unwrap(),
+        "--slurm-qos-class",
+        "high=latency_critical",
+    ])
+    .await;
+    let gi = format!(
+        "gpu_instance_id=\"{}\"",
+        target.instance.gpu_instance_id.unwrap()
+    );
+    let gpu = format!("gpu_uuid=\"{}\"", target.instance.gpu_uuid);
+    let line = eventually(
+        "the slice labelled with the job",
+        Duration::from_secs(20),
+        async || {
+            let text = exporter.metrics("text/plain").await;
+            text.lines()
+                .find(|l| {
+                    l.starts_with("gpuledger_instance_fb_total_bytes{")
+                        && l.contains(&gi)
+                        && l.contains(&gpu)
+                })
+                .map(str::to_owned)
+                .filter(|l| l.contains("tenant=\"physics\""))
+        },
+    )
+    .await;
+    assert!(
+        line.contains("workload=\"4242\"") && line.contains("slo_class=\"latency_critical\""),
+        "{line}"
+    );
+    assert_eq!(
+        exporter
+            .metrics("text/plain")
+            .await
+            .matches("tenant=\"physics\"")
+            .count()
+            > 0,
+        true
+    );
+    assert!(
+        exporter
+            .metrics("text/plain")
+            .await
+            .contains("gpuledger_exporter_collector_success{collector=\"attribution_slurm\"} 1")
+    );
+
+    // The job ends: the slice is no longer charged to it.
+    run_script("gpuledger-epilog.sh", &dir, &[("SLURM_JOB_ID", "4242")]);
+    eventually(
+        "the job's series gone",
+        Duration::from_secs(20),
+        async || {
+            (!exporter
+                .metrics("text/plain")
+                .await
+                .contains("tenant=\"physics\""))
+            .then_some(())
+        },
+    )
+    .await;
+}
