@@ -16,7 +16,7 @@ use gpuledger_schema::Sample;
 use tokio::sync::{mpsc, watch};
 
 use crate::attribution::slurm::TenantField;
-use crate::attribution::{Attributor, SlurmJobMap, StaticMap};
+use crate::attribution::{Attributor, KubeletAttributor, KubeletConfig, SlurmJobMap, StaticMap};
 use crate::metrics::Metrics;
 use crate::ship::{self, Finish, ShipConfig};
 use crate::source::nvml::{NvmlDriver, NvmlSource};
@@ -87,6 +87,8 @@ pub struct ExporterConfig {
     pub attribution_map: Option<PathBuf>,
     /// Slurm per-device job map.
     pub slurm: Option<SlurmConfig>,
+    /// Kubernetes pod-resources attribution.
+    pub kubelet: Option<KubeletConfig>,
     /// How long to keep sending at shutdown.
     pub drain_timeout: Duration,
 }
@@ -243,6 +245,7 @@ impl Sampler {
                 }
                 let collector = match a.name() {
                     "slurm" => "attribution_slurm",
+                    "kubelet" => "attribution_kubelet",
                     _ => "attribution_static",
                 };
                 self.metrics.exporter.record_collector(&CollectorOutcome {
@@ -296,6 +299,9 @@ pub async fn run(
             slurm.tenant,
             slurm.qos_classes.clone(),
         )));
+    }
+    if let Some(kubelet) = &config.kubelet {
+        attributors.push(Box::new(KubeletAttributor::start(kubelet.clone())));
     }
     let metrics = Metrics::new();
 

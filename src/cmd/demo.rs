@@ -39,6 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ship: None,
         attribution_map: None,
         slurm: None,
+        kubelet: None,
         drain_timeout: Duration::from_secs(1),
     };
     super::runtime()?.block_on(daemon::run(config, super::shutdown_signal()))?;

@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use std::collections::HashMap;
+
+use gpuledger_exporter::attribution::KubeletConfig;
 use gpuledger_exporter::attribution::slurm::TenantField;
 use gpuledger_exporter::daemon::{self, ExporterConfig, SlurmConfig, SourceChoice, Speed};
 use gpuledger_exporter::ship::ShipConfig;
@@ -72,6 +75,19 @@ pub struct Args {
     /// Unmapped QoS are batch.
     #[arg(long)]
     slurm_qos_class: Vec<String>,
+    /// Kubelet pod-resources socket; enables Kubernetes attribution
+    /// (usually /var/lib/kubelet/pod-resources/kubelet.sock).
+    #[arg(long)]
+    kubelet_socket: Option<PathBuf>,
+    /// How often to ask the kubelet [default: 5s].
+    #[arg(long)]
+    kubelet_poll_interval: Option<humantime::Duration>,
+    /// A namespace's tenant, as NAMESPACE=TENANT; repeatable. Unmapped namespaces are their own tenant.
+    #[arg(long)]
+    kubelet_namespace_tenant: Vec<String>,
+    /// A namespace's SLO class, as NAMESPACE=CLASS; repeatable.
+    #[arg(long)]
+    kubelet_namespace_class: Vec<String>,
 }
 
 fn sources_help() -> String {
@@ -107,7 +123,32 @@ struct FileConfig {
     slurm_job_dir: Option<PathBuf>,
     slurm_tenant: Option<String>,
     #[serde(default)]
-    slurm_qos_class: std::collections::HashMap<String, SloClass>,
+    slurm_qos_class: HashMap<String, SloClass>,
+    kubelet_socket: Option<PathBuf>,
+    kubelet_poll_interval: Option<String>,
+    #[serde(default)]
+    kubelet_namespace_tenant: HashMap<String, String>,
+    #[serde(default)]
+    kubelet_namespace_class: HashMap<String, SloClass>,
+}
+
+/// `KEY=VALUE` pairs from repeated flags, over the config file's table.
+fn pairs<V>(
+    flag: &str,
+    given: &[String],
+    mut base: HashMap<String, V>,
+    parse: impl Fn(&str) -> anyhow::Result<V>,
+) -> anyhow::Result<HashMap<String, V>> {
+    for pair in given {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("{flag} {pair:?}: expected KEY=VALUE"))?;
+        base.insert(
+            k.to_owned(),
+            parse(v).with_context(|| format!("{flag} {pair:?}"))?,
+        );
+    }
+    Ok(base)
 }
 
 fn default_node() -> anyhow::Result<String> {
@@ -220,18 +261,12 @@ fn config(args: Args) -> anyhow::Result<ExporterConfig> {
                 .parse()
                 .map_err(anyhow::Error::msg)
                 .context("--slurm-tenant")?;
-            let mut qos_classes = file.slurm_qos_class;
-            for pair in &args.slurm_qos_class {
-                let (qos, class) = pair
-                    .split_once('=')
-                    .with_context(|| format!("--slurm-qos-class {pair:?}: expected QOS=CLASS"))?;
-                qos_classes.insert(
-                    qos.to_owned(),
-                    class
-                        .parse()
-                        .with_context(|| format!("--slurm-qos-class {pair:?}"))?,
-                );
-            }
+            let qos_classes = pairs(
+                "--slurm-qos-class",
+                &args.slurm_qos_class,
+                file.slurm_qos_class,
+                |v| Ok(v.parse()?),
+            )?;
             Some(SlurmConfig {
                 dir,
                 tenant,
@@ -239,8 +274,33 @@ fn config(args: Args) -> anyhow::Result<ExporterConfig> {
             })
         }
     };
+    let kubelet = match args.kubelet_socket.or(file.kubelet_socket) {
+        None => None,
+        Some(socket) => Some(KubeletConfig {
+            socket,
+            poll_interval: match (args.kubelet_poll_interval, file.kubelet_poll_interval) {
+                (Some(d), _) => d.into(),
+                (None, Some(s)) => humantime::parse_duration(&s)
+                    .with_context(|| format!("kubelet_poll_interval {s:?}"))?,
+                (None, None) => Duration::from_secs(5),
+            },
+            namespace_tenants: pairs(
+                "--kubelet-namespace-tenant",
+                &args.kubelet_namespace_tenant,
+                file.kubelet_namespace_tenant,
+                |v| Ok(v.to_owned()),
+            )?,
+            namespace_classes: pairs(
+                "--kubelet-namespace-class",
+                &args.kubelet_namespace_class,
+                file.kubelet_namespace_class,
+                |v| Ok(v.parse()?),
+            )?,
+        }),
+    };
     Ok(ExporterConfig {
         slurm,
+        kubelet,
         source,
         listen: args
             .listen

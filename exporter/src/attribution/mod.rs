@@ -1,15 +1,17 @@
 //! Who holds each instance. The device is allocated whether or not a process runs on it, so
-//! attribution comes from the scheduler's allocation: a static map ([`static_map`]) or Slurm's
-//! per-device job map ([`slurm`]). Sources that know their tenant (sim, replay) bring it along;
+//! attribution comes from the scheduler's allocation: a static map ([`static_map`]), the
+//! kubelet's pod-resources API ([`kubelet`]) or Slurm's per-device job map ([`slurm`]). Sources that know their tenant (sim, replay) bring it along;
 //! an attributor overrides it for the instances it maps.
 //!
 //! Every attributor refreshes once a second before it is applied; its duration and success are
 //! exported like a collector's (`collector="attribution_<name>"`). A failing attributor keeps
 //! its last good state, so a hiccup does not unlabel the fleet.
 
+pub mod kubelet;
 pub mod slurm;
 pub mod static_map;
 
+pub use kubelet::{KubeletAttributor, KubeletConfig};
 pub use slurm::SlurmJobMap;
 pub use static_map::{MapError, StaticMap};
 
