@@ -132,6 +132,20 @@ struct FileConfig {
     kubelet_namespace_class: HashMap<String, SloClass>,
 }
 
+/// A duration from the flag, else the config file (humantime text), else `default_secs`.
+fn duration(
+    key: &str,
+    flag: Option<humantime::Duration>,
+    file: Option<String>,
+    default_secs: u64,
+) -> anyhow::Result<Duration> {
+    Ok(match (flag, file) {
+        (Some(d), _) => d.into(),
+        (None, Some(s)) => humantime::parse_duration(&s).with_context(|| format!("{key} {s:?}"))?,
+        (None, None) => Duration::from_secs(default_secs),
+    })
+}
+
 /// `KEY=VALUE` pairs from repeated flags, over the config file's table.
 fn pairs<V>(
     flag: &str,
@@ -215,13 +229,7 @@ fn config(args: Args) -> anyhow::Result<ExporterConfig> {
         },
         other => bail!("unknown source {other:?}"),
     };
-    let ship_interval: Duration = match (args.ship_interval, file.ship_interval) {
-        (Some(d), _) => d.into(),
-        (None, Some(s)) => {
-            humantime::parse_duration(&s).with_context(|| format!("ship_interval {s:?}"))?
-        }
-        (None, None) => Duration::from_secs(5),
-    };
+    let ship_interval = duration("ship_interval", args.ship_interval, file.ship_interval, 5)?;
     let ship = match args.aggregator.or(file.aggregator) {
         None => None,
         Some(url) => {
@@ -278,12 +286,12 @@ fn config(args: Args) -> anyhow::Result<ExporterConfig> {
         None => None,
         Some(socket) => Some(KubeletConfig {
             socket,
-            poll_interval: match (args.kubelet_poll_interval, file.kubelet_poll_interval) {
-                (Some(d), _) => d.into(),
-                (None, Some(s)) => humantime::parse_duration(&s)
-                    .with_context(|| format!("kubelet_poll_interval {s:?}"))?,
-                (None, None) => Duration::from_secs(5),
-            },
+            poll_interval: duration(
+                "kubelet_poll_interval",
+                args.kubelet_poll_interval,
+                file.kubelet_poll_interval,
+                5,
+            )?,
             namespace_tenants: pairs(
                 "--kubelet-namespace-tenant",
                 &args.kubelet_namespace_tenant,

@@ -26,3 +26,14 @@ pub trait Attributor: Send {
     /// Sets the attribution of every reading it maps.
     fn apply(&self, readings: &mut [Reading]);
 }
+
+/// NVML index of each GPU in `readings`: sources list GPUs in NVML enumeration order, so the
+/// index is the position of a GPU's first reading.
+pub fn gpu_indices(readings: &[Reading]) -> std::collections::HashMap<String, u32> {
+    let mut indices = std::collections::HashMap::new();
+    for r in readings {
+        let next = indices.len() as u32;
+        indices.entry(r.instance.gpu_uuid.clone()).or_insert(next);
+    }
+    indices
+}

@@ -179,11 +179,7 @@ impl Attributor for SlurmJobMap {
         }
         // NVML indices are not in the reading; a whole GPU is matched by UUID, or by its index in
         // the order the source lists GPUs (the order NVML enumerates them).
-        let mut gpu_index: HashMap<String, usize> = HashMap::new();
-        for r in readings.iter() {
-            let next = gpu_index.len();
-            gpu_index.entry(r.instance.gpu_uuid.clone()).or_insert(next);
-        }
+        let gpu_index = super::gpu_indices(readings);
         for r in readings.iter_mut() {
             let job = r
                 .mig_uuid

@@ -259,11 +259,7 @@ impl Attributor for KubeletAttributor {
         if state.table.is_empty() {
             return;
         }
-        let mut gpu_index: HashMap<String, u32> = HashMap::new();
-        for r in readings.iter() {
-            let next = gpu_index.len() as u32;
-            gpu_index.entry(r.instance.gpu_uuid.clone()).or_insert(next);
-        }
+        let gpu_index = super::gpu_indices(readings);
         for r in readings.iter_mut() {
             let index = gpu_index[&r.instance.gpu_uuid];
             let keys: Vec<DeviceKey> = match (&r.mig_uuid, r.instance.gpu_instance_id) {
