@@ -76,3 +76,34 @@ fn nvml_without_a_driver_exits_with_one_sentence() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_daemonset_config_map_is_accepted_up_to_the_missing_token() {
+    // The exporter.toml embedded in the DaemonSet's ConfigMap, cut out of the YAML.
+    let yaml = std::fs::read_to_string(format!("{ROOT}/deploy/kubernetes/exporter-daemonset.yaml"))
+        .unwrap();
+    let start = yaml
+        .find("  exporter.toml: |\n")
+        .expect("the ConfigMap holds exporter.toml")
+        + "  exporter.toml: |\n".len();
+    let toml: String = yaml[start..]
+        .lines()
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| format!("{}\n", &l[4..]))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("exporter.toml");
+    std::fs::write(&path, toml).unwrap();
+    let out = common::gpuledger()
+        .args(["exporter", "--config"])
+        .arg(&path)
+        .args(["--source", "sim", "--node", "gpu-h100-01"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read the token file /var/run/gpuledger/token/token"),
+        "{stderr}"
+    );
+}
