@@ -107,3 +107,23 @@ fn the_daemonset_config_map_is_accepted_up_to_the_missing_token() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_example_aggregator_config_and_token_file_are_accepted() {
+    // Every key of the example parses; the systemd credential does not exist here, and the
+    // aggregator says so instead of starting unauthenticated.
+    let out = common::gpuledger()
+        .args(["aggregator", "--config", &format!("{ROOT}/deploy/config/aggregator.toml")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("token file /run/credentials/gpuledger-aggregator.service/tokens"),
+        "{stderr}"
+    );
+    gpuledger_aggregator::auth::Tokens::from_file(std::path::Path::new(&format!(
+        "{ROOT}/deploy/config/aggregator-tokens.example"
+    )))
+    .unwrap();
+}

@@ -1,9 +1,27 @@
 //! The gpuledger aggregator: the central ledger of who held which GPU slice and how much of it
 //! they used.
 //!
-//! Key design decision: the ledger is one embedded DuckDB file owned by one writer; readers open
-//! their own connections. This crate so far holds the store's schema management ([`store`]);
-//! ingest, rollups and analytics build on it.
+//! Exporters POST batches ([`api::ingest`]); one writer thread ([`store::writer`]) owns the DuckDB
+//! write connection and turns them into raw rows and minute, hour and tenant rollups in one
+//! transaction per group of batches; readers use their own connections ([`store::query`]);
+//! retention runs in the background ([`server`]). [`import`] backfills trace files through the
+//! same writer and [`export`] writes Hive-partitioned Parquet for querying several ledgers at once.
+//!
+//! Key design decision: exactly-once is a property of the data, not of the transport. Every
+//! minute rollup row carries a 60-bit mask of the seconds it holds, so a second copy of an
+//! (instance, second) is recognised and dropped whatever batch, order or restart it comes with,
+//! for as long as the rollups are kept — not only while batch ids or raw rows are.
 #![warn(missing_docs)]
 
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod export;
+pub mod import;
+pub mod router;
+pub mod server;
 pub mod store;
+pub mod telemetry;
+
+pub use config::{Config, Limits};
+pub use server::run;

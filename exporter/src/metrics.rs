@@ -11,14 +11,14 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::{EncodeLabelSet, text};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
-use gpuledger_schema::exposition::{self, Format};
+use gpuledger_schema::exposition::Format;
 
 use crate::source::{CollectorOutcome, GpuReading, Reading};
 
@@ -412,18 +412,7 @@ impl ExporterMetrics {
     }
 }
 
-/// Renders registries as one exposition in `format`.
-pub fn render(registries: &[&Registry], format: Format) -> String {
-    let mut out = String::with_capacity(64 * 1024);
-    for r in registries {
-        text::encode_registry(&mut out, r).expect("writing to a String cannot fail");
-    }
-    text::encode_eof(&mut out).expect("writing to a String cannot fail");
-    match format {
-        Format::OpenMetrics => out,
-        Format::Classic => exposition::to_classic(&out),
-    }
-}
+pub use gpuledger_schema::exposition::render;
 
 /// Instance and own metrics, shared by the sampler (writer) and the HTTP server (reader).
 pub struct Metrics {

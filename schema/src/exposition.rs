@@ -32,6 +32,21 @@ impl Format {
     }
 }
 
+/// Renders `prometheus-client` registries as one exposition in `format`.
+pub fn render(registries: &[&prometheus_client::registry::Registry], format: Format) -> String {
+    let mut out = String::with_capacity(64 * 1024);
+    for r in registries {
+        prometheus_client::encoding::text::encode_registry(&mut out, r)
+            .expect("writing to a String cannot fail");
+    }
+    prometheus_client::encoding::text::encode_eof(&mut out)
+        .expect("writing to a String cannot fail");
+    match format {
+        Format::OpenMetrics => out,
+        Format::Classic => to_classic(&out),
+    }
+}
+
 /// Picks the format for an `Accept` header: OpenMetrics when the client lists
 /// `application/openmetrics-text` with a non-zero quality, classic otherwise.
 pub fn negotiate(accept: Option<&str>) -> Format {

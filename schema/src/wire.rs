@@ -177,14 +177,23 @@ impl Batch {
         } else {
             body
         };
-        let batch: Batch = serde_json::from_slice(json).map_err(|e| {
+        let mut de = serde_json::Deserializer::from_slice(json);
+        let batch: Batch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             #[derive(Deserialize)]
             struct VersionOnly {
                 v: u32,
             }
             match serde_json::from_slice::<VersionOnly>(json) {
                 Ok(VersionOnly { v }) if v != VERSION => WireError::UnknownVersion(v),
-                _ => WireError::Malformed(e.to_string()),
+                // A value of the wrong type (a negative byte count, a string for a ratio) is
+                // named by its path; a body that is not JSON at all is the body's fault.
+                _ if !e.inner().is_syntax() && !e.inner().is_eof() && e.path().iter().next().is_some() => {
+                    WireError::Invalid {
+                        field: e.path().to_string(),
+                        problem: e.inner().to_string(),
+                    }
+                }
+                _ => WireError::Malformed(e.into_inner().to_string()),
             }
         })?;
         if batch.v != VERSION {

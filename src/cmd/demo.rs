@@ -1,47 +1,103 @@
-//! `gpuledger demo`: the simulated benchmark node (8 H100s × 7 MIG instances) served on loopback.
-//! The aggregator and the showback UI join the demo as they land.
+//! `gpuledger demo`: the whole pipeline on this machine. The simulated fleet's four nodes
+//! (8 × H100 carved into 56 MIG instances, a mixed H100, an H200 and an A100 node) each run an
+//! exporter that ships every 5 s to an aggregator writing an embedded DuckDB ledger file.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
+use gpuledger_aggregator::auth::Tokens;
+use gpuledger_aggregator::store::Retention;
+use gpuledger_aggregator::{Config, Limits};
 use gpuledger_exporter::daemon::{self, ExporterConfig, SourceChoice};
+use gpuledger_exporter::ship::ShipConfig;
+use gpuledger_exporter::source::sim::Fleet;
 
 /// Flags of `gpuledger demo`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Address for the exporter's /metrics.
+    /// Address of the first exporter's /metrics (the benchmark node); the other nodes' exporters
+    /// take the next ports.
     #[arg(long, default_value = "127.0.0.1:9835")]
     listen: SocketAddr,
-    /// Simulated node to serve.
-    #[arg(long, default_value = "gpu-h100-01")]
-    node: String,
+    /// Address of the aggregator.
+    #[arg(long, default_value = "127.0.0.1:9836")]
+    aggregator_listen: SocketAddr,
+    /// The ledger file (kept between runs; the demo adds to it).
+    #[arg(long, default_value = "gpuledger-demo.duckdb")]
+    db: PathBuf,
 }
 
 /// Runs until Ctrl-C.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    eprintln!(
-        "gpuledger demo: a simulated node ({}) with 8 H100 GPUs carved into 56 MIG instances.",
-        args.node
-    );
-    eprintln!(
-        "  metrics:   curl -s http://{}/metrics | grep gpuledger_instance_sm_active",
-        args.listen
-    );
-    eprintln!(
-        "  Prometheus (OpenMetrics): curl -s -H 'Accept: application/openmetrics-text' http://{}/metrics",
-        args.listen
-    );
-    eprintln!("  stop with Ctrl-C.");
-    let config = ExporterConfig {
-        source: SourceChoice::Sim { fleet: None },
-        listen: args.listen,
-        node: args.node,
-        ship: None,
-        attribution_map: None,
-        slurm: None,
-        kubelet: None,
-        drain_timeout: Duration::from_secs(1),
+    // A fresh admin token per run, printed for the curl lines below.
+    let token = format!("demo-{}", uuid::Uuid::now_v7().simple());
+    let fleet = Fleet::builtin();
+    let nodes: Vec<String> = fleet.nodes.iter().map(|n| n.name.clone()).collect();
+    let spool = std::env::temp_dir().join(format!("gpuledger-demo-spool-{}", std::process::id()));
+    let aggregator = Config {
+        db: args.db.clone(),
+        listen: args.aggregator_listen,
+        tokens: Tokens::default().with_admin(&token)?,
+        retention: Retention::default(),
+        retention_interval: Duration::from_secs(600),
+        limits: Limits::default(),
     };
-    super::runtime()?.block_on(daemon::run(config, super::shutdown_signal()))?;
+    eprintln!(
+        "gpuledger demo: {} simulated nodes ({}) ship to an aggregator writing {}.",
+        nodes.len(),
+        nodes.join(", "),
+        args.db.display()
+    );
+    eprintln!("  exporter metrics: curl -s http://{}/metrics | grep gpuledger_instance_sm_active", args.listen);
+    eprintln!("  aggregator:       curl -s http://{}/metrics | grep gpuledger_aggregator_ingest", args.aggregator_listen);
+    eprintln!("  admin token:      {token}");
+    eprintln!("  after Ctrl-C:     duckdb {} 'SELECT tenant, sum(gpu_seconds) FROM rollup_tenant_1h GROUP BY ALL'", args.db.display());
+    let rt = super::runtime()?;
+    let spool_dir = spool.clone();
+    rt.block_on(async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let (agg_stop_tx, agg_stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let agg = tokio::spawn(gpuledger_aggregator::run(aggregator, stopped(agg_stop_rx)));
+        let mut exporters = Vec::new();
+        for (i, node) in nodes.into_iter().enumerate() {
+            let listen = SocketAddr::new(args.listen.ip(), args.listen.port() + 2 * i as u16);
+            let config = ExporterConfig {
+                source: SourceChoice::Sim { fleet: None },
+                listen,
+                node: node.clone(),
+                ship: Some(ShipConfig {
+                    aggregator: format!("http://{}", args.aggregator_listen),
+                    token: token.clone(),
+                    node: node.clone(),
+                    spool_dir: spool_dir.join(&node),
+                    spool_max_bytes: 64 << 20,
+                    interval: Duration::from_secs(5),
+                    max_batch_samples: 50_000,
+                    wait_when_full: false,
+                    request_timeout: Duration::from_secs(30),
+                }),
+                attribution_map: None,
+                slurm: None,
+                kubelet: None,
+                drain_timeout: Duration::from_secs(3),
+            };
+            exporters.push(tokio::spawn(daemon::run(config, stopped(stop_rx.clone()))));
+        }
+        super::shutdown_signal().await;
+        eprintln!("gpuledger demo: stopping; the exporters send what they hold, then the ledger closes.");
+        let _ = stop_tx.send(true);
+        for e in exporters {
+            e.await.context("an exporter task")??;
+        }
+        let _ = agg_stop_tx.send(true);
+        agg.await.context("the aggregator task")??;
+        anyhow::Ok(())
+    })?;
+    let _ = std::fs::remove_dir_all(&spool);
     Ok(())
 }

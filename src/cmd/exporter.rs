@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+
+use super::duration;
 use std::collections::HashMap;
 
 use gpuledger_exporter::attribution::KubeletConfig;
@@ -130,20 +132,6 @@ struct FileConfig {
     kubelet_namespace_tenant: HashMap<String, String>,
     #[serde(default)]
     kubelet_namespace_class: HashMap<String, SloClass>,
-}
-
-/// A duration from the flag, else the config file (humantime text), else `default_secs`.
-fn duration(
-    key: &str,
-    flag: Option<humantime::Duration>,
-    file: Option<String>,
-    default_secs: u64,
-) -> anyhow::Result<Duration> {
-    Ok(match (flag, file) {
-        (Some(d), _) => d.into(),
-        (None, Some(s)) => humantime::parse_duration(&s).with_context(|| format!("{key} {s:?}"))?,
-        (None, None) => Duration::from_secs(default_secs),
-    })
 }
 
 /// `KEY=VALUE` pairs from repeated flags, over the config file's table.

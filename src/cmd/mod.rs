@@ -1,9 +1,13 @@
 //! The subcommands.
 
+mod aggregator;
 mod demo;
 mod exporter;
 mod simulate;
 
+use std::time::Duration;
+
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 /// Who holds which GPU slice, how much of it they use, what it costs, and what to reclaim.
@@ -18,6 +22,12 @@ pub struct Cli {
 enum Command {
     /// Run the node exporter: sample every MIG instance each second, serve /metrics, ship batches.
     Exporter(Box<exporter::Args>),
+    /// Run the aggregator: authenticated ingest into the DuckDB ledger, rollups, retention.
+    Aggregator(Box<aggregator::Args>),
+    /// Backfill trace CSVs into a ledger file (all or nothing).
+    Import(aggregator::ImportArgs),
+    /// Write a ledger's rollups (and raw samples) as Hive-partitioned Parquet.
+    Export(aggregator::ExportArgs),
     /// Write a trace CSV from the deterministic fleet simulator.
     Simulate(simulate::Args),
     /// Run a simulated node end to end on this machine and show where to look.
@@ -28,6 +38,9 @@ enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Exporter(args) => exporter::run(*args),
+        Command::Aggregator(args) => aggregator::run(*args),
+        Command::Import(args) => aggregator::import(args),
+        Command::Export(args) => aggregator::export(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Demo(args) => demo::run(args),
     }
@@ -55,3 +68,18 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()?)
 }
+
+/// A duration from the flag, else the config file (humantime text), else `default_secs`.
+pub fn duration(
+    key: &str,
+    flag: Option<humantime::Duration>,
+    file: Option<String>,
+    default_secs: u64,
+) -> anyhow::Result<Duration> {
+    Ok(match (flag, file) {
+        (Some(d), _) => d.into(),
+        (None, Some(s)) => humantime::parse_duration(&s).with_context(|| format!("{key} {s:?}"))?,
+        (None, None) => Duration::from_secs(default_secs),
+    })
+}
+

@@ -100,22 +100,165 @@ impl Exporter {
 
     /// The value of an unlabelled sample in the classic exposition.
     pub async fn value(&self, name: &str) -> Option<f64> {
-        let text = self.metrics("text/plain").await;
-        text.lines().find_map(|l| {
-            l.strip_prefix(name)
-                .and_then(|rest| rest.strip_prefix(' '))
-                .and_then(|v| v.parse().ok())
-        })
+        metric_value(self.port, name).await
     }
 
     /// Sends SIGTERM and waits for the process to exit.
     pub fn terminate(mut self) -> ExitStatus {
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        self.child.wait().unwrap()
+        terminate(&mut self.child)
     }
+}
+
+/// The value of a sample (name with labels, as written) in a server's classic `/metrics`.
+pub async fn metric_value(port: u16, name: &str) -> Option<f64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+/// Sends SIGTERM to a child and waits for it to exit.
+pub fn terminate(child: &mut Child) -> ExitStatus {
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    child.wait().unwrap()
+}
+
+/// The admin token the test aggregators get through GPULEDGER_ADMIN_TOKEN.
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// A running aggregator (the real binary, a real DuckDB file); killed when dropped.
+pub struct Aggregator {
+    pub child: Child,
+    pub port: u16,
+    pub db: std::path::PathBuf,
+    args: Vec<String>,
+}
+
+impl Aggregator {
+    /// Starts `gpuledger aggregator --db <db> --listen 127.0.0.1:<port> <args>` (port 0: a free
+    /// one) with [`ADMIN_TOKEN`] and waits for /healthz.
+    pub async fn start(db: &Path, port: u16, args: &[&str]) -> Aggregator {
+        let port = if port == 0 { free_port() } else { port };
+        let mut a = Aggregator {
+            child: Self::spawn(db, port, args),
+            port,
+            db: db.to_owned(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+        };
+        a.wait_healthy().await;
+        a
+    }
+
+    fn spawn(db: &Path, port: u16, args: &[impl AsRef<std::ffi::OsStr>]) -> Child {
+        gpuledger()
+            .arg("aggregator")
+            .arg("--db")
+            .arg(db)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .env("GPULEDGER_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("the gpuledger binary starts")
+    }
+
+    async fn wait_healthy(&mut self) {
+        let url = format!("http://127.0.0.1:{}/healthz", self.port);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = reqwest::get(&url).await
+                && r.status().is_success()
+            {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("the aggregator exited early: {status}");
+            }
+            assert!(Instant::now() < deadline, "the aggregator did not come up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The value of a sample in its classic `/metrics`.
+    pub async fn value(&self, name: &str) -> Option<f64> {
+        metric_value(self.port, name).await
+    }
+
+    /// kill -9, then start again on the same port and file.
+    pub async fn crash_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = Self::spawn(&self.db, self.port, &self.args);
+        self.wait_healthy().await;
+    }
+
+    /// SIGTERM; waits for a clean exit (the writer finishes its queue first).
+    pub fn terminate(mut self) -> ExitStatus {
+        terminate(&mut self.child)
+    }
+
+    /// POSTs a batch with a bearer token; returns the status and the JSON answer.
+    pub async fn ingest(
+        &self,
+        token: &str,
+        batch: &gpuledger_schema::wire::Batch,
+    ) -> (u16, serde_json::Value) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/api/v1/ingest", self.url()))
+            .bearer_auth(token)
+            .header("content-encoding", "gzip")
+            .header("content-type", "application/json")
+            .body(batch.encode())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+}
+
+impl Drop for Aggregator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Opens a ledger file read-only (the aggregator that wrote it must have exited).
+pub fn open_ledger(db: &Path) -> duckdb::Connection {
+    duckdb::Connection::open_with_flags(
+        db,
+        duckdb::Config::default()
+            .access_mode(duckdb::AccessMode::ReadOnly)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// Writes a simulated trace of `node` from `start` for `duration` (humantime).
+pub fn simulate(path: &Path, node: &str, start: &str, duration: &str) {
+    let status = gpuledger()
+        .args(["simulate", "--seed", "7", "--duration", duration, "--start", start, "--node", node, "--out"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success());
 }
 
 impl Drop for Exporter {

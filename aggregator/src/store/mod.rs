@@ -1,9 +1,17 @@
-//! The DuckDB ledger file: opening it and bringing its schema to [`LATEST`].
+//! The DuckDB ledger file: opening it and bringing its schema to [`LATEST`], the one writer
+//! ([`writer`]) and the read-side queries ([`query`]).
+//!
+//! Tables and what they hold: `schema/migrations/0001_ledger.sql`.
+
+pub mod query;
+pub mod writer;
 
 use std::path::Path;
 
-use duckdb::{Connection, params};
+use duckdb::{Config, Connection, params};
 use gpuledger_schema::migrations::{LATEST, MIGRATIONS};
+
+pub use writer::{IngestOutcome, QueueError, Reservation, Retention, RetentionReport, Writer};
 
 /// Why the ledger cannot be opened.
 #[derive(Debug, thiserror::Error)]
@@ -16,6 +24,15 @@ pub enum StoreError {
         /// DuckDB's error.
         source: duckdb::Error,
     },
+    /// A statement failed after the database was opened.
+    #[error("database: {0}")]
+    Query(#[source] duckdb::Error),
+    /// The writer thread is gone (it panicked or the service is stopping).
+    #[error("the writer thread has stopped")]
+    WriterStopped,
+    /// An operating-system error around the database.
+    #[error("{0}")]
+    Io(String),
     /// A newer gpuledger wrote this file.
     #[error(
         "database {path} is at schema version {found}, but this gpuledger only knows up to version {LATEST}; run a newer gpuledger (or restore a backup)"
@@ -28,20 +45,36 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Wraps a DuckDB error from a statement.
+    pub fn from_db(e: duckdb::Error) -> StoreError {
+        StoreError::Query(e)
+    }
+}
+
 const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)";
 
 /// Opens (creating) the ledger at `path` (`:memory:` for tests) and applies missing migrations,
 /// each in its own transaction. Returns the connection and the schema version found before.
 pub fn open(path: &Path) -> Result<(Connection, u32), StoreError> {
+    open_with(path, None)
+}
+
+/// [`open`] with DuckDB's memory limit (`"1GB"`, DuckDB's syntax) when given.
+pub fn open_with(path: &Path, memory_limit: Option<&str>) -> Result<(Connection, u32), StoreError> {
     let name = path.display().to_string();
     let db = |source| StoreError::Db {
         path: name.clone(),
         source,
     };
+    let mut config = Config::default();
+    if let Some(limit) = memory_limit {
+        config = config.max_memory(limit).map_err(db)?;
+    }
     let mut conn = if name == ":memory:" {
-        Connection::open_in_memory()
+        Connection::open_in_memory_with_flags(config)
     } else {
-        Connection::open(path)
+        Connection::open_with_flags(path, config)
     }
     .map_err(db)?;
     conn.execute_batch(VERSION_TABLE).map_err(db)?;
@@ -83,8 +116,8 @@ mod tests {
         let path = dir.path().join("ledger.duckdb");
         let (conn, before) = open(&path).unwrap();
         assert_eq!(before, 0);
-        let tables: i64 = conn.query_row("SELECT count(*) FROM information_schema.tables WHERE table_name IN ('samples_raw', 'ingested_batches')", [], |r| r.get(0)).unwrap();
-        assert_eq!(tables, 2);
+        let tables: i64 = conn.query_row("SELECT count(*) FROM information_schema.tables WHERE table_name IN ('samples_raw', 'rollup_1m', 'rollup_1h', 'rollup_tenant_1h', 'ingested_batches')", [], |r| r.get(0)).unwrap();
+        assert_eq!(tables, 5);
         drop(conn);
         let (_, before) = open(&path).unwrap();
         assert_eq!(before, LATEST, "reopening applies nothing");

@@ -1,0 +1,113 @@
+//! The one error type of the HTTP API and its one JSON shape:
+//! `{"error": {"field": "series[2].sm_active[7]", "message": "1.5 is outside 0–1"}}`
+//! (`field` is null when no single field is at fault). Internal errors are logged here, once.
+
+use std::borrow::Cow;
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// An HTTP error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The status.
+    pub status: StatusCode,
+    /// The request field at fault (a JSON path, a header or a query parameter).
+    pub field: Option<Cow<'static, str>>,
+    /// What is wrong, as a sentence.
+    pub message: String,
+    /// Seconds after which a retry may succeed (429/503).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, field: Option<Cow<'static, str>>, message: String) -> ApiError {
+        ApiError {
+            status,
+            field,
+            message,
+            retry_after: None,
+        }
+    }
+
+    /// 400 naming the field.
+    pub fn bad_request(field: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, Some(field.into()), message.into())
+    }
+
+    /// 401: no or unknown token.
+    pub fn unauthorized(message: &str) -> Self {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            Some("authorization".into()),
+            message.into(),
+        )
+    }
+
+    /// 403: a valid token used for something it does not cover.
+    pub fn forbidden(field: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, Some(field.into()), message.into())
+    }
+
+    /// 413: the body is over a limit.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Some("body".into()),
+            message.into(),
+        )
+    }
+
+    /// 503 with Retry-After: the service cannot take this now; a retry will do.
+    pub fn unavailable(message: impl Into<String>, retry_after: u64) -> Self {
+        ApiError {
+            retry_after: Some(retry_after),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, None, message.into())
+        }
+    }
+
+    /// 500: our fault; logged once, here.
+    pub fn internal(error: &dyn std::fmt::Display) -> Self {
+        tracing::error!(error = %error, "A request failed inside the aggregator.");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            "internal error; see the aggregator's log".into(),
+        )
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct Inner<'a> {
+    field: Option<&'a str>,
+    message: &'a str,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(Body {
+            error: Inner {
+                field: self.field.as_deref(),
+                message: &self.message,
+            },
+        });
+        let mut response = (self.status, body).into_response();
+        let headers = response.headers_mut();
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"gpuledger\""),
+            );
+        }
+        response
+    }
+}

@@ -1,0 +1,160 @@
+//! `gpuledger import`: backfill trace CSVs (`schema/TRACE.md`) into a ledger through the same
+//! writer, deduplication and rollups as live ingest.
+//!
+//! All or nothing per run: every file is read and checked in full first (the sample rules, time
+//! order is not required, and the same time window as ingest), and one bad row stops the run
+//! before anything is written, naming `file:line:column`. Importing the same file twice stores
+//! nothing the second time.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gpuledger_schema::trace::{TraceError, TraceReader};
+use gpuledger_schema::wire::Batch;
+use gpuledger_schema::Sample;
+
+use crate::store::{self, Retention, StoreError, Writer};
+
+/// Samples per batch handed to the writer.
+const CHUNK: usize = 50_000;
+
+/// What an import did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImportReport {
+    /// Files read.
+    pub files: usize,
+    /// Samples read.
+    pub samples: u64,
+    /// Samples stored.
+    pub stored: u64,
+    /// Samples the ledger held already.
+    pub duplicates: u64,
+}
+
+/// Why an import stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// A file is invalid; nothing was imported.
+    #[error("{0} (nothing was imported)")]
+    Trace(#[from] TraceError),
+    /// The ledger failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Options of an import.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// The ledger file.
+    pub db: PathBuf,
+    /// The traces.
+    pub files: Vec<PathBuf>,
+    /// The ledger's retention (older samples are refused, as at ingest).
+    pub retention: Retention,
+    /// Allowed clock skew for samples in the future, seconds.
+    pub max_future_skew_secs: i64,
+    /// Draw a progress bar (on a terminal).
+    pub progress: bool,
+}
+
+fn check_file(path: &Path, oldest: i64, newest: i64) -> Result<u64, TraceError> {
+    let mut reader = TraceReader::open(path)?;
+    let mut n = 0;
+    while let Some(sample) = reader.next_sample() {
+        let t = sample?.timestamp;
+        if t < oldest {
+            return Err(reader.error_at(
+                "timestamp",
+                format!("{t} is older than the ledger's rollup retention (oldest accepted: {oldest})"),
+            ));
+        }
+        if t > newest {
+            return Err(reader.error_at(
+                "timestamp",
+                format!("{t} is in the future (newest accepted: {newest})"),
+            ));
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Runs an import.
+pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
+    let now = chrono::Utc::now().timestamp();
+    let (oldest, newest) = (now - opts.retention.rollup_secs, now + opts.max_future_skew_secs);
+    let mut total = 0;
+    for f in &opts.files {
+        total += tokio::task::block_in_place(|| check_file(f, oldest, newest))?;
+    }
+    let (conn, _) = tokio::task::block_in_place(|| store::open(&opts.db))?;
+    let (writer, thread) = Writer::spawn(conn, 4 * CHUNK, Arc::new(()))?;
+    let bar = if opts.progress {
+        indicatif::ProgressBar::new(total)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} samples ({per_sec}, {eta} left)",
+        )
+        .expect("a valid template"),
+    );
+    let raw_cutoff = now - opts.retention.raw_secs;
+    let mut report = ImportReport {
+        files: opts.files.len(),
+        ..ImportReport::default()
+    };
+    let mut pending = Vec::new();
+    for f in &opts.files {
+        let mut reader = TraceReader::open(f)?;
+        let mut chunk: Vec<Sample> = Vec::with_capacity(CHUNK);
+        loop {
+            let next = tokio::task::block_in_place(|| reader.next_sample());
+            let end = next.is_none();
+            if let Some(s) = next {
+                chunk.push(s?);
+            }
+            if chunk.len() == CHUNK || (end && !chunk.is_empty()) {
+                let batch = Batch::from_samples(&chunk[0].instance.node, &chunk);
+                let n = chunk.len();
+                chunk.clear();
+                let reservation = writer
+                    .reserve(n)
+                    .await
+                    .map_err(|e| StoreError::Io(e.to_string()))?;
+                let w = writer.clone();
+                pending.push(tokio::spawn(async move {
+                    w.ingest(batch, raw_cutoff, reservation).await
+                }));
+                // Results are collected in order as they complete; the queue bounds memory.
+                while pending.first().is_some_and(|h| h.is_finished()) {
+                    let outcome = pending
+                        .remove(0)
+                        .await
+                        .map_err(|e| StoreError::Io(e.to_string()))??;
+                    report.samples += outcome.samples;
+                    report.stored += outcome.stored;
+                    report.duplicates += outcome.duplicate_samples;
+                    bar.inc(outcome.samples);
+                }
+            }
+            if end {
+                break;
+            }
+        }
+    }
+    for h in pending {
+        let outcome = h.await.map_err(|e| StoreError::Io(e.to_string()))??;
+        report.samples += outcome.samples;
+        report.stored += outcome.stored;
+        report.duplicates += outcome.duplicate_samples;
+        bar.inc(outcome.samples);
+    }
+    bar.finish_and_clear();
+    drop(writer);
+    tokio::task::block_in_place(|| {
+        let _ = thread.join();
+    });
+    Ok(report)
+}

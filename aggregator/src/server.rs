@@ -1,0 +1,95 @@
+//! Running the service: open the ledger, start the writer and retention, serve HTTP until told to
+//! stop, then let the writer finish what it accepted.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::api::{App, AppState};
+use crate::config::Config;
+use crate::store::query::Readers;
+use crate::store::{self, Writer};
+use crate::telemetry::{AggregatorMetrics, TableLabels};
+
+/// Why the service could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The ledger could not be opened.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("serving HTTP: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Runs the aggregator until `shutdown` resolves. Every batch acknowledged before then is
+/// committed; the writer finishes the queue before this returns.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+    let path = config.db.clone();
+    let (conn, found) = tokio::task::block_in_place(|| {
+        store::open_with(&path, Some(config.limits.duckdb_memory_limit.as_str()))
+    })?;
+    tracing::info!(db = %path.display(), schema_version_found = found, "Opened the ledger.");
+    let readers = Readers::new(
+        &conn,
+        (path.as_os_str() != ":memory:").then(|| path.clone()),
+    )?;
+    let metrics = Arc::new(AggregatorMetrics::new());
+    let (writer, thread) = Writer::spawn(conn, config.limits.queue_samples, metrics.clone())?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    tracing::info!(listen = %config.listen, "The aggregator is listening.");
+    let state = AppState(Arc::new(App {
+        tokens: config.tokens.clone(),
+        config,
+        writer,
+        readers,
+        metrics,
+    }));
+    let retention = tokio::spawn(retention_loop(state.clone()));
+    let served = axum::serve(listener, crate::router::router(state.clone()))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    retention.abort();
+    drop(state);
+    // The writer thread ends once every handle is gone and its queue is written.
+    tokio::task::block_in_place(|| {
+        let _ = thread.join();
+    });
+    served.map_err(ServeError::Serve)
+}
+
+async fn retention_loop(app: AppState) {
+    let mut tick = tokio::time::interval(app.config.retention_interval);
+    loop {
+        tick.tick().await;
+        let now = chrono::Utc::now().timestamp();
+        match app.writer.apply_retention(now, app.config.retention).await {
+            Ok(report) => {
+                for (table, n) in report.deleted {
+                    app.metrics
+                        .retention_deleted
+                        .get_or_create(&TableLabels {
+                            table: table.to_owned(),
+                        })
+                        .inc_by(n);
+                    if n > 0 {
+                        tracing::info!(table, rows = n, "Retention deleted expired rows.");
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "Retention failed; expired rows stay until the next run."),
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Read-side queries. Readers use their own connections ([`Readers`]), never the writer's.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use duckdb::{Connection, params};
+
+use super::StoreError;
+
+/// Hands out reader connections to the ledger the writer owns.
+pub struct Readers {
+    base: Mutex<Connection>,
+    path: Option<PathBuf>,
+}
+
+impl Readers {
+    /// Readers of the database `conn` is connected to (`path`: its file, `None` in memory).
+    pub fn new(conn: &Connection, path: Option<PathBuf>) -> Result<Readers, StoreError> {
+        Ok(Readers {
+            base: Mutex::new(conn.try_clone().map_err(StoreError::from_db)?),
+            path,
+        })
+    }
+
+    /// A fresh connection for one request.
+    pub fn connect(&self) -> Result<Connection, StoreError> {
+        self.base
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .try_clone()
+            .map_err(StoreError::from_db)
+    }
+
+    /// Bytes on disk: the database file and its write-ahead log.
+    pub fn database_bytes(&self) -> u64 {
+        let Some(path) = &self.path else { return 0 };
+        let mut wal = path.clone().into_os_string();
+        wal.push(".wal");
+        [path.clone(), PathBuf::from(wal)]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+}
+
+/// The tables whose row counts the aggregator exports.
+pub const COUNTED_TABLES: [&str; 6] = [
+    "samples_raw",
+    "rollup_1m",
+    "rollup_1h",
+    "rollup_tenant_1h",
+    "ingested_batches",
+    "instances",
+];
+
+/// Rows per ledger table (DuckDB's own count, kept in its metadata: no scan).
+pub fn table_rows(conn: &Connection) -> Result<Vec<(String, u64)>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT table_name, estimated_size FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' ORDER BY table_name",
+        )
+        .map_err(StoreError::from_db)?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+        .map_err(StoreError::from_db)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, n) = row.map_err(StoreError::from_db)?;
+        if COUNTED_TABLES.contains(&name.as_str()) {
+            out.push((name, n.max(0) as u64));
+        }
+    }
+    Ok(out)
+}
+
+/// One tenant's usage over a range, from the hourly tenant rollup.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TenantUsage {
+    /// The tenant; `None` for unallocated instances.
+    pub tenant: Option<String>,
+    /// Instance-seconds sampled.
+    pub samples: u64,
+    /// Σ GPU-equivalents over those seconds.
+    pub allocated_gpu_seconds: f64,
+    /// Σ sm_active × GPU-equivalents.
+    pub used_gpu_seconds: f64,
+}
+
+/// Usage per tenant over the hours in `[from, to)` (Unix seconds, whole hours), read from the
+/// hourly tenant rollup: a month for a thousand GPUs reads a few hundred thousand rows, never the
+/// raw seconds.
+pub fn tenant_usage(conn: &Connection, from: i64, to: i64) -> Result<Vec<TenantUsage>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT tenant, sum(samples)::BIGINT, sum(gpu_seconds), sum(used_gpu_seconds)
+             FROM rollup_tenant_1h WHERE bucket >= ? AND bucket < ?
+             GROUP BY tenant ORDER BY tenant NULLS LAST",
+        )
+        .map_err(StoreError::from_db)?;
+    let rows = stmt
+        .query_map(params![from, to], |r| {
+            Ok(TenantUsage {
+                tenant: r.get(0)?,
+                samples: r.get::<_, i64>(1)? as u64,
+                allocated_gpu_seconds: r.get(2)?,
+                used_gpu_seconds: r.get(3)?,
+            })
+        })
+        .map_err(StoreError::from_db)?;
+    rows.collect::<Result<_, _>>().map_err(StoreError::from_db)
+}
+
+/// Samples stored per instance `(node, gpu_uuid, gpu_instance_id)` (−1 for a whole GPU), from
+/// the minute rollup (whose masks count every stored second exactly once, raw window or not).
+pub fn samples_per_instance(
+    conn: &Connection,
+) -> Result<Vec<((String, String, i32), u64)>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT i.node, i.gpu_uuid, i.gpu_instance_id, sum(r.samples)::BIGINT
+             FROM rollup_1m r JOIN instances i USING (instance_id)
+             GROUP BY ALL ORDER BY ALL",
+        )
+        .map_err(StoreError::from_db)?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                (r.get(0)?, r.get(1)?, r.get(2)?),
+                r.get::<_, i64>(3)? as u64,
+            ))
+        })
+        .map_err(StoreError::from_db)?;
+    rows.collect::<Result<_, _>>().map_err(StoreError::from_db)
+}

@@ -1,0 +1,234 @@
+//! The aggregator's own metrics, served at its `/metrics`. Each family's help text is its doc.
+//!
+//! Internal events are small typed values whose `emit` both logs and counts
+//! ([`IngestRejected`]), so a log line and its counter never disagree.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::store::writer::WriteObserver;
+
+/// A bounded reason label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// One of a fixed set.
+    pub reason: &'static str,
+}
+
+/// A ledger table label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabels {
+    /// The table (a fixed set: `store::query::COUNTED_TABLES`).
+    pub table: String,
+}
+
+/// Why an ingest request was refused; the `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// No or unknown token (401).
+    Unauthorized,
+    /// A token used for another node (403).
+    Forbidden,
+    /// The batch breaks a rule (400).
+    Invalid,
+    /// The body is over a limit (413).
+    TooLarge,
+    /// The writer is behind (503; the exporter retries).
+    Overloaded,
+    /// The store failed (5xx; the exporter retries).
+    StoreError,
+}
+
+impl RejectReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::Unauthorized => "unauthorized",
+            RejectReason::Forbidden => "forbidden",
+            RejectReason::Invalid => "invalid",
+            RejectReason::TooLarge => "too_large",
+            RejectReason::Overloaded => "overloaded",
+            RejectReason::StoreError => "store_error",
+        }
+    }
+}
+
+/// An ingest request that was refused.
+pub struct IngestRejected<'a> {
+    /// Why.
+    pub reason: RejectReason,
+    /// The node the request claimed to speak for, when known.
+    pub node: Option<&'a str>,
+    /// The error's message.
+    pub message: &'a str,
+}
+
+impl IngestRejected<'_> {
+    /// Logs the refusal (a warning: the sender keeps or drops the batch and says so itself) and
+    /// counts it.
+    pub fn emit(&self, m: &AggregatorMetrics) {
+        tracing::warn!(
+            reason = self.reason.as_str(),
+            node = self.node.unwrap_or("-"),
+            message = self.message,
+            "An ingest request was refused."
+        );
+        m.rejected
+            .get_or_create(&ReasonLabels {
+                reason: self.reason.as_str(),
+            })
+            .inc();
+    }
+}
+
+/// Every own family.
+pub struct AggregatorMetrics {
+    registry: Registry,
+    /// Batches stored (duplicates excluded).
+    pub batches: Counter,
+    /// Samples stored.
+    pub samples: Counter,
+    /// Batches whose id had been stored before.
+    pub duplicate_batches: Counter,
+    /// Samples not stored because the ledger held them already.
+    pub duplicate_samples: Counter,
+    /// Refused ingest requests by reason.
+    pub rejected: Family<ReasonLabels, Counter>,
+    /// Samples waiting for the writer.
+    pub queue_samples: Gauge,
+    /// The writer queue's capacity.
+    pub queue_capacity: Gauge,
+    /// Time to write and commit one group of batches.
+    pub commit_seconds: Histogram,
+    /// Newest sample second written.
+    pub newest_sample: Gauge,
+    /// Rows per table.
+    pub rows: Family<TableLabels, Gauge>,
+    /// Database file + WAL bytes.
+    pub database_bytes: Gauge,
+    /// Rows deleted by retention, per table.
+    pub retention_deleted: Family<TableLabels, Counter>,
+}
+
+impl AggregatorMetrics {
+    /// Registers every family.
+    pub fn new() -> AggregatorMetrics {
+        let mut r = Registry::default();
+        let m = AggregatorMetrics {
+            registry: Registry::default(),
+            batches: Counter::default(),
+            samples: Counter::default(),
+            duplicate_batches: Counter::default(),
+            duplicate_samples: Counter::default(),
+            rejected: Family::default(),
+            queue_samples: Gauge::default(),
+            queue_capacity: Gauge::default(),
+            commit_seconds: Histogram::new(
+                [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
+            ),
+            newest_sample: Gauge::default(),
+            rows: Family::default(),
+            database_bytes: Gauge::default(),
+            retention_deleted: Family::default(),
+        };
+        r.register(
+            "gpuledger_aggregator_build",
+            "The aggregator's version",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        r.register(
+            "gpuledger_aggregator_ingest_batches",
+            "Batches stored (a re-sent batch id is counted in ingest_duplicate_batches instead)",
+            m.batches.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_ingest_samples",
+            "Instance-seconds stored",
+            m.samples.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_ingest_duplicate_batches",
+            "Batches acknowledged without storing anything because their id was stored before",
+            m.duplicate_batches.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_ingest_duplicate_samples",
+            "Instance-seconds not stored because the ledger held that instance and second already",
+            m.duplicate_samples.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_ingest_rejected",
+            "Ingest requests refused, by reason: unauthorized, forbidden, invalid, too_large, overloaded, store_error",
+            m.rejected.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_writer_queue_samples",
+            "Instance-seconds accepted and waiting for the writer",
+            m.queue_samples.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_writer_queue_capacity_samples",
+            "Instance-seconds the writer queue holds before ingest answers 503",
+            m.queue_capacity.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_writer_commit_duration",
+            "Time to append and commit one group of batches (raw rows and rollups)",
+            Unit::Seconds,
+            m.commit_seconds.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_newest_sample_timestamp",
+            "Unix time of the newest sample second written",
+            Unit::Seconds,
+            m.newest_sample.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_store_rows",
+            "Rows per ledger table",
+            m.rows.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_store",
+            "Bytes of the ledger on disk: the DuckDB file and its write-ahead log",
+            Unit::Bytes,
+            m.database_bytes.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_retention_deleted_rows",
+            "Rows deleted by retention, per table",
+            m.retention_deleted.clone(),
+        );
+        AggregatorMetrics { registry: r, ..m }
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+impl Default for AggregatorMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WriteObserver for AggregatorMetrics {
+    fn committed(&self, _batches: usize, seconds: f64) {
+        self.commit_seconds.observe(seconds);
+    }
+
+    fn newest_sample(&self, ts: i64) {
+        // Batches may arrive out of order; the gauge only moves forward.
+        let current = self.newest_sample.get();
+        if ts > current {
+            self.newest_sample.set(ts);
+        }
+    }
+}

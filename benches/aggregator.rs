@@ -1,0 +1,330 @@
+//! Aggregator benchmarks, each against a baseline measured in the same run:
+//!
+//! 1. ingest rate: the raw DuckDB appender writing the same rows into a bare table (baseline),
+//!    the writer alone (dedup, raw rows and three rollups, in process), and end to end over HTTP:
+//!    simulated exporters POSTing gzip batches to a real `gpuledger aggregator` process;
+//! 2. that process's RSS while it ingests, and bytes on disk per stored sample;
+//! 3. a month's showback for 1,000 GPUs × 7 MIG instances, from the rollups.
+//!
+//! Run with `cargo bench --bench aggregator`; `cargo test` runs it only as a smoke check.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuledger_aggregator::store::{self, Writer};
+use gpuledger_schema::wire::Batch;
+use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
+
+const TOKEN: &str = "bench-admin-token-0123456789";
+
+/// `nodes` nodes × 8 GPUs × 7 `1g.10gb` instances, `seconds` seconds, grouped as one batch per
+/// node per `batch_seconds` seconds (what an exporter ships).
+fn batches(nodes: usize, seconds: i64, batch_seconds: i64, t0: i64) -> Vec<Batch> {
+    let mut x: u64 = 88172645463325252;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut out = Vec::new();
+    for node in 0..nodes {
+        let name = format!("bench-{node:04}");
+        let mut start = t0;
+        while start < t0 + seconds {
+            let mut samples = Vec::new();
+            for t in start..(start + batch_seconds).min(t0 + seconds) {
+                for gpu in 0..8u32 {
+                    for gi in 0..7u32 {
+                        let sm = (rnd() % 1000) as f64 / 1000.0;
+                        samples.push(Sample {
+                            timestamp: t,
+                            instance: Instance {
+                                node: name.clone(),
+                                gpu_uuid: format!("GPU-{node:04}-{gpu}"),
+                                gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                                mig_profile: Some("1g.10gb".into()),
+                                gpu_instance_id: Some(gi + 7),
+                                placement_start: Some(gi),
+                                placement_size: Some(1),
+                            },
+                            attribution: Attribution {
+                                tenant: Some(format!("tenant-{}", (node * 8 + gpu as usize) % 40)),
+                                workload: Some(format!("wl-{node}-{gpu}-{gi}")),
+                                slo_class: Some(SloClass::Batch),
+                            },
+                            counters: Counters {
+                                sm_active: Some(sm),
+                                sm_occupancy: Some(sm / 2.0),
+                                tensor_active: Some(sm / 3.0),
+                                dram_active: Some(sm / 4.0),
+                                fb_used_bytes: Some(rnd() % 10_000_000_000),
+                                fb_total_bytes: Some(10_737_418_240),
+                                nvlink_tx_bytes: None,
+                                nvlink_rx_bytes: None,
+                            },
+                        });
+                    }
+                }
+            }
+            out.push(Batch::from_samples(&name, &samples));
+            start += batch_seconds;
+        }
+    }
+    out
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0)
+}
+
+/// Baseline: the plain appender writing the same rows into a table with samples_raw's shape.
+fn raw_appender(batches: &[Batch], dir: &std::path::Path) -> f64 {
+    let conn = duckdb::Connection::open(dir.join("appender.duckdb")).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE t (ts BIGINT, instance_id INTEGER, holder_id INTEGER, sm_active DOUBLE, sm_occupancy DOUBLE, tensor_active DOUBLE, dram_active DOUBLE, fb_used_bytes UBIGINT, fb_total_bytes UBIGINT, nvlink_tx_bytes UBIGINT, nvlink_rx_bytes UBIGINT)",
+    )
+    .unwrap();
+    let n: usize = batches.iter().map(Batch::sample_count).sum();
+    let start = Instant::now();
+    {
+        let mut app = conn.appender("t").unwrap();
+        for b in batches {
+            for (k, s) in b.series.iter().enumerate() {
+                for (j, &ts) in s.t.iter().enumerate() {
+                    let c = s.counters(j);
+                    app.append_row(duckdb::params![
+                        ts, k as i32, k as i32, c.sm_active, c.sm_occupancy, c.tensor_active, c.dram_active,
+                        c.fb_used_bytes, c.fb_total_bytes, c.nvlink_tx_bytes, c.nvlink_rx_bytes
+                    ])
+                    .unwrap();
+                }
+            }
+        }
+        app.flush().unwrap();
+    }
+    conn.execute_batch("CHECKPOINT").unwrap();
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The writer alone: every step of ingest but HTTP and decoding.
+fn writer_only(batches: Vec<Batch>, dir: &std::path::Path) -> f64 {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (conn, _) = store::open(&dir.join("writer.duckdb")).unwrap();
+    let (writer, thread) = Writer::spawn(conn, 4_000_000, Arc::new(())).unwrap();
+    let n: usize = batches.iter().map(Batch::sample_count).sum();
+    let start = Instant::now();
+    rt.block_on(async {
+        let mut pending = Vec::new();
+        for b in batches {
+            let r = writer.reserve(b.sample_count()).await.unwrap();
+            let w = writer.clone();
+            pending.push(tokio::spawn(async move { w.ingest(b, 0, r).await.unwrap() }));
+        }
+        for p in pending {
+            p.await.unwrap();
+        }
+    });
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    drop(writer);
+    thread.join().unwrap();
+    rate
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_aggregator(db: &std::path::Path) -> Server {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(["aggregator", "--db"])
+        .arg(db)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("GPULEDGER_ADMIN_TOKEN", TOKEN)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the aggregator did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Server { child, port }
+}
+
+/// End to end: `clients` concurrent exporters POST pre-encoded bodies; 503s are retried after a
+/// pause, as the exporter does. Returns (samples/s, peak RSS KiB of the aggregator).
+fn http_ingest(batches: Vec<Batch>, clients: usize, dir: &std::path::Path, name: &str) -> (f64, u64, u64) {
+    let db = dir.join(format!("{name}.duckdb"));
+    let server = start_aggregator(&db);
+    let n: usize = batches.iter().map(Batch::sample_count).sum();
+    let bodies: Vec<Vec<u8>> = batches.iter().map(Batch::encode).collect();
+    drop(batches);
+    let url = format!("http://127.0.0.1:{}/api/v1/ingest", server.port);
+    let pid = server.child.id();
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (peak, done) = (peak.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let bodies = Arc::new(bodies);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let start = Instant::now();
+    let retries = rt.block_on(async {
+        let client = reqwest::Client::new();
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let (client, url, bodies, next) = (client.clone(), url.clone(), bodies.clone(), next.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut retries = 0u64;
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(body) = bodies.get(i) else { return retries };
+                    loop {
+                        let r = client
+                            .post(&url)
+                            .bearer_auth(TOKEN)
+                            .header("content-encoding", "gzip")
+                            .header("content-type", "application/json")
+                            .body(body.clone())
+                            .send()
+                            .await
+                            .unwrap();
+                        if r.status().is_success() {
+                            break;
+                        }
+                        assert_eq!(r.status().as_u16(), 503, "{}", r.text().await.unwrap());
+                        retries += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }));
+        }
+        let mut retries = 0;
+        for t in tasks {
+            retries += t.await.unwrap();
+        }
+        retries
+    });
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    watcher.join().unwrap();
+    // A clean stop checkpoints the WAL into the file, so the size is the ledger's.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let mut server = server;
+    server.child.wait().unwrap();
+    let bytes = std::fs::metadata(&db).unwrap().len();
+    eprintln!("    ({retries} requests answered 503 and were retried)");
+    (rate, peak.load(std::sync::atomic::Ordering::Relaxed), bytes)
+}
+
+/// A month of rollups for 1,000 GPUs × 7 instances, written with SQL; then the showback queries.
+fn month_showback(dir: &std::path::Path) {
+    let (conn, _) = store::open(&dir.join("month.duckdb")).unwrap();
+    let month = 30 * 24;
+    let t0: i64 = 1_767_225_600;
+    let build = Instant::now();
+    conn.execute_batch(&format!(
+        "INSERT INTO instances SELECT i + 1, 'node-' || (i // 56), 'GPU-' || (i // 7), i % 7, 'NVIDIA H100 80GB HBM3', '1g.10gb', i % 7, 1, 1.0 / 7 FROM range(7000) t(i);
+         INSERT INTO holders SELECT h, 'tenant-' || (h % 40), 'wl-' || h, 'batch' FROM range(1, 7001) t(h);
+         INSERT INTO rollup_1h SELECT {t0} + 3600 * hr, i, i, 3600, 3600, 3600 * 0.3, 0.0, 1.0, 3600, 1000.0, 3600, 500.0, 3600, 200.0, 3600, 3600 * 5000000000, 9000000000, 10737418240, 0, 0
+             FROM range({month}) a(hr), range(1, 7001) b(i);
+         INSERT INTO rollup_tenant_1h SELECT {t0} + 3600 * hr, 'tenant-' || tn, 'batch', 'NVIDIA H100 80GB HBM3', 3600 * 175, 3600 * 25.0, 3600 * 25.0, 3600 * 7.5
+             FROM range({month}) a(hr), range(40) b(tn);
+         CHECKPOINT;"
+    ))
+    .unwrap();
+    eprintln!("  month of rollups built in {:.1} s", build.elapsed().as_secs_f64());
+    let time = |what: &str, sql: &str| {
+        let mut stmt = conn.prepare(sql).unwrap();
+        let run = |stmt: &mut duckdb::Statement| {
+            let mut rows = stmt.query(duckdb::params![t0, t0 + 3600 * month]).unwrap();
+            let mut n = 0;
+            while rows.next().unwrap().is_some() {
+                n += 1;
+            }
+            n
+        };
+        run(&mut stmt);
+        let runs = 10;
+        let start = Instant::now();
+        let mut n = 0;
+        for _ in 0..runs {
+            n = run(&mut stmt);
+        }
+        let ms = start.elapsed().as_secs_f64() * 1000.0 / runs as f64;
+        eprintln!("  {what}: {ms:.2} ms ({n} rows)");
+        ms
+    };
+    let base = time(
+        "baseline: count the month's 5,040,000 hourly instance rows",
+        "SELECT count(*) FROM rollup_1h WHERE bucket >= ? AND bucket < ?",
+    );
+    let tenant = time(
+        "showback by tenant from rollup_tenant_1h",
+        "SELECT tenant, sum(samples), sum(gpu_seconds), sum(used_gpu_seconds) FROM rollup_tenant_1h WHERE bucket >= ? AND bucket < ? GROUP BY tenant",
+    );
+    let workload = time(
+        "showback by workload from rollup_1h (joins the dimensions)",
+        "SELECT h.tenant, h.workload, sum(r.samples * i.gpu_equivalents), sum(r.sm_active_sum * i.gpu_equivalents) FROM rollup_1h r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id) WHERE r.bucket >= ? AND r.bucket < ? GROUP BY ALL",
+    );
+    eprintln!("  ratios: tenant {:.2}×, workload {:.2}× the baseline", tenant / base, workload / base);
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("benches/aggregator.rs: run with `cargo bench --bench aggregator`");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = chrono::Utc::now().timestamp() - 6 * 3600;
+    // 40 nodes × 56 instances × 900 s = 2,016,000 samples, as 100 s batches (5,600 samples).
+    let big = batches(40, 900, 100, t0);
+    let n: usize = big.iter().map(Batch::sample_count).sum();
+    eprintln!("{n} samples in {} batches of {} samples", big.len(), big[0].sample_count());
+    let base = raw_appender(&big, dir.path());
+    eprintln!("  baseline: raw appender into a bare table: {base:.0} samples/s");
+    let w = writer_only(big.clone(), dir.path());
+    eprintln!("  writer (dedup + raw + 3 rollups), in process: {w:.0} samples/s = {:.2}× the baseline", w / base);
+    let (e2e, peak, bytes) = http_ingest(big, 4, dir.path(), "e2e-big");
+    eprintln!(
+        "  end to end over HTTP (4 clients): {e2e:.0} samples/s = {:.2}× the baseline; aggregator peak RSS {:.1} MiB; {:.1} bytes on disk per sample",
+        e2e / base,
+        peak as f64 / 1024.0,
+        bytes as f64 / n as f64
+    );
+    // Live shipping: 5 s batches of one node (280 samples).
+    let small = batches(40, 300, 5, t0 + 3600);
+    let n_small: usize = small.iter().map(Batch::sample_count).sum();
+    let (e2e, peak, _) = http_ingest(small, 16, dir.path(), "e2e-small");
+    eprintln!(
+        "  end to end, live 5 s batches of 280 samples ({n_small} samples, 16 clients): {e2e:.0} samples/s = {:.2}× the baseline; peak RSS {:.1} MiB",
+        e2e / base,
+        peak as f64 / 1024.0
+    );
+    month_showback(dir.path());
+}

@@ -1,0 +1,259 @@
+//! `gpuledger aggregator`, `gpuledger import` and `gpuledger export`: the central ledger and the
+//! tools that fill it from traces and take it elsewhere as Parquet.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use gpuledger_aggregator::auth::Tokens;
+use gpuledger_aggregator::export::{self, ExportOptions};
+use gpuledger_aggregator::import::{self, ImportOptions};
+use gpuledger_aggregator::store::Retention;
+use gpuledger_aggregator::{Config, Limits};
+use serde::Deserialize;
+
+use super::duration;
+
+/// Flags of `gpuledger aggregator`. Every flag can also be set in `--config FILE` (TOML, the
+/// flag's long name with `_` for `-`); a flag on the command line wins.
+#[derive(Debug, Default, clap::Args)]
+pub struct Args {
+    /// The DuckDB ledger file, created with its schema on first start
+    /// [default: /var/lib/gpuledger/ledger.duckdb].
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// Address of the API, /metrics and the probes [default: 0.0.0.0:9836].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// TOML file with any of these flags.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Token file: one `<scope> <token>` per line, scope node:NAME, node:* or admin.
+    /// GPULEDGER_ADMIN_TOKEN in the environment adds an admin token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// How long raw 1 s samples are kept [default: 48h].
+    #[arg(long)]
+    raw_retention: Option<humantime::Duration>,
+    /// How long the minute, hour and tenant rollups are kept [default: 400days].
+    #[arg(long)]
+    rollup_retention: Option<humantime::Duration>,
+    /// How often retention runs [default: 10m].
+    #[arg(long)]
+    retention_interval: Option<humantime::Duration>,
+    /// Largest ingest body in bytes, as sent (gzip) [default: 16777216].
+    #[arg(long)]
+    max_body_bytes: Option<usize>,
+    /// Samples accepted but not yet written before ingest answers 503 [default: 2000000].
+    #[arg(long)]
+    queue_samples: Option<usize>,
+    /// How far in the future a sample may be [default: 5m].
+    #[arg(long)]
+    max_future_skew: Option<humantime::Duration>,
+    /// DuckDB's memory limit, in DuckDB's syntax [default: 1GB].
+    #[arg(long)]
+    memory_limit: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    db: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    token_file: Option<PathBuf>,
+    raw_retention: Option<String>,
+    rollup_retention: Option<String>,
+    retention_interval: Option<String>,
+    max_body_bytes: Option<usize>,
+    queue_samples: Option<usize>,
+    max_future_skew: Option<String>,
+    memory_limit: Option<String>,
+}
+
+fn tokens(file: Option<PathBuf>) -> anyhow::Result<Tokens> {
+    let mut tokens = match file {
+        Some(path) => Tokens::from_file(&path)?,
+        None => Tokens::default(),
+    };
+    if let Ok(admin) = std::env::var("GPULEDGER_ADMIN_TOKEN")
+        && !admin.is_empty()
+    {
+        tokens = tokens.with_admin(&admin)?;
+    }
+    anyhow::ensure!(
+        !tokens.is_empty(),
+        "no tokens: pass --token-file (or set GPULEDGER_ADMIN_TOKEN); ingest is authenticated"
+    );
+    Ok(tokens)
+}
+
+/// The configuration from flags over the config file over defaults.
+fn config(args: Args) -> anyhow::Result<Config> {
+    let file: FileConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let defaults = Limits::default();
+    let retention = Retention {
+        raw_secs: duration("raw_retention", args.raw_retention, file.raw_retention, 48 * 3600)?
+            .as_secs() as i64,
+        rollup_secs: duration(
+            "rollup_retention",
+            args.rollup_retention,
+            file.rollup_retention,
+            400 * 86400,
+        )?
+        .as_secs() as i64,
+    };
+    anyhow::ensure!(
+        retention.raw_secs <= retention.rollup_secs,
+        "--raw-retention must not be longer than --rollup-retention"
+    );
+    Ok(Config {
+        db: args
+            .db
+            .or(file.db)
+            .unwrap_or_else(|| "/var/lib/gpuledger/ledger.duckdb".into()),
+        listen: args
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| "0.0.0.0:9836".parse().expect("a valid address")),
+        tokens: tokens(args.token_file.or(file.token_file))?,
+        retention,
+        retention_interval: duration(
+            "retention_interval",
+            args.retention_interval,
+            file.retention_interval,
+            600,
+        )?,
+        limits: Limits {
+            max_body_bytes: args
+                .max_body_bytes
+                .or(file.max_body_bytes)
+                .unwrap_or(defaults.max_body_bytes),
+            queue_samples: args
+                .queue_samples
+                .or(file.queue_samples)
+                .unwrap_or(defaults.queue_samples),
+            max_future_skew: duration(
+                "max_future_skew",
+                args.max_future_skew,
+                file.max_future_skew,
+                defaults.max_future_skew.as_secs(),
+            )?,
+            duckdb_memory_limit: args
+                .memory_limit
+                .or(file.memory_limit)
+                .unwrap_or(defaults.duckdb_memory_limit),
+            ..defaults
+        },
+    })
+}
+
+/// Runs the aggregator until SIGINT/SIGTERM.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let config = config(args)?;
+    if let Some(dir) = config.db.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    super::runtime()?.block_on(gpuledger_aggregator::run(config, super::shutdown_signal()))?;
+    Ok(())
+}
+
+/// Flags of `gpuledger import`.
+#[derive(Debug, clap::Args)]
+pub struct ImportArgs {
+    /// The DuckDB ledger file (created if missing; not while an aggregator has it open).
+    #[arg(long)]
+    db: PathBuf,
+    /// How long raw samples are kept (older ones go to the rollups only) [default: 48h].
+    #[arg(long, default_value = "48h")]
+    raw_retention: humantime::Duration,
+    /// How long rollups are kept (older samples are refused) [default: 400days].
+    #[arg(long, default_value = "400days")]
+    rollup_retention: humantime::Duration,
+    /// Trace CSV files (schema/TRACE.md).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+}
+
+/// Imports traces.
+pub fn import(args: ImportArgs) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let opts = ImportOptions {
+        db: args.db,
+        files: args.files,
+        retention: Retention {
+            raw_secs: args.raw_retention.as_secs() as i64,
+            rollup_secs: args.rollup_retention.as_secs() as i64,
+        },
+        max_future_skew_secs: Limits::default().max_future_skew.as_secs() as i64,
+        progress: std::io::stderr().is_terminal(),
+    };
+    let report = super::runtime()?.block_on(import::import(opts))?;
+    eprintln!(
+        "gpuledger import: {} file(s), {} samples: {} stored, {} already in the ledger.",
+        report.files, report.samples, report.stored, report.duplicates
+    );
+    Ok(())
+}
+
+/// Flags of `gpuledger export`.
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// The DuckDB ledger file (opened read-only; not while an aggregator has it open).
+    #[arg(long)]
+    db: PathBuf,
+    /// Output directory: <DIR>/<table>/date=YYYY-MM-DD/<cluster>_<uuid>.parquet.
+    #[arg(long)]
+    parquet: PathBuf,
+    /// Start of the range (RFC 3339 or Unix seconds), inclusive.
+    #[arg(long)]
+    from: String,
+    /// End of the range (RFC 3339 or Unix seconds), exclusive.
+    #[arg(long)]
+    to: String,
+    /// Also export raw 1 s samples (only those still in the raw window exist).
+    #[arg(long)]
+    raw: bool,
+    /// Cluster name written into every row and file name [default: the ledger file's stem].
+    #[arg(long)]
+    cluster: Option<String>,
+}
+
+/// Exports Parquet.
+pub fn export(args: ExportArgs) -> anyhow::Result<()> {
+    let time = |flag: &str, s: &str| {
+        gpuledger_schema::trace::parse_timestamp(s)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("--{flag} {s:?}"))
+    };
+    let cluster = match args.cluster {
+        Some(c) => c,
+        None => args
+            .db
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "ledger".into()),
+    };
+    let opts = ExportOptions {
+        from: time("from", &args.from)?,
+        to: time("to", &args.to)?,
+        db: args.db,
+        dir: args.parquet,
+        raw: args.raw,
+        cluster,
+    };
+    let report = export::export(&opts)?;
+    for (table, rows) in report.tables {
+        eprintln!("gpuledger export: {table}: {rows} rows");
+    }
+    Ok(())
+}

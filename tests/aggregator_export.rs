@@ -1,0 +1,132 @@
+//! Past one machine: two aggregators (one per cluster) each ingest their node, export
+//! Hive-partitioned Parquet into one directory, and DuckDB reading the Parquet files alone gets
+//! both clusters' totals back. Also `gpuledger import`: all or nothing, and idempotent.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Aggregator, gpuledger, open_ledger, simulate, token_file, ADMIN_TOKEN};
+
+fn replay(dir: &std::path::Path, a: &Aggregator, node: &str, trace: &std::path::Path) -> tokio::process::Child {
+    let token = token_file(dir, ADMIN_TOKEN);
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(["exporter", "--source", "replay", "--speed", "max", "--once", "--node", node])
+        .args(["--listen", "127.0.0.1:0", "--aggregator", &a.url()])
+        .arg("--token-file")
+        .arg(&token)
+        .arg("--spool-dir")
+        .arg(dir.join(format!("spool-{node}")))
+        .arg("--replay-file")
+        .arg(trace)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+fn totals(conn: &duckdb::Connection, from: &str) -> (i64, f64) {
+    conn.query_row(
+        &format!("SELECT sum(samples)::BIGINT, sum(sm_active_sum) FROM {from}"),
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
+    let dir = tempfile::tempdir().unwrap();
+    // Starts 90 minutes ago, so the hours and (UTC) dates of the export are several.
+    let start = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 1800;
+    let mut ledgers = Vec::new();
+    for (cluster, node) in [("east", "gpu-h100-02"), ("west", "gpu-h200-01")] {
+        let trace = dir.path().join(format!("{node}.csv"));
+        simulate(&trace, node, &start.to_string(), "90m");
+        let db = dir.path().join(format!("{cluster}.duckdb"));
+        let a = Aggregator::start(&db, 0, &[]).await;
+        let status = tokio::time::timeout(Duration::from_secs(120), replay(dir.path(), &a, node, &trace).wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success());
+        assert!(a.terminate().success());
+        ledgers.push((cluster, db));
+    }
+    let out = dir.path().join("parquet");
+    let mut expected = (0, 0.0);
+    for (cluster, db) in &ledgers {
+        let conn = open_ledger(db);
+        let t = totals(&conn, "rollup_1h");
+        assert!(t.0 > 0);
+        expected = (expected.0 + t.0, expected.1 + t.1);
+        drop(conn);
+        let status = gpuledger()
+            .args(["export", "--db"])
+            .arg(db)
+            .arg("--parquet")
+            .arg(&out)
+            .args(["--from", &(start - 86400).to_string(), "--to", &(start + 86400).to_string(), "--raw", "--cluster", cluster])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let glob = |table: &str| format!("read_parquet('{}/{table}/*/*.parquet', hive_partitioning = true)", out.display());
+    let got = totals(&conn, &glob("rollup_1h"));
+    assert_eq!(got.0, expected.0);
+    assert!((got.1 - expected.1).abs() < 1e-6 * expected.1.max(1.0));
+    assert_eq!(totals(&conn, &glob("rollup_1m")).0, expected.0);
+    let raw: i64 = conn
+        .query_row(&format!("SELECT count(*) FROM {}", glob("samples_raw")), [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(raw, expected.0);
+    let clusters: i64 = conn
+        .query_row(&format!("SELECT count(DISTINCT cluster) FROM {}", glob("rollup_tenant_1h")), [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(clusters, 2);
+    // Partitions are UTC dates, and each file's rows belong to its partition.
+    let misplaced: i64 = conn
+        .query_row(
+            &format!("SELECT count(*) FROM {} WHERE CAST(bucket_start AS DATE) <> date", glob("rollup_1h")),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(misplaced, 0);
+}
+
+#[test]
+fn import_is_all_or_nothing_and_importing_twice_stores_nothing_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let start = (chrono::Utc::now().timestamp() / 3600 - 5) * 3600;
+    simulate(&trace, "gpu-h100-02", &start.to_string(), "10m");
+    let rows = std::fs::read_to_string(&trace).unwrap().lines().count() as i64 - 1;
+    let db = dir.path().join("ledger.duckdb");
+
+    // A bad row in a second file: nothing of either file is imported.
+    let bad = dir.path().join("bad.csv");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let mut fields: Vec<String> = lines[499].split(',').map(str::to_owned).collect();
+    fields[11] = "2.5".into();
+    lines[499] = fields.join(",");
+    std::fs::write(&bad, lines.join("\n") + "\n").unwrap();
+    let out = gpuledger().arg("import").arg("--db").arg(&db).arg(&trace).arg(&bad).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("{}:500:12: sm_active: 2.5 is outside 0–1", bad.display())), "{stderr}");
+    assert!(stderr.contains("nothing was imported"), "{stderr}");
+    assert!(!db.exists(), "a refused import leaves no ledger behind");
+
+    let out = gpuledger().arg("import").arg("--db").arg(&db).arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("{rows} samples: {rows} stored, 0 already")));
+    let out = gpuledger().arg("import").arg("--db").arg(&db).arg(&trace).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("{rows} samples: 0 stored, {rows} already")));
+    let conn = open_ledger(&db);
+    assert_eq!(totals(&conn, "rollup_1h").0, rows);
+}

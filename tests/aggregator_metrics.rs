@@ -1,0 +1,113 @@
+//! The aggregator's own /metrics, from a running aggregator that ingested and refused batches:
+//! promtool-clean in the classic format, accepted by a strict OpenMetrics parser, and kept in step
+//! with the README's table.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::{Aggregator, ADMIN_TOKEN};
+use gpuledger_schema::wire::Batch;
+use gpuledger_schema::{Attribution, Counters, Instance, Sample};
+
+async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
+    let a = Aggregator::start(&dir.join("ledger.duckdb"), 0, &[]).await;
+    let t = chrono::Utc::now().timestamp() - 100;
+    let samples: Vec<Sample> = (t..t + 10)
+        .map(|ts| Sample {
+            timestamp: ts,
+            instance: Instance {
+                node: "n1".into(),
+                gpu_uuid: "GPU-1".into(),
+                gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                mig_profile: None,
+                gpu_instance_id: None,
+                placement_start: None,
+                placement_size: None,
+            },
+            attribution: Attribution::default(),
+            counters: Counters { sm_active: Some(0.5), ..Counters::default() },
+        })
+        .collect();
+    let batch = Batch::from_samples("n1", &samples);
+    assert_eq!(a.ingest(ADMIN_TOKEN, &batch).await.0, 200);
+    assert_eq!(a.ingest(ADMIN_TOKEN, &batch).await.0, 200);
+    assert_eq!(a.ingest("wrong-token-wrong-token", &batch).await.0, 401);
+    a
+}
+
+async fn scrape(a: &Aggregator, accept: &str) -> String {
+    reqwest::Client::new()
+        .get(format!("{}/metrics", a.url()))
+        .header("accept", accept)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match_the_readme() {
+    common::require_tool("promtool");
+    let dir = tempfile::tempdir().unwrap();
+    let a = fed_aggregator(dir.path()).await;
+    let classic = scrape(&a, "text/plain").await;
+    let openmetrics = scrape(&a, "application/openmetrics-text; version=1.0.0").await;
+
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(classic.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && report.trim().is_empty(), "promtool check metrics:\n{report}\n{classic}");
+
+    let path = dir.path().join("metrics.txt");
+    std::fs::write(&path, &openmetrics).unwrap();
+    let script = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\nprint(len(list(parse(open(sys.argv[1]).read()))))";
+    let out = Command::new("python3").args(["-c", script]).arg(&path).output().expect("python3 runs");
+    assert!(out.status.success(), "the OpenMetrics parser refused:\n{}", String::from_utf8_lossy(&out.stderr));
+
+    // The values say what happened.
+    for (line, want) in [
+        ("gpuledger_aggregator_ingest_samples_total", 10.0),
+        ("gpuledger_aggregator_ingest_batches_total", 1.0),
+        ("gpuledger_aggregator_ingest_duplicate_batches_total", 1.0),
+        ("gpuledger_aggregator_ingest_rejected_total{reason=\"unauthorized\"}", 1.0),
+        ("gpuledger_aggregator_store_rows{table=\"samples_raw\"}", 10.0),
+        ("gpuledger_aggregator_writer_commit_duration_seconds_count", 1.0),
+    ] {
+        assert_eq!(a.value(line).await, Some(want), "{line}");
+    }
+
+    let exported: BTreeSet<String> = classic
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_owned())
+        .collect();
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let documented: BTreeSet<String> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `gpuledger_aggregator_"))
+        .map(|l| format!("gpuledger_aggregator_{}", l.split('`').next().unwrap()))
+        .collect();
+    assert_eq!(documented, exported, "README.md's aggregator metric table and /metrics differ");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn probes_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Aggregator::start(&dir.path().join("ledger.duckdb"), 0, &[]).await;
+    for path in ["/healthz", "/readyz"] {
+        let r = reqwest::get(format!("{}{path}", a.url())).await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+    }
+}
