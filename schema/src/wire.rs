@@ -452,9 +452,20 @@ mod tests {
             WireError::UnknownVersion(2)
         );
 
+        // A value of the wrong type is named by its path, not blamed on the whole body.
         json["v"] = serde_json::json!(1);
         assert_eq!(
             Batch::decode(json.to_string().as_bytes(), false)
+                .unwrap_err()
+                .field(),
+            "series"
+        );
+        let mut json: serde_json::Value = serde_json::to_value(&batch).unwrap();
+        json["series"][0]["t"][1] = serde_json::json!("soon");
+        let err = Batch::decode(json.to_string().as_bytes(), false).unwrap_err();
+        assert_eq!(err.field(), "series[0].t[1]", "{err}");
+        assert_eq!(
+            Batch::decode(b"{\"v\": 1, \"batch_id\"", false)
                 .unwrap_err()
                 .field(),
             "body"
