@@ -120,20 +120,6 @@ CREATE TABLE ingested_batches (
     stored       INTEGER NOT NULL
 );
 
--- The writer's scratch tables: filled and emptied inside each write transaction, so always empty
--- once committed.
-CREATE TABLE ingest_staging (
-    ts               BIGINT  NOT NULL,
-    instance_id      INTEGER NOT NULL,
-    holder_id        INTEGER NOT NULL,
-    seq              INTEGER NOT NULL,
-    sm_active        DOUBLE,
-    sm_occupancy     DOUBLE,
-    tensor_active    DOUBLE,
-    dram_active      DOUBLE,
-    fb_used_bytes    UBIGINT,
-    fb_total_bytes   UBIGINT,
-    nvlink_tx_bytes  UBIGINT,
-    nvlink_rx_bytes  UBIGINT
-);
-CREATE TABLE ingest_fresh AS SELECT * FROM ingest_staging LIMIT 0;
+-- The writer's scratch table: the minute deltas of one write transaction, appended and deleted
+-- inside it, so always empty once committed.
+CREATE TABLE ingest_delta_1m AS SELECT * FROM rollup_1m LIMIT 0;

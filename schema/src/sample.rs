@@ -135,6 +135,36 @@ pub struct Counters {
     pub nvlink_rx_bytes: Option<u64>,
 }
 
+impl Counters {
+    /// Checks the rules of one second's counters: ratios within 0–1, used ≤ total memory.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        for (field, v) in [
+            ("sm_active", self.sm_active),
+            ("sm_occupancy", self.sm_occupancy),
+            ("tensor_active", self.tensor_active),
+            ("dram_active", self.dram_active),
+        ] {
+            if let Some(v) = v
+                && !(0.0..=1.0).contains(&v)
+            {
+                return Err(InvalidField {
+                    field,
+                    problem: format!("{v} is outside 0–1"),
+                });
+            }
+        }
+        if let (Some(used), Some(total)) = (self.fb_used_bytes, self.fb_total_bytes)
+            && used > total
+        {
+            return Err(InvalidField {
+                field: "fb_used_bytes",
+                problem: format!("{used} exceeds fb_total_bytes {total}"),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// One instance, one second: the unit of gpuledger.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -172,27 +202,7 @@ impl Sample {
                 return bad(field, "must not be empty".into());
             }
         }
-        let c = &self.counters;
-        for (field, v) in [
-            ("sm_active", c.sm_active),
-            ("sm_occupancy", c.sm_occupancy),
-            ("tensor_active", c.tensor_active),
-            ("dram_active", c.dram_active),
-        ] {
-            if let Some(v) = v
-                && !(0.0..=1.0).contains(&v)
-            {
-                return bad(field, format!("{v} is outside 0–1"));
-            }
-        }
-        if let (Some(used), Some(total)) = (c.fb_used_bytes, c.fb_total_bytes)
-            && used > total
-        {
-            return bad(
-                "fb_used_bytes",
-                format!("{used} exceeds fb_total_bytes {total}"),
-            );
-        }
+        self.counters.validate()?;
         if let Some(profile) = &self.instance.mig_profile {
             if crate::mig::compute_slices_of(profile).is_none() {
                 return bad(

@@ -345,29 +345,20 @@ impl Series {
                 ));
             }
         }
-        let (instance, attribution) = (self.instance(), self.attribution());
-        for (j, &timestamp) in self.t.iter().enumerate() {
-            let sample = Sample {
-                timestamp,
-                instance: instance.clone(),
-                attribution: attribution.clone(),
-                counters: self.counters(j),
-            };
-            sample
+        // The series-wide rules once (names, MIG fields, attribution), then the counters of each
+        // second: no per-second copy of the series' strings.
+        Sample {
+            timestamp: self.t[0],
+            instance: self.instance(),
+            attribution: self.attribution(),
+            counters: Counters::default(),
+        }
+        .validate()
+        .map_err(|InvalidField { field, problem }| (field, None, problem))?;
+        for j in 0..n {
+            self.counters(j)
                 .validate()
-                .map_err(|InvalidField { field, problem }| {
-                    let per_second = !matches!(
-                        field,
-                        "node"
-                            | "gpu_uuid"
-                            | "gpu_model"
-                            | "mig_profile"
-                            | "gpu_instance_id"
-                            | "placement_size"
-                            | "tenant"
-                    );
-                    (field, per_second.then_some(j), problem)
-                })?;
+                .map_err(|InvalidField { field, problem }| (field, Some(j), problem))?;
         }
         Ok(())
     }

@@ -2,14 +2,15 @@
 //! and rollups.
 //!
 //! Async code hands it jobs over a channel. Jobs that arrive together are written together in one
-//! transaction (group commit): every batch of the group is appended to `ingest_staging` with
-//! DuckDB's appender on its Arrow path (column arrays straight from the wire format's columns;
-//! `benches/aggregator.rs` measures it against the row-by-row appender), then a fixed SQL pipeline keeps only the first copy of every
-//! (instance, second) that the ledger does not hold yet (`ingest_fresh`), appends it to
-//! `samples_raw` (when it is inside the raw window) and folds it into the minute, hour and tenant
-//! rollups. The batch ids are recorded in the same transaction, so a batch is stored entirely or
-//! not at all, and it is acknowledged only after the commit. If a group fails, its batches are
-//! retried one by one so that one bad batch cannot hold back the others.
+//! transaction (group commit). For the group, the writer reads the minute masks the ledger holds
+//! for its instances and minutes, then makes one pass over the samples: it keeps the first copy of
+//! every (instance, second) that no mask covers, appends those inside the raw window to
+//! `samples_raw` with DuckDB's appender on its Arrow path (column arrays, not a call per value;
+//! `benches/aggregator.rs` measures both), and sums them per (instance, holder, minute). The
+//! minute sums go to `ingest_delta_1m`, and a fixed SQL pipeline folds them into the minute, hour
+//! and tenant rollups. The batch ids are recorded in the same transaction, so a batch is stored
+//! entirely or not at all, and it is acknowledged only after the commit. If a group fails, its
+//! batches are retried one by one so that one bad batch cannot hold back the others.
 //!
 //! Memory is bounded by the caller: [`Writer::try_reserve`] hands out queue permits counted in
 //! samples, and a job holds its permit until it has been written.
@@ -399,29 +400,6 @@ struct WriterThread {
     observer: Arc<dyn WriteObserver>,
 }
 
-/// Keeps the first copy of each (instance, second) in the staged group that no committed minute
-/// mask covers yet. Parameters: none; the covered range comes from the staging table itself.
-const SELECT_FRESH: &str = "
-INSERT INTO ingest_fresh
-WITH staged AS (
-    SELECT * FROM ingest_staging
-    QUALIFY row_number() OVER (PARTITION BY instance_id, ts ORDER BY seq) = 1
-), covered AS (
-    SELECT instance_id, bucket, bit_or(seconds_mask) AS mask
-    FROM rollup_1m
-    WHERE bucket BETWEEN (SELECT min(ts) - 59 FROM ingest_staging) AND (SELECT max(ts) FROM ingest_staging)
-    GROUP BY instance_id, bucket
-)
-SELECT s.* FROM staged s
-LEFT JOIN covered c ON c.instance_id = s.instance_id AND c.bucket = s.ts - s.ts % 60
-WHERE c.mask IS NULL OR (c.mask >> CAST(s.ts % 60 AS UBIGINT)) & 1::UBIGINT = 0";
-
-const INSERT_RAW: &str = "
-INSERT INTO samples_raw
-SELECT ts, instance_id, holder_id, sm_active, sm_occupancy, tensor_active, dram_active,
-       fb_used_bytes, fb_total_bytes, nvlink_tx_bytes, nvlink_rx_bytes
-FROM ingest_fresh WHERE ts >= ?";
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Window {
     Raw,
@@ -454,26 +432,6 @@ const RETENTION: &[(&str, &str, Window)] = &[
     ),
 ];
 
-/// The aggregate columns every instance rollup has, computed from `ingest_fresh`.
-const ROLLUP_AGGREGATES: &str = "
-    count(*)::INTEGER AS samples,
-    count(sm_active)::INTEGER AS sm_active_samples,
-    coalesce(sum(sm_active), 0) AS sm_active_sum,
-    min(sm_active) AS sm_active_min,
-    max(sm_active) AS sm_active_max,
-    count(sm_occupancy)::INTEGER AS sm_occupancy_samples,
-    coalesce(sum(sm_occupancy), 0) AS sm_occupancy_sum,
-    count(tensor_active)::INTEGER AS tensor_active_samples,
-    coalesce(sum(tensor_active), 0) AS tensor_active_sum,
-    count(dram_active)::INTEGER AS dram_active_samples,
-    coalesce(sum(dram_active), 0) AS dram_active_sum,
-    count(fb_used_bytes)::INTEGER AS fb_used_samples,
-    coalesce(sum(fb_used_bytes), 0)::UBIGINT AS fb_used_bytes_sum,
-    max(fb_used_bytes) AS fb_used_bytes_max,
-    max(fb_total_bytes) AS fb_total_bytes_max,
-    coalesce(sum(nvlink_tx_bytes), 0)::UBIGINT AS nvlink_tx_bytes_sum,
-    coalesce(sum(nvlink_rx_bytes), 0)::UBIGINT AS nvlink_rx_bytes_sum";
-
 /// How an existing rollup row absorbs a delta row `d`.
 const ROLLUP_MERGE: &str = "
     samples = r.samples + d.samples,
@@ -494,58 +452,72 @@ const ROLLUP_MERGE: &str = "
     nvlink_tx_bytes_sum = r.nvlink_tx_bytes_sum + d.nvlink_tx_bytes_sum,
     nvlink_rx_bytes_sum = r.nvlink_rx_bytes_sum + d.nvlink_rx_bytes_sum";
 
-/// The statements that fold `ingest_fresh` into the rollups, in order. Built once from constant
-/// parts (no input reaches them). The `?` in each are the bucket range of the group, so that the
-/// upserts scan only the buckets they can touch.
+/// The statements that fold the group's minute deltas (`ingest_delta_1m`, computed by the writer
+/// from the fresh samples) into the three rollups, in order. Built once from constant parts (no
+/// input reaches them). The hour and tenant deltas are derived from the minute deltas, 60 times
+/// fewer rows than the samples. Each upsert is an UPDATE of the rows that exist and an INSERT of
+/// those that do not, restricted to the group's bucket range so that it scans only the buckets
+/// it can touch.
 fn rollup_statements() -> &'static [String] {
     static STATEMENTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     STATEMENTS.get_or_init(|| {
-        let mut out = Vec::new();
-        for (table, width, mask) in [
-            (
-                "rollup_1m",
-                60,
-                "bit_or(1::UBIGINT << CAST(ts % 60 AS UBIGINT)) AS seconds_mask,",
+        let same_row = |delta: &str| {
+            format!(
+                "r.bucket = d.bucket AND r.instance_id = d.instance_id AND r.holder_id = d.holder_id
+                 AND r.bucket BETWEEN (SELECT min(bucket) FROM {delta}) AND (SELECT max(bucket) FROM {delta})"
+            )
+        };
+        let mut out = vec![
+            format!(
+                "UPDATE rollup_1m AS r SET seconds_mask = r.seconds_mask | d.seconds_mask, {ROLLUP_MERGE}
+                 FROM ingest_delta_1m AS d WHERE {}",
+                same_row("ingest_delta_1m")
             ),
-            ("rollup_1h", 3600, ""),
-        ] {
-            let delta = format!("delta_{table}");
-            out.push(format!(
-                "CREATE OR REPLACE TEMP TABLE {delta} AS
-                 SELECT ts - ts % {width} AS bucket, instance_id, holder_id, {mask} {ROLLUP_AGGREGATES}
-                 FROM ingest_fresh GROUP BY ALL"
-            ));
-            let mask_merge = if mask.is_empty() {
-                ""
-            } else {
-                "seconds_mask = r.seconds_mask | d.seconds_mask,"
-            };
-            out.push(format!(
-                "UPDATE {table} AS r SET {mask_merge} {ROLLUP_MERGE}
-                 FROM {delta} AS d
-                 WHERE r.bucket = d.bucket AND r.instance_id = d.instance_id AND r.holder_id = d.holder_id
-                   AND r.bucket BETWEEN (SELECT min(bucket) FROM {delta}) AND (SELECT max(bucket) FROM {delta})"
-            ));
-            out.push(format!(
-                "INSERT INTO {table} BY NAME
-                 SELECT d.* FROM {delta} AS d
-                 WHERE NOT EXISTS (
-                     SELECT 1 FROM {table} AS r
-                     WHERE r.bucket = d.bucket AND r.instance_id = d.instance_id AND r.holder_id = d.holder_id
-                       AND r.bucket BETWEEN (SELECT min(bucket) FROM {delta}) AND (SELECT max(bucket) FROM {delta}))"
-            ));
-        }
-        out.push(
+            format!(
+                "INSERT INTO rollup_1m BY NAME SELECT d.* FROM ingest_delta_1m AS d
+                 WHERE NOT EXISTS (SELECT 1 FROM rollup_1m AS r WHERE {})",
+                same_row("ingest_delta_1m")
+            ),
+            "CREATE OR REPLACE TEMP TABLE delta_1h AS
+             SELECT bucket - bucket % 3600 AS bucket, instance_id, holder_id,
+                    sum(samples)::INTEGER AS samples,
+                    sum(sm_active_samples)::INTEGER AS sm_active_samples,
+                    sum(sm_active_sum) AS sm_active_sum,
+                    min(sm_active_min) AS sm_active_min,
+                    max(sm_active_max) AS sm_active_max,
+                    sum(sm_occupancy_samples)::INTEGER AS sm_occupancy_samples,
+                    sum(sm_occupancy_sum) AS sm_occupancy_sum,
+                    sum(tensor_active_samples)::INTEGER AS tensor_active_samples,
+                    sum(tensor_active_sum) AS tensor_active_sum,
+                    sum(dram_active_samples)::INTEGER AS dram_active_samples,
+                    sum(dram_active_sum) AS dram_active_sum,
+                    sum(fb_used_samples)::INTEGER AS fb_used_samples,
+                    sum(fb_used_bytes_sum)::UBIGINT AS fb_used_bytes_sum,
+                    max(fb_used_bytes_max) AS fb_used_bytes_max,
+                    max(fb_total_bytes_max) AS fb_total_bytes_max,
+                    sum(nvlink_tx_bytes_sum)::UBIGINT AS nvlink_tx_bytes_sum,
+                    sum(nvlink_rx_bytes_sum)::UBIGINT AS nvlink_rx_bytes_sum
+             FROM ingest_delta_1m GROUP BY ALL"
+                .into(),
+            format!(
+                "UPDATE rollup_1h AS r SET {ROLLUP_MERGE} FROM delta_1h AS d WHERE {}",
+                same_row("delta_1h")
+            ),
+            format!(
+                "INSERT INTO rollup_1h BY NAME SELECT d.* FROM delta_1h AS d
+                 WHERE NOT EXISTS (SELECT 1 FROM rollup_1h AS r WHERE {})",
+                same_row("delta_1h")
+            ),
             "CREATE OR REPLACE TEMP TABLE delta_tenant AS
-             SELECT f.ts - f.ts % 3600 AS bucket, h.tenant, h.slo_class, i.gpu_model,
-                    count(*) AS samples,
-                    sum(i.gpu_equivalents) AS gpu_seconds,
-                    coalesce(sum(CASE WHEN f.sm_active IS NOT NULL THEN i.gpu_equivalents END), 0) AS sm_measured_gpu_seconds,
-                    coalesce(sum(f.sm_active * i.gpu_equivalents), 0) AS used_gpu_seconds
-             FROM ingest_fresh f JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+             SELECT d.bucket - d.bucket % 3600 AS bucket, h.tenant, h.slo_class, i.gpu_model,
+                    sum(d.samples)::BIGINT AS samples,
+                    sum(d.samples * i.gpu_equivalents) AS gpu_seconds,
+                    sum(d.sm_active_samples * i.gpu_equivalents) AS sm_measured_gpu_seconds,
+                    sum(d.sm_active_sum * i.gpu_equivalents) AS used_gpu_seconds
+             FROM ingest_delta_1m d JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
              GROUP BY ALL"
                 .into(),
-        );
+        ];
         let same_tenant_row = "r.bucket = d.bucket AND r.tenant IS NOT DISTINCT FROM d.tenant
              AND r.slo_class IS NOT DISTINCT FROM d.slo_class AND r.gpu_model = d.gpu_model
              AND r.bucket BETWEEN (SELECT min(bucket) FROM delta_tenant) AND (SELECT max(bucket) FROM delta_tenant)";
@@ -562,94 +534,163 @@ fn rollup_statements() -> &'static [String] {
              SELECT d.* FROM delta_tenant AS d
              WHERE NOT EXISTS (SELECT 1 FROM rollup_tenant_1h AS r WHERE {same_tenant_row})"
         ));
+        out.push("DELETE FROM ingest_delta_1m".into());
         out
     })
 }
 
-/// The samples of `batches[i]` for each `i` in `new` as one Arrow record batch in
-/// `ingest_staging`'s column order (`ids[k]`: instance and holder id of each series of the `k`th
-/// new batch), and the newest second among them. Public for the benchmark's baseline, which
-/// appends the same record batches to a bare table.
-pub fn staging_batch(
-    batches: &[(&Batch, i64)],
-    new: &[usize],
-    ids: &[Vec<(i32, i32)>],
-) -> duckdb::Result<(RecordBatch, Option<i64>)> {
-    let rows: usize = new.iter().map(|&i| batches[i].0.sample_count()).sum();
-    let mut ts = Vec::with_capacity(rows);
-    let (mut iid, mut hid, mut seq) = (
-        Vec::with_capacity(rows),
-        Vec::with_capacity(rows),
-        Vec::with_capacity(rows),
-    );
-    let mut ratios: [Vec<Option<f64>>; 4] = std::array::from_fn(|_| Vec::with_capacity(rows));
-    let mut bytes: [Vec<Option<u64>>; 4] = std::array::from_fn(|_| Vec::with_capacity(rows));
-    for (k, &i) in new.iter().enumerate() {
-        for (s, &(instance, holder)) in batches[i].0.series.iter().zip(&ids[k]) {
-            let n = s.t.len();
-            ts.extend_from_slice(&s.t);
-            iid.extend(std::iter::repeat_n(instance, n));
-            hid.extend(std::iter::repeat_n(holder, n));
-            seq.extend(std::iter::repeat_n(i as i32, n));
-            for (out, col) in ratios
-                .iter_mut()
-                .zip([&s.sm_active, &s.sm_occupancy, &s.tensor_active, &s.dram_active])
-            {
-                match col {
-                    Some(v) => out.extend_from_slice(v),
-                    None => out.extend(std::iter::repeat_n(None, n)),
-                }
-            }
-            for (out, col) in bytes.iter_mut().zip([
-                &s.fb_used_bytes,
-                &s.fb_total_bytes,
-                &s.nvlink_tx_bytes,
-                &s.nvlink_rx_bytes,
-            ]) {
-                match col {
-                    Some(v) => out.extend_from_slice(v),
-                    None => out.extend(std::iter::repeat_n(None, n)),
-                }
-            }
+/// The seconds of each (instance, minute) already in the ledger, for the instance ids and bucket
+/// range of one group.
+const COVERED_MASKS: &str = "
+SELECT instance_id, bucket, bit_or(seconds_mask)
+FROM rollup_1m
+WHERE bucket BETWEEN ? AND ? AND instance_id BETWEEN ? AND ?
+GROUP BY ALL";
+
+/// Raw rows in `samples_raw`'s column order, built column-wise for the appender's Arrow path.
+#[derive(Debug, Default)]
+pub struct RawColumns {
+    ts: Vec<i64>,
+    instance_id: Vec<i32>,
+    holder_id: Vec<i32>,
+    ratios: [Vec<Option<f64>>; 4],
+    bytes: [Vec<Option<u64>>; 4],
+}
+
+impl RawColumns {
+    /// Adds the `j`th second of `s` as held by `instance_id`/`holder_id`.
+    pub fn push(&mut self, s: &Series, j: usize, instance_id: i32, holder_id: i32) {
+        fn at<T: Copy>(col: &Option<Vec<Option<T>>>, j: usize) -> Option<T> {
+            col.as_ref().and_then(|c| c.get(j).copied().flatten())
+        }
+        self.ts.push(s.t[j]);
+        self.instance_id.push(instance_id);
+        self.holder_id.push(holder_id);
+        for (out, col) in self
+            .ratios
+            .iter_mut()
+            .zip([&s.sm_active, &s.sm_occupancy, &s.tensor_active, &s.dram_active])
+        {
+            out.push(at(col, j));
+        }
+        for (out, col) in self.bytes.iter_mut().zip([
+            &s.fb_used_bytes,
+            &s.fb_total_bytes,
+            &s.nvlink_tx_bytes,
+            &s.nvlink_rx_bytes,
+        ]) {
+            out.push(at(col, j));
         }
     }
-    let newest = ts.iter().copied().max();
-    let [sm, occ, tensor, dram] = ratios;
-    let [used, total, tx, rx] = bytes;
-    let f64s = |name: &str| Field::new(name, DataType::Float64, true);
-    let u64s = |name: &str| Field::new(name, DataType::UInt64, true);
-    let schema = Schema::new(vec![
-        Field::new("ts", DataType::Int64, false),
-        Field::new("instance_id", DataType::Int32, false),
-        Field::new("holder_id", DataType::Int32, false),
-        Field::new("seq", DataType::Int32, false),
-        f64s("sm_active"),
-        f64s("sm_occupancy"),
-        f64s("tensor_active"),
-        f64s("dram_active"),
-        u64s("fb_used_bytes"),
-        u64s("fb_total_bytes"),
-        u64s("nvlink_tx_bytes"),
-        u64s("nvlink_rx_bytes"),
-    ]);
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(Int64Array::from(ts)),
-        Arc::new(Int32Array::from(iid)),
-        Arc::new(Int32Array::from(hid)),
-        Arc::new(Int32Array::from(seq)),
-        Arc::new(Float64Array::from(sm)),
-        Arc::new(Float64Array::from(occ)),
-        Arc::new(Float64Array::from(tensor)),
-        Arc::new(Float64Array::from(dram)),
-        Arc::new(UInt64Array::from(used)),
-        Arc::new(UInt64Array::from(total)),
-        Arc::new(UInt64Array::from(tx)),
-        Arc::new(UInt64Array::from(rx)),
-    ];
-    let batch = RecordBatch::try_new(Arc::new(schema), columns).map_err(|e| {
-        duckdb::Error::ToSqlConversionFailure(Box::new(e))
-    })?;
-    Ok((batch, newest))
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.ts.len()
+    }
+
+    /// Whether no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.ts.is_empty()
+    }
+
+    /// The rows as an Arrow record batch.
+    pub fn into_record_batch(self) -> duckdb::Result<RecordBatch> {
+        let [sm, occ, tensor, dram] = self.ratios;
+        let [used, total, tx, rx] = self.bytes;
+        let f64s = |name: &str| Field::new(name, DataType::Float64, true);
+        let u64s = |name: &str| Field::new(name, DataType::UInt64, true);
+        let schema = Schema::new(vec![
+            Field::new("ts", DataType::Int64, false),
+            Field::new("instance_id", DataType::Int32, false),
+            Field::new("holder_id", DataType::Int32, false),
+            f64s("sm_active"),
+            f64s("sm_occupancy"),
+            f64s("tensor_active"),
+            f64s("dram_active"),
+            u64s("fb_used_bytes"),
+            u64s("fb_total_bytes"),
+            u64s("nvlink_tx_bytes"),
+            u64s("nvlink_rx_bytes"),
+        ]);
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(self.ts)),
+            Arc::new(Int32Array::from(self.instance_id)),
+            Arc::new(Int32Array::from(self.holder_id)),
+            Arc::new(Float64Array::from(sm)),
+            Arc::new(Float64Array::from(occ)),
+            Arc::new(Float64Array::from(tensor)),
+            Arc::new(Float64Array::from(dram)),
+            Arc::new(UInt64Array::from(used)),
+            Arc::new(UInt64Array::from(total)),
+            Arc::new(UInt64Array::from(tx)),
+            Arc::new(UInt64Array::from(rx)),
+        ];
+        RecordBatch::try_new(Arc::new(schema), columns)
+            .map_err(|e| duckdb::Error::ToSqlConversionFailure(Box::new(e)))
+    }
+}
+
+/// One (instance, holder, minute) of the group's fresh samples, summed as the rollups keep it.
+#[derive(Debug, Default, Clone, Copy)]
+struct MinuteDelta {
+    mask: u64,
+    samples: i32,
+    sm: Stat,
+    occupancy: Stat,
+    tensor: Stat,
+    dram: Stat,
+    fb_used_samples: i32,
+    fb_used_sum: u64,
+    fb_used_max: Option<u64>,
+    fb_total_max: Option<u64>,
+    tx_sum: u64,
+    rx_sum: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Stat {
+    n: i32,
+    sum: f64,
+    min: Option<f64>,
+    max: Option<f64>,
+}
+
+impl Stat {
+    fn add(&mut self, v: Option<f64>) {
+        if let Some(v) = v {
+            self.n += 1;
+            self.sum += v;
+            self.min = Some(self.min.map_or(v, |m| m.min(v)));
+            self.max = Some(self.max.map_or(v, |m| m.max(v)));
+        }
+    }
+}
+
+impl MinuteDelta {
+    fn add(&mut self, bit: u64, c: &gpuledger_schema::Counters) {
+        self.mask |= bit;
+        self.samples += 1;
+        self.sm.add(c.sm_active);
+        self.occupancy.add(c.sm_occupancy);
+        self.tensor.add(c.tensor_active);
+        self.dram.add(c.dram_active);
+        if let Some(b) = c.fb_used_bytes {
+            self.fb_used_samples += 1;
+            self.fb_used_sum += b;
+            self.fb_used_max = Some(self.fb_used_max.map_or(b, |m| m.max(b)));
+        }
+        if let Some(b) = c.fb_total_bytes {
+            self.fb_total_max = Some(self.fb_total_max.map_or(b, |m| m.max(b)));
+        }
+        self.tx_sum += c.nvlink_tx_bytes.unwrap_or(0);
+        self.rx_sum += c.nvlink_rx_bytes.unwrap_or(0);
+    }
+}
+
+/// The minute of a second, as (bucket start, second within it).
+fn minute_of(ts: i64) -> (i64, u32) {
+    let bucket = ts.div_euclid(60) * 60;
+    (bucket, (ts - bucket) as u32)
 }
 
 impl WriterThread {
@@ -802,28 +843,99 @@ impl WriterThread {
             }
             ids.push(per_series);
         }
-        let (staged, newest) = staging_batch(batches, &new, &ids)?;
-        {
-            // The Arrow path: one columnar chunk per 2,048 rows instead of a call per value.
-            let mut app = tx.appender("ingest_staging")?;
-            app.append_record_batch(staged)?;
-            app.flush()?;
-        }
-        tx.execute(SELECT_FRESH, [])?;
         // Samples older than the raw window go to the rollups only. Batches of one group may have
         // been admitted with different cutoffs; the latest one is the one in force now.
         let raw_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
-        tx.execute(INSERT_RAW, [raw_cutoff])?;
-        for sql in rollup_statements() {
-            tx.execute(sql, [])?;
+        // The seconds the ledger holds already, for this group's instances and minutes.
+        let (mut lo_t, mut hi_t, mut lo_i, mut hi_i) = (i64::MAX, i64::MIN, i32::MAX, i32::MIN);
+        for (k, &i) in new.iter().enumerate() {
+            for (s, &(iid, _)) in batches[i].0.series.iter().zip(&ids[k]) {
+                if let (Some(&first), Some(&last)) = (s.t.iter().min(), s.t.iter().max()) {
+                    lo_t = lo_t.min(first);
+                    hi_t = hi_t.max(last);
+                    lo_i = lo_i.min(iid);
+                    hi_i = hi_i.max(iid);
+                }
+            }
         }
-        {
-            let mut stmt = tx.prepare_cached("SELECT seq, count(*) FROM ingest_fresh GROUP BY seq")?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, i32>(0)?, r.get::<_, i64>(1)?)))?;
+        let mut covered: HashMap<(i32, i64), u64> = HashMap::new();
+        if lo_t <= hi_t {
+            let mut stmt = tx.prepare_cached(COVERED_MASKS)?;
+            let rows = stmt.query_map(params![minute_of(lo_t).0, hi_t, lo_i, hi_i], |r| {
+                Ok(((r.get::<_, i32>(0)?, r.get::<_, i64>(1)?), r.get::<_, u64>(2)?))
+            })?;
             for row in rows {
-                let (seq, stored) = row?;
-                let o = &mut outcomes[seq as usize];
-                o.stored = stored as u64;
+                let (key, mask) = row?;
+                covered.insert(key, mask);
+            }
+        }
+        // One pass: keep the first copy of each (instance, second) no mask covers, append it to
+        // the raw columns when inside the raw window, and sum it into its minute delta.
+        let mut raw = RawColumns::default();
+        let mut deltas: HashMap<(i32, i32, i64), MinuteDelta> = HashMap::new();
+        let mut newest: Option<i64> = None;
+        for (k, &i) in new.iter().enumerate() {
+            let mut stored = 0u64;
+            for (s, &(iid, hid)) in batches[i].0.series.iter().zip(&ids[k]) {
+                for (j, &ts) in s.t.iter().enumerate() {
+                    let (bucket, second) = minute_of(ts);
+                    let bit = 1u64 << second;
+                    let seen = covered.entry((iid, bucket)).or_insert(0);
+                    if *seen & bit != 0 {
+                        continue;
+                    }
+                    *seen |= bit;
+                    stored += 1;
+                    newest = Some(newest.map_or(ts, |n| n.max(ts)));
+                    deltas
+                        .entry((iid, hid, bucket))
+                        .or_default()
+                        .add(bit, &s.counters(j));
+                    if ts >= raw_cutoff {
+                        raw.push(s, j, iid, hid);
+                    }
+                }
+            }
+            outcomes[i].stored = stored;
+        }
+        if !raw.is_empty() {
+            // The Arrow path: one columnar chunk per 2,048 rows instead of a call per value.
+            let mut app = tx.appender("samples_raw")?;
+            app.append_record_batch(raw.into_record_batch()?)?;
+            app.flush()?;
+        }
+        if !deltas.is_empty() {
+            {
+                let mut app = tx.appender("ingest_delta_1m")?;
+                for ((iid, hid, bucket), d) in &deltas {
+                    app.append_row(params![
+                        bucket,
+                        iid,
+                        hid,
+                        d.mask,
+                        d.samples,
+                        d.sm.n,
+                        d.sm.sum,
+                        d.sm.min,
+                        d.sm.max,
+                        d.occupancy.n,
+                        d.occupancy.sum,
+                        d.tensor.n,
+                        d.tensor.sum,
+                        d.dram.n,
+                        d.dram.sum,
+                        d.fb_used_samples,
+                        d.fb_used_sum,
+                        d.fb_used_max,
+                        d.fb_total_max,
+                        d.tx_sum,
+                        d.rx_sum
+                    ])?;
+                }
+                app.flush()?;
+            }
+            for sql in rollup_statements() {
+                tx.execute(sql, [])?;
             }
         }
         let now = chrono::Utc::now().timestamp();
@@ -843,7 +955,6 @@ impl WriterThread {
                 ])?;
             }
         }
-        tx.execute_batch("DELETE FROM ingest_staging; DELETE FROM ingest_fresh;")?;
         tx.commit()?;
         if let Some(newest) = newest {
             self.observer.newest_sample(newest);
