@@ -53,7 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("  exporter metrics: curl -s http://{}/metrics | grep gpuledger_instance_sm_active", args.listen);
     eprintln!("  aggregator:       curl -s http://{}/metrics | grep gpuledger_aggregator_ingest", args.aggregator_listen);
     eprintln!("  admin token:      {token}");
-    eprintln!("  after Ctrl-C:     duckdb {} 'SELECT tenant, sum(gpu_seconds) FROM rollup_tenant_1h GROUP BY ALL'", args.db.display());
+    eprintln!("  stop with Ctrl-C: the ledger's per-tenant totals are printed then.");
     let rt = super::runtime()?;
     let spool_dir = spool.clone();
     rt.block_on(async move {
@@ -99,5 +99,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     let _ = std::fs::remove_dir_all(&spool);
+    // What the ledger now says, from the hourly tenant rollup.
+    let (conn, _) = gpuledger_aggregator::store::open(&args.db)?;
+    let usage = gpuledger_aggregator::store::query::tenant_usage(&conn, 0, i64::MAX)?;
+    eprintln!("\n{:<16} {:>12} {:>16} {:>16}", "tenant", "samples", "allocated GPU-s", "used GPU-s");
+    for u in usage {
+        eprintln!(
+            "{:<16} {:>12} {:>16.1} {:>16.1}",
+            u.tenant.as_deref().unwrap_or("(unallocated)"),
+            u.samples,
+            u.allocated_gpu_seconds,
+            u.used_gpu_seconds
+        );
+    }
     Ok(())
 }
