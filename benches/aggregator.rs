@@ -103,15 +103,25 @@ fn raw_appender(batches: &[Batch], dir: &std::path::Path, arrow: bool) -> f64 {
                         cols.push(s, j, k as i32, k as i32);
                     }
                 }
-                app.append_record_batch(cols.into_record_batch().unwrap()).unwrap();
+                app.append_record_batch(cols.into_record_batch().unwrap())
+                    .unwrap();
                 continue;
             }
             for (k, s) in b.series.iter().enumerate() {
                 for (j, &ts) in s.t.iter().enumerate() {
                     let c = s.counters(j);
                     app.append_row(duckdb::params![
-                        ts, k as i32, k as i32, c.sm_active, c.sm_occupancy, c.tensor_active, c.dram_active,
-                        c.fb_used_bytes, c.fb_total_bytes, c.nvlink_tx_bytes, c.nvlink_rx_bytes
+                        ts,
+                        k as i32,
+                        k as i32,
+                        c.sm_active,
+                        c.sm_occupancy,
+                        c.tensor_active,
+                        c.dram_active,
+                        c.fb_used_bytes,
+                        c.fb_total_bytes,
+                        c.nvlink_tx_bytes,
+                        c.nvlink_rx_bytes
                     ])
                     .unwrap();
                 }
@@ -125,7 +135,11 @@ fn raw_appender(batches: &[Batch], dir: &std::path::Path, arrow: bool) -> f64 {
 
 /// The writer alone: every step of ingest but HTTP and decoding.
 fn writer_only(batches: Vec<Batch>, dir: &std::path::Path) -> f64 {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let (conn, _) = store::open(&dir.join("writer.duckdb")).unwrap();
     let (writer, thread) = Writer::spawn(conn, 4_000_000, Arc::new(())).unwrap();
     let n: usize = batches.iter().map(Batch::sample_count).sum();
@@ -135,7 +149,9 @@ fn writer_only(batches: Vec<Batch>, dir: &std::path::Path) -> f64 {
         for b in batches {
             let r = writer.reserve(b.sample_count()).await.unwrap();
             let w = writer.clone();
-            pending.push(tokio::spawn(async move { w.ingest(b, 0, r).await.unwrap() }));
+            pending.push(tokio::spawn(
+                async move { w.ingest(b, 0, r).await.unwrap() },
+            ));
         }
         for p in pending {
             p.await.unwrap();
@@ -160,7 +176,11 @@ impl Drop for Server {
 }
 
 fn start_aggregator(db: &std::path::Path) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
         .args(["aggregator", "--db"])
         .arg(db)
@@ -180,7 +200,12 @@ fn start_aggregator(db: &std::path::Path) -> Server {
 
 /// End to end: `clients` concurrent exporters POST pre-encoded bodies; 503s are retried after a
 /// pause, as the exporter does. Returns (samples/s, peak RSS KiB of the aggregator).
-fn http_ingest(batches: Vec<Batch>, clients: usize, dir: &std::path::Path, name: &str) -> (f64, u64, u64) {
+fn http_ingest(
+    batches: Vec<Batch>,
+    clients: usize,
+    dir: &std::path::Path,
+    name: &str,
+) -> (f64, u64, u64) {
     let db = dir.join(format!("{name}.duckdb"));
     let server = start_aggregator(&db);
     let n: usize = batches.iter().map(Batch::sample_count).sum();
@@ -199,7 +224,11 @@ fn http_ingest(batches: Vec<Batch>, clients: usize, dir: &std::path::Path, name:
             }
         })
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let bodies = Arc::new(bodies);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Instant::now();
@@ -207,12 +236,15 @@ fn http_ingest(batches: Vec<Batch>, clients: usize, dir: &std::path::Path, name:
         let client = reqwest::Client::new();
         let mut tasks = Vec::new();
         for _ in 0..clients {
-            let (client, url, bodies, next) = (client.clone(), url.clone(), bodies.clone(), next.clone());
+            let (client, url, bodies, next) =
+                (client.clone(), url.clone(), bodies.clone(), next.clone());
             tasks.push(tokio::spawn(async move {
                 let mut retries = 0u64;
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(body) = bodies.get(i) else { return retries };
+                    let Some(body) = bodies.get(i) else {
+                        return retries;
+                    };
                     loop {
                         let r = client
                             .post(&url)
@@ -268,7 +300,10 @@ fn month_showback(dir: &std::path::Path) {
          CHECKPOINT;"
     ))
     .unwrap();
-    eprintln!("  month of rollups built in {:.1} s", build.elapsed().as_secs_f64());
+    eprintln!(
+        "  month of rollups built in {:.1} s",
+        build.elapsed().as_secs_f64()
+    );
     let time = |what: &str, sql: &str| {
         let mut stmt = conn.prepare(sql).unwrap();
         let run = |stmt: &mut duckdb::Statement| {
@@ -302,7 +337,11 @@ fn month_showback(dir: &std::path::Path) {
         "showback by workload from rollup_1h (joins the dimensions)",
         "SELECT h.tenant, h.workload, sum(r.samples * i.gpu_equivalents), sum(r.sm_active_sum * i.gpu_equivalents) FROM rollup_1h r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id) WHERE r.bucket >= ? AND r.bucket < ? GROUP BY ALL",
     );
-    eprintln!("  ratios: tenant {:.2}×, workload {:.2}× the baseline", tenant / base, workload / base);
+    eprintln!(
+        "  ratios: tenant {:.2}×, workload {:.2}× the baseline",
+        tenant / base,
+        workload / base
+    );
 }
 
 fn main() {
@@ -315,13 +354,23 @@ fn main() {
     // 40 nodes × 56 instances × 900 s = 2,016,000 samples, as 100 s batches (5,600 samples).
     let big = batches(40, 900, 100, t0);
     let n: usize = big.iter().map(Batch::sample_count).sum();
-    eprintln!("{n} samples in {} batches of {} samples", big.len(), big[0].sample_count());
+    eprintln!(
+        "{n} samples in {} batches of {} samples",
+        big.len(),
+        big[0].sample_count()
+    );
     let rows = raw_appender(&big, dir.path(), false);
     let base = raw_appender(&big, dir.path(), true);
     eprintln!("  baseline: raw appender (Arrow path) into a bare table: {base:.0} samples/s");
-    eprintln!("  raw appender row by row, same rows: {rows:.0} samples/s = {:.2}× the baseline", rows / base);
+    eprintln!(
+        "  raw appender row by row, same rows: {rows:.0} samples/s = {:.2}× the baseline",
+        rows / base
+    );
     let w = writer_only(big.clone(), dir.path());
-    eprintln!("  writer (dedup + raw + 3 rollups), in process: {w:.0} samples/s = {:.2}× the baseline", w / base);
+    eprintln!(
+        "  writer (dedup + raw + 3 rollups), in process: {w:.0} samples/s = {:.2}× the baseline",
+        w / base
+    );
     let bodies: Vec<Vec<u8>> = big.iter().map(Batch::encode).collect();
     let start = Instant::now();
     for b in &bodies {

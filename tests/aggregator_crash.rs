@@ -7,7 +7,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{Aggregator, eventually, open_ledger, simulate, token_file, ADMIN_TOKEN};
+use common::{ADMIN_TOKEN, Aggregator, eventually, open_ledger, simulate, token_file};
 
 const NODE: &str = "gpu-h100-01";
 const MINUTES: i64 = 20;
@@ -24,8 +24,17 @@ async fn kill_9_during_sustained_ingest_loses_and_doubles_nothing() {
         let mut a = Aggregator::start(&db, 0, &[]).await;
         let token = token_file(dir.path(), ADMIN_TOKEN);
         let mut exporter = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-            .args(["exporter", "--source", "replay", "--speed", "max", "--once", "--node", NODE])
-            .args(["--listen", "127.0.0.1:0", "--ship-interval", "2s", "--aggregator", &a.url()])
+            .args([
+                "exporter", "--source", "replay", "--speed", "max", "--once", "--node", NODE,
+            ])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--ship-interval",
+                "2s",
+                "--aggregator",
+                &a.url(),
+            ])
             .arg("--token-file")
             .arg(&token)
             .arg("--spool-dir")
@@ -38,7 +47,8 @@ async fn kill_9_during_sustained_ingest_loses_and_doubles_nothing() {
             .spawn()
             .unwrap();
         eventually("ingest under way", Duration::from_secs(60), async || {
-            (a.value("gpuledger_aggregator_ingest_samples_total").await >= Some(kill_after)).then_some(())
+            (a.value("gpuledger_aggregator_ingest_samples_total").await >= Some(kill_after))
+                .then_some(())
         })
         .await;
         a.crash_and_restart().await;
@@ -62,7 +72,11 @@ async fn kill_9_during_sustained_ingest_loses_and_doubles_nothing() {
             .collect();
         assert_eq!(per_instance.len(), 56, "round {round}");
         for row in per_instance {
-            assert_eq!(row, (MINUTES * 60, MINUTES * 60, start, start + MINUTES * 60 - 1), "round {round}");
+            assert_eq!(
+                row,
+                (MINUTES * 60, MINUTES * 60, start, start + MINUTES * 60 - 1),
+                "round {round}"
+            );
         }
         let (minute, hour, tenant, mask): (i64, i64, i64, i64) = conn
             .query_row(
@@ -73,6 +87,10 @@ async fn kill_9_during_sustained_ingest_loses_and_doubles_nothing() {
             )
             .unwrap();
         let total = 56 * MINUTES * 60;
-        assert_eq!((minute, hour, tenant, mask), (total, total, total, total), "round {round}");
+        assert_eq!(
+            (minute, hour, tenant, mask),
+            (total, total, total, total),
+            "round {round}"
+        );
     }
 }

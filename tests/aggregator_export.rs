@@ -7,12 +7,19 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{Aggregator, gpuledger, open_ledger, simulate, token_file, ADMIN_TOKEN};
+use common::{ADMIN_TOKEN, Aggregator, gpuledger, open_ledger, simulate, token_file};
 
-fn replay(dir: &std::path::Path, a: &Aggregator, node: &str, trace: &std::path::Path) -> tokio::process::Child {
+fn replay(
+    dir: &std::path::Path,
+    a: &Aggregator,
+    node: &str,
+    trace: &std::path::Path,
+) -> tokio::process::Child {
     let token = token_file(dir, ADMIN_TOKEN);
     tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args(["exporter", "--source", "replay", "--speed", "max", "--once", "--node", node])
+        .args([
+            "exporter", "--source", "replay", "--speed", "max", "--once", "--node", node,
+        ])
         .args(["--listen", "127.0.0.1:0", "--aggregator", &a.url()])
         .arg("--token-file")
         .arg(&token)
@@ -46,10 +53,13 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
         simulate(&trace, node, &start.to_string(), "90m");
         let db = dir.path().join(format!("{cluster}.duckdb"));
         let a = Aggregator::start(&db, 0, &[]).await;
-        let status = tokio::time::timeout(Duration::from_secs(120), replay(dir.path(), &a, node, &trace).wait())
-            .await
-            .unwrap()
-            .unwrap();
+        let status = tokio::time::timeout(
+            Duration::from_secs(120),
+            replay(dir.path(), &a, node, &trace).wait(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
         assert!(status.success());
         assert!(a.terminate().success());
         ledgers.push((cluster, db));
@@ -67,29 +77,56 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
             .arg(db)
             .arg("--parquet")
             .arg(&out)
-            .args(["--from", &(start - 86400).to_string(), "--to", &(start + 86400).to_string(), "--raw", "--cluster", cluster])
+            .args([
+                "--from",
+                &(start - 86400).to_string(),
+                "--to",
+                &(start + 86400).to_string(),
+                "--raw",
+                "--cluster",
+                cluster,
+            ])
             .status()
             .unwrap();
         assert!(status.success());
     }
     let conn = duckdb::Connection::open_in_memory().unwrap();
-    let glob = |table: &str| format!("read_parquet('{}/{table}/*/*.parquet', hive_partitioning = true)", out.display());
+    let glob = |table: &str| {
+        format!(
+            "read_parquet('{}/{table}/*/*.parquet', hive_partitioning = true)",
+            out.display()
+        )
+    };
     let got = totals(&conn, &glob("rollup_1h"));
     assert_eq!(got.0, expected.0);
     assert!((got.1 - expected.1).abs() < 1e-6 * expected.1.max(1.0));
     assert_eq!(totals(&conn, &glob("rollup_1m")).0, expected.0);
     let raw: i64 = conn
-        .query_row(&format!("SELECT count(*) FROM {}", glob("samples_raw")), [], |r| r.get(0))
+        .query_row(
+            &format!("SELECT count(*) FROM {}", glob("samples_raw")),
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(raw, expected.0);
     let clusters: i64 = conn
-        .query_row(&format!("SELECT count(DISTINCT cluster) FROM {}", glob("rollup_tenant_1h")), [], |r| r.get(0))
+        .query_row(
+            &format!(
+                "SELECT count(DISTINCT cluster) FROM {}",
+                glob("rollup_tenant_1h")
+            ),
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(clusters, 2);
     // Partitions are UTC dates, and each file's rows belong to its partition.
     let misplaced: i64 = conn
         .query_row(
-            &format!("SELECT count(*) FROM {} WHERE CAST(bucket_start AS DATE) <> date", glob("rollup_1h")),
+            &format!(
+                "SELECT count(*) FROM {} WHERE CAST(bucket_start AS DATE) <> date",
+                glob("rollup_1h")
+            ),
             [],
             |r| r.get(0),
         )
@@ -114,19 +151,54 @@ fn import_is_all_or_nothing_and_importing_twice_stores_nothing_new() {
     fields[11] = "2.5".into();
     lines[499] = fields.join(",");
     std::fs::write(&bad, lines.join("\n") + "\n").unwrap();
-    let out = gpuledger().arg("import").arg("--db").arg(&db).arg(&trace).arg(&bad).output().unwrap();
+    let out = gpuledger()
+        .arg("import")
+        .arg("--db")
+        .arg(&db)
+        .arg(&trace)
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("{}:500:12: sm_active: 2.5 is outside 0–1", bad.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}:500:12: sm_active: 2.5 is outside 0–1",
+            bad.display()
+        )),
+        "{stderr}"
+    );
     assert!(stderr.contains("nothing was imported"), "{stderr}");
     assert!(!db.exists(), "a refused import leaves no ledger behind");
 
-    let out = gpuledger().arg("import").arg("--db").arg(&db).arg(&trace).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("{rows} samples: {rows} stored, 0 already")));
-    let out = gpuledger().arg("import").arg("--db").arg(&db).arg(&trace).output().unwrap();
+    let out = gpuledger()
+        .arg("import")
+        .arg("--db")
+        .arg(&db)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("{rows} samples: {rows} stored, 0 already"))
+    );
+    let out = gpuledger()
+        .arg("import")
+        .arg("--db")
+        .arg(&db)
+        .arg(&trace)
+        .output()
+        .unwrap();
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("{rows} samples: 0 stored, {rows} already")));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("{rows} samples: 0 stored, {rows} already"))
+    );
     let conn = open_ledger(&db);
     assert_eq!(totals(&conn, "rollup_1h").0, rows);
 }

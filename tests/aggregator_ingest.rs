@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Aggregator, Exporter, eventually, open_ledger, token_file, ADMIN_TOKEN};
+use common::{ADMIN_TOKEN, Aggregator, Exporter, eventually, open_ledger, token_file};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
@@ -59,7 +59,12 @@ fn batch(node: &str, from: i64, seconds: i64) -> Batch {
     Batch::from_samples(node, &samples)
 }
 
-async fn post_raw(a: &Aggregator, token: Option<&str>, body: Vec<u8>, gzip: bool) -> (u16, serde_json::Value) {
+async fn post_raw(
+    a: &Aggregator,
+    token: Option<&str>,
+    body: Vec<u8>,
+    gzip: bool,
+) -> (u16, serde_json::Value) {
     let mut req = reqwest::Client::new()
         .post(format!("{}/api/v1/ingest", a.url()))
         .header("content-type", "application/json")
@@ -85,7 +90,12 @@ async fn bad_requests_get_a_4xx_naming_the_field() {
     let a = Aggregator::start(
         &dir.path().join("ledger.duckdb"),
         0,
-        &["--token-file", tokens.to_str().unwrap(), "--max-body-bytes", "200000"],
+        &[
+            "--token-file",
+            tokens.to_str().unwrap(),
+            "--max-body-bytes",
+            "200000",
+        ],
     )
     .await;
     let good = batch("n1", now() - 60, 10);
@@ -100,28 +110,67 @@ async fn bad_requests_get_a_4xx_naming_the_field() {
     let (status, body) = post_raw(&a, Some(NODE_TOKEN), other.encode(), true).await;
     assert_eq!((status, field(&body)), (403, "node"), "{body}");
     assert_eq!(a.ingest(SHARED_TOKEN, &other).await.0, 200);
-    assert_eq!(a.ingest(ADMIN_TOKEN, &batch("n3", now() - 60, 1)).await.0, 200);
+    assert_eq!(
+        a.ingest(ADMIN_TOKEN, &batch("n3", now() - 60, 1)).await.0,
+        200
+    );
 
     let mut json: serde_json::Value = serde_json::to_value(&good).unwrap();
     json["series"][0]["sm_active"][1] = serde_json::json!(1.5);
-    let (status, body) = post_raw(&a, Some(NODE_TOKEN), serde_json::to_vec(&json).unwrap(), false).await;
-    assert_eq!((status, field(&body)), (400, "series[0].sm_active[1]"), "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("outside 0–1"));
+    let (status, body) = post_raw(
+        &a,
+        Some(NODE_TOKEN),
+        serde_json::to_vec(&json).unwrap(),
+        false,
+    )
+    .await;
+    assert_eq!(
+        (status, field(&body)),
+        (400, "series[0].sm_active[1]"),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("outside 0–1")
+    );
 
     let mut json: serde_json::Value = serde_json::to_value(&good).unwrap();
     json["v"] = serde_json::json!(99);
-    let (status, body) = post_raw(&a, Some(NODE_TOKEN), serde_json::to_vec(&json).unwrap(), false).await;
+    let (status, body) = post_raw(
+        &a,
+        Some(NODE_TOKEN),
+        serde_json::to_vec(&json).unwrap(),
+        false,
+    )
+    .await;
     assert_eq!((status, field(&body)), (400, "v"));
 
     let mut json: serde_json::Value = serde_json::to_value(&good).unwrap();
     json["series"][0]["fb_used_bytes"][0] = serde_json::json!(-5);
-    let (status, body) = post_raw(&a, Some(NODE_TOKEN), serde_json::to_vec(&json).unwrap(), false).await;
-    assert_eq!((status, field(&body)), (400, "series[0].fb_used_bytes[0]"), "{body}");
+    let (status, body) = post_raw(
+        &a,
+        Some(NODE_TOKEN),
+        serde_json::to_vec(&json).unwrap(),
+        false,
+    )
+    .await;
+    assert_eq!(
+        (status, field(&body)),
+        (400, "series[0].fb_used_bytes[0]"),
+        "{body}"
+    );
 
     let future = batch("n1", now() + 3600, 1);
     let (status, body) = a.ingest(NODE_TOKEN, &future).await;
     assert_eq!((status, field(&body)), (400, "series[0].t[0]"), "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("future"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("future")
+    );
 
     let ancient = batch("n1", 1_000_000_000, 1);
     let (status, body) = a.ingest(NODE_TOKEN, &ancient).await;
@@ -136,10 +185,26 @@ async fn bad_requests_get_a_4xx_naming_the_field() {
     assert_eq!((status, field(&body)), (413, "body"));
 
     // Each refusal is counted by reason.
-    assert_eq!(a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"unauthorized\"}").await, Some(2.0));
-    assert_eq!(a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"forbidden\"}").await, Some(1.0));
-    assert_eq!(a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"too_large\"}").await, Some(1.0));
-    assert_eq!(a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"invalid\"}").await, Some(7.0));
+    assert_eq!(
+        a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"unauthorized\"}")
+            .await,
+        Some(2.0)
+    );
+    assert_eq!(
+        a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"forbidden\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"too_large\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"invalid\"}")
+            .await,
+        Some(7.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -155,16 +220,33 @@ async fn a_batch_or_second_sent_twice_is_stored_once_in_any_order() {
     assert_eq!(body["stored"], 420);
     // The same batch again (a lost acknowledgement): acknowledged, nothing stored.
     let (status, body) = a.ingest(NODE_TOKEN, &first).await;
-    assert_eq!((status, body["duplicate_batch"].as_bool(), body["stored"].as_u64()), (200, Some(true), Some(0)));
+    assert_eq!(
+        (
+            status,
+            body["duplicate_batch"].as_bool(),
+            body["stored"].as_u64()
+        ),
+        (200, Some(true), Some(0))
+    );
     // A new batch id overlapping the second half, sent before a batch for earlier seconds.
     let overlap = batch("n1", t + 30, 60);
     let (_, body) = a.ingest(NODE_TOKEN, &overlap).await;
-    assert_eq!((body["stored"].as_u64(), body["duplicate_samples"].as_u64()), (Some(210), Some(210)));
+    assert_eq!(
+        (body["stored"].as_u64(), body["duplicate_samples"].as_u64()),
+        (Some(210), Some(210))
+    );
     let earlier = batch("n1", t - 30, 40);
     let (_, body) = a.ingest(NODE_TOKEN, &earlier).await;
     assert_eq!(body["stored"].as_u64(), Some(210));
-    assert_eq!(a.value("gpuledger_aggregator_ingest_samples_total").await, Some(840.0));
-    assert_eq!(a.value("gpuledger_aggregator_ingest_duplicate_batches_total").await, Some(1.0));
+    assert_eq!(
+        a.value("gpuledger_aggregator_ingest_samples_total").await,
+        Some(840.0)
+    );
+    assert_eq!(
+        a.value("gpuledger_aggregator_ingest_duplicate_batches_total")
+            .await,
+        Some(1.0)
+    );
     assert!(a.value("gpuledger_aggregator_store_bytes").await.unwrap() > 0.0);
     assert!(a.terminate().success());
 
@@ -178,7 +260,9 @@ async fn a_batch_or_second_sent_twice_is_stored_once_in_any_order() {
         .unwrap();
     assert_eq!((rows, distinct, min, max), (840, 840, t - 30, t + 89));
     let rolled: i64 = conn
-        .query_row("SELECT sum(samples)::BIGINT FROM rollup_1h", [], |r| r.get(0))
+        .query_row("SELECT sum(samples)::BIGINT FROM rollup_1h", [], |r| {
+            r.get(0)
+        })
         .unwrap();
     assert_eq!(rolled, 840);
 }
@@ -193,8 +277,18 @@ async fn the_sim_exporter_feeding_the_aggregator_stores_exactly_what_it_sent() {
     let url = a.url();
     let spool = dir.path().join("spool");
     let exporter = Exporter::start(&[
-        "--source", "sim", "--node", "gpu-h100-01", "--aggregator", &url, "--ship-interval", "1s",
-        "--token-file", token.to_str().unwrap(), "--spool-dir", spool.to_str().unwrap(),
+        "--source",
+        "sim",
+        "--node",
+        "gpu-h100-01",
+        "--aggregator",
+        &url,
+        "--ship-interval",
+        "1s",
+        "--token-file",
+        token.to_str().unwrap(),
+        "--spool-dir",
+        spool.to_str().unwrap(),
     ])
     .await;
     eventually("five batches stored", Duration::from_secs(30), async || {
@@ -203,8 +297,14 @@ async fn the_sim_exporter_feeding_the_aggregator_stores_exactly_what_it_sent() {
     .await;
     let exporter_port = exporter.port;
     let _ = exporter_port;
-    assert!(exporter.terminate().success(), "the exporter drains on SIGTERM");
-    let shipped = a.value("gpuledger_aggregator_ingest_samples_total").await.unwrap();
+    assert!(
+        exporter.terminate().success(),
+        "the exporter drains on SIGTERM"
+    );
+    let shipped = a
+        .value("gpuledger_aggregator_ingest_samples_total")
+        .await
+        .unwrap();
     assert!(a.terminate().success());
 
     let conn = open_ledger(&db);
@@ -217,9 +317,15 @@ async fn the_sim_exporter_feeding_the_aggregator_stores_exactly_what_it_sent() {
         .unwrap();
     assert_eq!(rows as f64, shipped);
     assert_eq!(instances, 56);
-    assert_eq!(rows, seconds * 56, "every second complete with its 56 instances");
+    assert_eq!(
+        rows,
+        seconds * 56,
+        "every second complete with its 56 instances"
+    );
     // The stored values are the simulator's, second for second.
-    let sim = gpuledger_exporter::source::sim::Simulator::new(gpuledger_exporter::source::sim::Fleet::builtin());
+    let sim = gpuledger_exporter::source::sim::Simulator::new(
+        gpuledger_exporter::source::sim::Fleet::builtin(),
+    );
     let mut stmt = conn
         .prepare(
             "SELECT r.ts, i.gpu_uuid, i.gpu_instance_id, h.tenant, r.sm_active, r.fb_used_bytes
@@ -227,7 +333,16 @@ async fn the_sim_exporter_feeding_the_aggregator_stores_exactly_what_it_sent() {
         )
         .unwrap();
     let stored: Vec<(i64, String, i32, Option<String>, Option<f64>, Option<u64>)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
         .unwrap()
         .map(Result::unwrap)
         .collect();
@@ -236,8 +351,19 @@ async fn the_sim_exporter_feeding_the_aggregator_stores_exactly_what_it_sent() {
         let r = second
             .readings
             .iter()
-            .find(|r| r.instance.gpu_uuid == uuid && r.instance.gpu_instance_id.map_or(-1, |g| g as i32) == gi)
+            .find(|r| {
+                r.instance.gpu_uuid == uuid
+                    && r.instance.gpu_instance_id.map_or(-1, |g| g as i32) == gi
+            })
             .expect("a simulated instance");
-        assert_eq!((tenant, sm, fb), (r.attribution.tenant.clone(), r.counters.sm_active, r.counters.fb_used_bytes), "{uuid}/{gi} at {ts}");
+        assert_eq!(
+            (tenant, sm, fb),
+            (
+                r.attribution.tenant.clone(),
+                r.counters.sm_active,
+                r.counters.fb_used_bytes
+            ),
+            "{uuid}/{gi} at {ts}"
+        );
     }
 }

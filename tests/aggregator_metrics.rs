@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use common::{Aggregator, ADMIN_TOKEN};
+use common::{ADMIN_TOKEN, Aggregator};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample};
 
@@ -28,7 +28,10 @@ async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
                 placement_size: None,
             },
             attribution: Attribution::default(),
-            counters: Counters { sm_active: Some(0.5), ..Counters::default() },
+            counters: Counters {
+                sm_active: Some(0.5),
+                ..Counters::default()
+            },
         })
         .collect();
     let batch = Batch::from_samples("n1", &samples);
@@ -65,26 +68,55 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(classic.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(classic.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && report.trim().is_empty(), "promtool check metrics:\n{report}\n{classic}");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && report.trim().is_empty(),
+        "promtool check metrics:\n{report}\n{classic}"
+    );
 
     let path = dir.path().join("metrics.txt");
     std::fs::write(&path, &openmetrics).unwrap();
     let script = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\nprint(len(list(parse(open(sys.argv[1]).read()))))";
-    let out = Command::new("python3").args(["-c", script]).arg(&path).output().expect("python3 runs");
-    assert!(out.status.success(), "the OpenMetrics parser refused:\n{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(&path)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "the OpenMetrics parser refused:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // The values say what happened.
     for (line, want) in [
         ("gpuledger_aggregator_ingest_samples_total", 10.0),
         ("gpuledger_aggregator_ingest_batches_total", 1.0),
         ("gpuledger_aggregator_ingest_duplicate_batches_total", 1.0),
-        ("gpuledger_aggregator_ingest_rejected_total{reason=\"unauthorized\"}", 1.0),
-        ("gpuledger_aggregator_store_rows{table=\"samples_raw\"}", 10.0),
+        (
+            "gpuledger_aggregator_ingest_rejected_total{reason=\"unauthorized\"}",
+            1.0,
+        ),
+        (
+            "gpuledger_aggregator_store_rows{table=\"samples_raw\"}",
+            10.0,
+        ),
         // Two commits: the batch, and its re-send (a transaction that only finds the id stored).
-        ("gpuledger_aggregator_writer_commit_duration_seconds_count", 2.0),
+        (
+            "gpuledger_aggregator_writer_commit_duration_seconds_count",
+            2.0,
+        ),
     ] {
         assert_eq!(a.value(line).await, Some(want), "{line}");
     }
@@ -94,13 +126,17 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap().to_owned())
         .collect();
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let documented: BTreeSet<String> = readme
         .lines()
         .filter_map(|l| l.strip_prefix("| `gpuledger_aggregator_"))
         .map(|l| format!("gpuledger_aggregator_{}", l.split('`').next().unwrap()))
         .collect();
-    assert_eq!(documented, exported, "README.md's aggregator metric table and /metrics differ");
+    assert_eq!(
+        documented, exported,
+        "README.md's aggregator metric table and /metrics differ"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -113,7 +113,11 @@ fn the_example_aggregator_config_and_token_file_are_accepted() {
     // Every key of the example parses; the systemd credential does not exist here, and the
     // aggregator says so instead of starting unauthenticated.
     let out = common::gpuledger()
-        .args(["aggregator", "--config", &format!("{ROOT}/deploy/config/aggregator.toml")])
+        .args([
+            "aggregator",
+            "--config",
+            &format!("{ROOT}/deploy/config/aggregator.toml"),
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));

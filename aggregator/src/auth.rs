@@ -188,11 +188,32 @@ mod tests {
             "# comment\nnode:n1 aaaaaaaaaaaaaaaa\nnode:* bbbbbbbbbbbbbbbb # shared\n\nadmin cccccccccccccccc\n",
         )
         .unwrap();
-        assert_eq!(t.authenticate(&bearer("aaaaaaaaaaaaaaaa")).unwrap(), Role::Node("n1".into()));
-        assert_eq!(t.authenticate(&bearer("bbbbbbbbbbbbbbbb")).unwrap(), Role::AnyNode);
-        assert_eq!(t.authenticate(&bearer("cccccccccccccccc")).unwrap(), Role::Admin);
-        assert_eq!(t.authenticate(&bearer("dddddddddddddddd")).unwrap_err().status.as_u16(), 401);
-        assert_eq!(t.authenticate(&HeaderMap::new()).unwrap_err().status.as_u16(), 401);
+        assert_eq!(
+            t.authenticate(&bearer("aaaaaaaaaaaaaaaa")).unwrap(),
+            Role::Node("n1".into())
+        );
+        assert_eq!(
+            t.authenticate(&bearer("bbbbbbbbbbbbbbbb")).unwrap(),
+            Role::AnyNode
+        );
+        assert_eq!(
+            t.authenticate(&bearer("cccccccccccccccc")).unwrap(),
+            Role::Admin
+        );
+        assert_eq!(
+            t.authenticate(&bearer("dddddddddddddddd"))
+                .unwrap_err()
+                .status
+                .as_u16(),
+            401
+        );
+        assert_eq!(
+            t.authenticate(&HeaderMap::new())
+                .unwrap_err()
+                .status
+                .as_u16(),
+            401
+        );
         assert!(Role::Node("n1".into()).may_ingest_for("n1"));
         assert!(!Role::Node("n1".into()).may_ingest_for("n2"));
     }
@@ -201,8 +222,13 @@ mod tests {
     fn bad_lines_are_named() {
         let e = Tokens::parse("t", "node:n1 short").unwrap_err().to_string();
         assert_eq!(e, "token file t:1: the token is shorter than 16 characters");
-        let e = Tokens::parse("t", "\nviewer xxxxxxxxxxxxxxxxxxxx").unwrap_err().to_string();
-        assert!(e.starts_with("token file t:2: unknown scope \"viewer\""), "{e}");
+        let e = Tokens::parse("t", "\nviewer xxxxxxxxxxxxxxxxxxxx")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("token file t:2: unknown scope \"viewer\""),
+            "{e}"
+        );
         let e = Tokens::parse("t", "admin").unwrap_err().to_string();
         assert!(e.contains("expected `<scope> <token>`"), "{e}");
         assert!(Tokens::default().with_admin("short").is_err());

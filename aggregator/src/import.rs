@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use gpuledger_schema::Sample;
 use gpuledger_schema::trace::{TraceError, TraceReader};
 use gpuledger_schema::wire::Batch;
-use gpuledger_schema::Sample;
 
 use crate::store::{self, Retention, StoreError, Writer};
 
@@ -65,7 +65,9 @@ fn check_file(path: &Path, oldest: i64, newest: i64) -> Result<u64, TraceError> 
         if t < oldest {
             return Err(reader.error_at(
                 "timestamp",
-                format!("{t} is older than the ledger's rollup retention (oldest accepted: {oldest})"),
+                format!(
+                    "{t} is older than the ledger's rollup retention (oldest accepted: {oldest})"
+                ),
             ));
         }
         if t > newest {
@@ -82,7 +84,10 @@ fn check_file(path: &Path, oldest: i64, newest: i64) -> Result<u64, TraceError> 
 /// Runs an import.
 pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     let now = chrono::Utc::now().timestamp();
-    let (oldest, newest) = (now - opts.retention.rollup_secs, now + opts.max_future_skew_secs);
+    let (oldest, newest) = (
+        now - opts.retention.rollup_secs,
+        now + opts.max_future_skew_secs,
+    );
     let mut total = 0;
     for f in &opts.files {
         total += tokio::task::block_in_place(|| check_file(f, oldest, newest))?;

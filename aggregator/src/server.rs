@@ -31,7 +31,10 @@ pub enum ServeError {
 
 /// Runs the aggregator until `shutdown` resolves. Every batch acknowledged before then is
 /// committed; the writer finishes the queue before this returns.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let path = config.db.clone();
     let (conn, found) = tokio::task::block_in_place(|| {
         store::open_with(&path, Some(config.limits.duckdb_memory_limit.as_str()))
@@ -89,7 +92,9 @@ async fn retention_loop(app: AppState) {
                     }
                 }
             }
-            Err(e) => tracing::error!(error = %e, "Retention failed; expired rows stay until the next run."),
+            Err(e) => {
+                tracing::error!(error = %e, "Retention failed; expired rows stay until the next run.")
+            }
         }
     }
 }

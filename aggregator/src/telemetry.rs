@@ -128,9 +128,9 @@ impl AggregatorMetrics {
             rejected: Family::default(),
             queue_samples: Gauge::default(),
             queue_capacity: Gauge::default(),
-            commit_seconds: Histogram::new(
-                [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
-            ),
+            commit_seconds: Histogram::new([
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
             newest_sample: Gauge::default(),
             rows: Family::default(),
             database_bytes: Gauge::default(),

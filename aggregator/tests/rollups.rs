@@ -13,7 +13,10 @@ use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
     fn unit(&mut self) -> f64 {
@@ -54,7 +57,10 @@ fn samples(t0: i64) -> Vec<Sample> {
     let mut out = Vec::new();
     for t in t0..t0 + 9600 {
         for (inst, attribution) in [
-            (&whole, holder("research", "research/train", SloClass::Batch)),
+            (
+                &whole,
+                holder("research", "research/train", SloClass::Batch),
+            ),
             (
                 &three,
                 if t < t0 + 5000 {
@@ -84,8 +90,14 @@ fn samples(t0: i64) -> Vec<Sample> {
                     dram_active: Some(rng.unit()),
                     fb_used_bytes: Some(rng.next() % 40_000_000_000),
                     fb_total_bytes: Some(42_949_672_960),
-                    nvlink_tx_bytes: inst.mig_profile.is_none().then(|| rng.next() % 1_000_000_000),
-                    nvlink_rx_bytes: inst.mig_profile.is_none().then(|| rng.next() % 1_000_000_000),
+                    nvlink_tx_bytes: inst
+                        .mig_profile
+                        .is_none()
+                        .then(|| rng.next() % 1_000_000_000),
+                    nvlink_rx_bytes: inst
+                        .mig_profile
+                        .is_none()
+                        .then(|| rng.next() % 1_000_000_000),
                 },
             });
         }
@@ -121,7 +133,9 @@ fn rows(conn: &Connection, sql: &str) -> BTreeMap<String, Vec<f64>> {
     while let Some(r) = q.next().unwrap() {
         let key: String = r.get(0).unwrap();
         let n = r.as_ref().column_count();
-        let vals = (1..n).map(|i| r.get::<_, Option<f64>>(i).unwrap().unwrap_or(f64::NAN)).collect();
+        let vals = (1..n)
+            .map(|i| r.get::<_, Option<f64>>(i).unwrap().unwrap_or(f64::NAN))
+            .collect();
         out.insert(key, vals);
     }
     out
@@ -133,7 +147,9 @@ fn assert_same(conn: &Connection, what: &str, from_rollup: &str, from_raw: &str)
     assert_eq!(a.len(), b.len(), "{what}: row counts differ");
     assert!(!a.is_empty(), "{what}: no rows");
     for (k, va) in &a {
-        let vb = b.get(k).unwrap_or_else(|| panic!("{what}: {k} missing from raw"));
+        let vb = b
+            .get(k)
+            .unwrap_or_else(|| panic!("{what}: {k} missing from raw"));
         for (x, y) in va.iter().zip(vb) {
             assert!(
                 (x.is_nan() && y.is_nan()) || close(*x, *y),
@@ -177,23 +193,37 @@ async fn rollups_equal_raw_whatever_the_batching_order_and_duplicates() {
     let (stored, dup) = write_all(&writer, batches, 0).await;
     assert_eq!(stored, all.len() as u64, "every sample stored once");
     assert_eq!(dup, 0);
-    let (stored, dup) = write_all(&writer, resent.into_iter().chain(overlapping).collect(), 0).await;
+    let (stored, dup) =
+        write_all(&writer, resent.into_iter().chain(overlapping).collect(), 0).await;
     assert_eq!(stored, 0, "re-sends and overlaps store nothing");
     assert!(dup > 0);
     drop(writer);
     thread.join().unwrap();
 
     let (conn, _) = store::open(&path).unwrap();
-    let raw: i64 = conn.query_row("SELECT count(*) FROM samples_raw", [], |r| r.get(0)).unwrap();
+    let raw: i64 = conn
+        .query_row("SELECT count(*) FROM samples_raw", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(raw as usize, all.len());
     let distinct: i64 = conn
-        .query_row("SELECT count(*) FROM (SELECT DISTINCT instance_id, ts FROM samples_raw)", [], |r| r.get(0))
+        .query_row(
+            "SELECT count(*) FROM (SELECT DISTINCT instance_id, ts FROM samples_raw)",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(distinct, raw, "no (instance, second) twice");
     let bits: i64 = conn
-        .query_row("SELECT sum(bit_count(seconds_mask))::BIGINT FROM rollup_1m", [], |r| r.get(0))
+        .query_row(
+            "SELECT sum(bit_count(seconds_mask))::BIGINT FROM rollup_1m",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
-    assert_eq!(bits, raw, "the minute masks hold exactly the stored seconds");
+    assert_eq!(
+        bits, raw,
+        "the minute masks hold exactly the stored seconds"
+    );
     // Masks of one instance-minute never overlap across holders.
     let overlap: i64 = conn
         .query_row(
@@ -207,8 +237,12 @@ async fn rollups_equal_raw_whatever_the_batching_order_and_duplicates() {
         assert_same(
             &conn,
             table,
-            &format!("SELECT concat_ws('/', instance_id, holder_id, bucket), {ROLLUP_COLUMNS} FROM {table} GROUP BY ALL"),
-            &format!("SELECT concat_ws('/', instance_id, holder_id, ts - ts % {width}), {RAW_COLUMNS} FROM samples_raw GROUP BY ALL"),
+            &format!(
+                "SELECT concat_ws('/', instance_id, holder_id, bucket), {ROLLUP_COLUMNS} FROM {table} GROUP BY ALL"
+            ),
+            &format!(
+                "SELECT concat_ws('/', instance_id, holder_id, ts - ts % {width}), {RAW_COLUMNS} FROM samples_raw GROUP BY ALL"
+            ),
         );
     }
     assert_same(
@@ -224,7 +258,10 @@ async fn rollups_equal_raw_whatever_the_batching_order_and_duplicates() {
         .map(|s| s.counters.sm_active.unwrap_or(0.0) * s.instance.gpu_equivalents().unwrap())
         .sum();
     let used = gpuledger_aggregator::store::query::tenant_usage(&conn, 0, i64::MAX).unwrap();
-    let notebooks = used.iter().find(|u| u.tenant.as_deref() == Some("notebooks")).unwrap();
+    let notebooks = used
+        .iter()
+        .find(|u| u.tenant.as_deref() == Some("notebooks"))
+        .unwrap();
     assert!(close(notebooks.used_gpu_seconds, expected_used));
     let expected_alloc: f64 = all
         .iter()
@@ -246,8 +283,17 @@ async fn samples_older_than_the_raw_window_go_to_the_rollups_only_and_still_dedu
     let cutoff = t0 + 10_000; // everything is "old"
     let (stored, _) = write_all(&writer, vec![Batch::from_samples("n1", &all)], cutoff).await;
     assert_eq!(stored, 3000);
-    let (stored, dup) = write_all(&writer, vec![Batch::from_samples("n1", &all[1000..])], cutoff).await;
-    assert_eq!((stored, dup), (0, 2000), "a backfill sent twice counts once");
+    let (stored, dup) = write_all(
+        &writer,
+        vec![Batch::from_samples("n1", &all[1000..])],
+        cutoff,
+    )
+    .await;
+    assert_eq!(
+        (stored, dup),
+        (0, 2000),
+        "a backfill sent twice counts once"
+    );
     drop(writer);
     thread.join().unwrap();
     let (conn, _) = store::open(&path).unwrap();
@@ -255,7 +301,10 @@ async fn samples_older_than_the_raw_window_go_to_the_rollups_only_and_still_dedu
     assert_eq!(count("SELECT count(*) FROM samples_raw"), 0);
     assert_eq!(count("SELECT sum(samples)::BIGINT FROM rollup_1m"), 3000);
     assert_eq!(count("SELECT sum(samples)::BIGINT FROM rollup_1h"), 3000);
-    assert_eq!(count("SELECT sum(samples)::BIGINT FROM rollup_tenant_1h"), 3000);
+    assert_eq!(
+        count("SELECT sum(samples)::BIGINT FROM rollup_tenant_1h"),
+        3000
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -269,7 +318,13 @@ async fn retention_deletes_what_is_older_than_each_window() {
     // Raw window: 1 hour; rollups: 2 hours; "now" is t0 + 3h.
     let now = t0 + 3 * 3600;
     let report = writer
-        .apply_retention(now, Retention { raw_secs: 3600, rollup_secs: 2 * 3600 })
+        .apply_retention(
+            now,
+            Retention {
+                raw_secs: 3600,
+                rollup_secs: 2 * 3600,
+            },
+        )
         .await
         .unwrap();
     let deleted: BTreeMap<_, _> = report.deleted.into_iter().collect();
@@ -277,11 +332,23 @@ async fn retention_deletes_what_is_older_than_each_window() {
     thread.join().unwrap();
     let (conn, _) = store::open(&path).unwrap();
     let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
-    assert_eq!(count("SELECT count(*) FROM samples_raw WHERE ts < 1767225600 + 7200"), 0);
-    assert_eq!(count("SELECT count(*) FROM samples_raw") as usize, all.iter().filter(|s| s.timestamp >= now - 3600).count());
-    assert_eq!(count("SELECT count(*) FROM rollup_1h WHERE bucket + 3600 <= 1767225600 + 3600"), 0);
+    assert_eq!(
+        count("SELECT count(*) FROM samples_raw WHERE ts < 1767225600 + 7200"),
+        0
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM samples_raw") as usize,
+        all.iter().filter(|s| s.timestamp >= now - 3600).count()
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM rollup_1h WHERE bucket + 3600 <= 1767225600 + 3600"),
+        0
+    );
     assert_eq!(count("SELECT min(bucket) FROM rollup_1h"), t0 + 3600);
-    assert_eq!(deleted["samples_raw"] as usize, all.iter().filter(|s| s.timestamp < now - 3600).count());
+    assert_eq!(
+        deleted["samples_raw"] as usize,
+        all.iter().filter(|s| s.timestamp < now - 3600).count()
+    );
     let seconds: HashSet<i64> = all.iter().map(|s| s.timestamp).collect();
     assert_eq!(seconds.len(), 9600);
 }
@@ -292,8 +359,17 @@ fn a_full_queue_refuses_without_waiting_and_a_batch_larger_than_the_queue_is_too
     let (conn, _) = store::open(&dir.path().join("l.duckdb")).unwrap();
     let (writer, _thread) = Writer::spawn(conn, 100, Arc::new(())).unwrap();
     let held = writer.try_reserve(80).unwrap();
-    assert!(matches!(writer.try_reserve(30), Err(store::QueueError::Full { queued: 80, capacity: 100 })));
-    assert!(matches!(writer.try_reserve(101), Err(store::QueueError::TooLarge { .. })));
+    assert!(matches!(
+        writer.try_reserve(30),
+        Err(store::QueueError::Full {
+            queued: 80,
+            capacity: 100
+        })
+    ));
+    assert!(matches!(
+        writer.try_reserve(101),
+        Err(store::QueueError::TooLarge { .. })
+    ));
     drop(held);
     assert!(writer.try_reserve(100).is_ok());
 }

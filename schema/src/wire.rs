@@ -187,7 +187,10 @@ impl Batch {
                 Ok(VersionOnly { v }) if v != VERSION => WireError::UnknownVersion(v),
                 // A value of the wrong type (a negative byte count, a string for a ratio) is
                 // named by its path; a body that is not JSON at all is the body's fault.
-                _ if !e.inner().is_syntax() && !e.inner().is_eof() && e.path().iter().next().is_some() => {
+                _ if !e.inner().is_syntax()
+                    && !e.inner().is_eof()
+                    && e.path().iter().next().is_some() =>
+                {
                     WireError::Invalid {
                         field: e.path().to_string(),
                         problem: e.inner().to_string(),

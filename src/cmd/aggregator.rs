@@ -99,8 +99,13 @@ fn config(args: Args) -> anyhow::Result<Config> {
     };
     let defaults = Limits::default();
     let retention = Retention {
-        raw_secs: duration("raw_retention", args.raw_retention, file.raw_retention, 48 * 3600)?
-            .as_secs() as i64,
+        raw_secs: duration(
+            "raw_retention",
+            args.raw_retention,
+            file.raw_retention,
+            48 * 3600,
+        )?
+        .as_secs() as i64,
         rollup_secs: duration(
             "rollup_retention",
             args.rollup_retention,
@@ -160,8 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = config.db.parent()
         && !dir.as_os_str().is_empty()
     {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     super::runtime()?.block_on(gpuledger_aggregator::run(config, super::shutdown_signal()))?;
     Ok(())

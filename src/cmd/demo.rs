@@ -50,8 +50,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         nodes.join(", "),
         args.db.display()
     );
-    eprintln!("  exporter metrics: curl -s http://{}/metrics | grep gpuledger_instance_sm_active", args.listen);
-    eprintln!("  aggregator:       curl -s http://{}/metrics | grep gpuledger_aggregator_ingest", args.aggregator_listen);
+    eprintln!(
+        "  exporter metrics: curl -s http://{}/metrics | grep gpuledger_instance_sm_active",
+        args.listen
+    );
+    eprintln!(
+        "  aggregator:       curl -s http://{}/metrics | grep gpuledger_aggregator_ingest",
+        args.aggregator_listen
+    );
     eprintln!("  admin token:      {token}");
     eprintln!("  stop with Ctrl-C: the ledger's per-tenant totals are printed then.");
     let rt = super::runtime()?;
@@ -89,7 +95,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             exporters.push(tokio::spawn(daemon::run(config, stopped(stop_rx.clone()))));
         }
         super::shutdown_signal().await;
-        eprintln!("gpuledger demo: stopping; the exporters send what they hold, then the ledger closes.");
+        eprintln!(
+            "gpuledger demo: stopping; the exporters send what they hold, then the ledger closes."
+        );
         let _ = stop_tx.send(true);
         for e in exporters {
             e.await.context("an exporter task")??;
@@ -102,7 +110,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // What the ledger now says, from the hourly tenant rollup.
     let (conn, _) = gpuledger_aggregator::store::open(&args.db)?;
     let usage = gpuledger_aggregator::store::query::tenant_usage(&conn, 0, i64::MAX)?;
-    eprintln!("\n{:<16} {:>12} {:>16} {:>16}", "tenant", "samples", "allocated GPU-s", "used GPU-s");
+    eprintln!(
+        "\n{:<16} {:>12} {:>16} {:>16}",
+        "tenant", "samples", "allocated GPU-s", "used GPU-s"
+    );
     for u in usage {
         eprintln!(
             "{:<16} {:>12} {:>16.1} {:>16.1}",

@@ -82,4 +82,3 @@ pub fn duration(
         (None, None) => Duration::from_secs(default_secs),
     })
 }
-

@@ -254,7 +254,18 @@ pub fn open_ledger(db: &Path) -> duckdb::Connection {
 /// Writes a simulated trace of `node` from `start` for `duration` (humantime).
 pub fn simulate(path: &Path, node: &str, start: &str, duration: &str) {
     let status = gpuledger()
-        .args(["simulate", "--seed", "7", "--duration", duration, "--start", start, "--node", node, "--out"])
+        .args([
+            "simulate",
+            "--seed",
+            "7",
+            "--duration",
+            duration,
+            "--start",
+            start,
+            "--node",
+            node,
+            "--out",
+        ])
         .arg(path)
         .status()
         .unwrap();

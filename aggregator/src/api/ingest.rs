@@ -127,7 +127,12 @@ pub async fn ingest(
                         "the body inflates to more than {decoded_limit} bytes"
                     )));
                 }
-                Err(e) => return Err(ApiError::bad_request("body", format!("not valid gzip: {e}"))),
+                Err(e) => {
+                    return Err(ApiError::bad_request(
+                        "body",
+                        format!("not valid gzip: {e}"),
+                    ));
+                }
             }
         } else {
             bytes.to_vec()
@@ -150,16 +155,26 @@ pub async fn ingest(
         return Err(reject(
             RejectReason::Forbidden,
             node,
-            ApiError::forbidden("node", format!("this token is not valid for node {:?}", batch.node)),
+            ApiError::forbidden(
+                "node",
+                format!("this token is not valid for node {:?}", batch.node),
+            ),
         ));
     }
-    if let Some(i) = batch.series.iter().position(|s| !role.may_ingest_for(&s.node)) {
+    if let Some(i) = batch
+        .series
+        .iter()
+        .position(|s| !role.may_ingest_for(&s.node))
+    {
         return Err(reject(
             RejectReason::Forbidden,
             node,
             ApiError::forbidden(
                 format!("series[{i}].node"),
-                format!("this token is not valid for node {:?}", batch.series[i].node),
+                format!(
+                    "this token is not valid for node {:?}",
+                    batch.series[i].node
+                ),
             ),
         ));
     }
@@ -176,9 +191,11 @@ pub async fn ingest(
         })?;
     let samples = batch.sample_count();
     let reservation = app.writer.try_reserve(samples).map_err(|e| match e {
-        QueueError::TooLarge { .. } => {
-            reject(RejectReason::TooLarge, node, ApiError::too_large(e.to_string()))
-        }
+        QueueError::TooLarge { .. } => reject(
+            RejectReason::TooLarge,
+            node,
+            ApiError::too_large(e.to_string()),
+        ),
         QueueError::Full { .. } | QueueError::Stopped => reject(
             RejectReason::Overloaded,
             node,

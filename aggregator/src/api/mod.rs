@@ -79,20 +79,30 @@ pub async fn healthz() -> &'static str {
 /// 503 otherwise (a load balancer then sends exporters elsewhere or they spool).
 pub async fn readyz(State(app): State<AppState>) -> (StatusCode, String) {
     if !app.writer.is_running() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "the writer has stopped\n".into());
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the writer has stopped\n".into(),
+        );
     }
     if app.writer.queued_samples() >= app.writer.capacity() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "the writer queue is full\n".into());
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the writer queue is full\n".into(),
+        );
     }
     let probe = tokio::task::spawn_blocking(move || {
-        app.readers
-            .connect()
-            .and_then(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i32>(0)).map_err(crate::store::StoreError::from_db))
+        app.readers.connect().and_then(|c| {
+            c.query_row("SELECT 1", [], |r| r.get::<_, i32>(0))
+                .map_err(crate::store::StoreError::from_db)
+        })
     })
     .await;
     match probe {
         Ok(Ok(_)) => (StatusCode::OK, "ready\n".into()),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("the ledger does not answer: {e}\n")),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the ledger does not answer: {e}\n"),
+        ),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
 }

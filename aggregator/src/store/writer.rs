@@ -326,7 +326,8 @@ impl Dims {
             instances.insert(key, id);
         }
         let mut holders = HashMap::new();
-        let mut stmt = conn.prepare("SELECT holder_id, tenant, workload, slo_class FROM holders")?;
+        let mut stmt =
+            conn.prepare("SELECT holder_id, tenant, workload, slo_class FROM holders")?;
         let rows = stmt.query_map([], |r| {
             Ok((r.get::<_, i32>(0)?, (r.get(1)?, r.get(2)?, r.get(3)?)))
         })?;
@@ -409,7 +410,11 @@ enum Window {
 /// What retention deletes: (table, statement, which window's cutoff binds `?`). A rollup bucket
 /// goes once all of it is older than the cutoff.
 const RETENTION: &[(&str, &str, Window)] = &[
-    ("samples_raw", "DELETE FROM samples_raw WHERE ts < ?", Window::Raw),
+    (
+        "samples_raw",
+        "DELETE FROM samples_raw WHERE ts < ?",
+        Window::Raw,
+    ),
     (
         "ingested_batches",
         "DELETE FROM ingested_batches WHERE received_at < ?",
@@ -566,11 +571,12 @@ impl RawColumns {
         self.ts.push(s.t[j]);
         self.instance_id.push(instance_id);
         self.holder_id.push(holder_id);
-        for (out, col) in self
-            .ratios
-            .iter_mut()
-            .zip([&s.sm_active, &s.sm_occupancy, &s.tensor_active, &s.dram_active])
-        {
+        for (out, col) in self.ratios.iter_mut().zip([
+            &s.sm_active,
+            &s.sm_occupancy,
+            &s.tensor_active,
+            &s.dram_active,
+        ]) {
             out.push(at(col, j));
         }
         for (out, col) in self.bytes.iter_mut().zip([
@@ -774,17 +780,13 @@ impl WriterThread {
                     let started = Instant::now();
                     let result = self.write(&[(&job.batch, job.raw_cutoff)]);
                     if result.is_ok() {
-                        self.observer
-                            .committed(1, started.elapsed().as_secs_f64());
+                        self.observer.committed(1, started.elapsed().as_secs_f64());
                     }
                     let _ = job.reply.send(result.map(|mut o| o.remove(0)));
                 }
             }
             Err(e) => {
-                let _ = group
-                    .into_iter()
-                    .next()
-                    .map(|j| j.reply.send(Err(e)));
+                let _ = group.into_iter().next().map(|j| j.reply.send(Err(e)));
             }
         }
     }
@@ -796,7 +798,9 @@ impl WriterThread {
         if result.is_err() {
             match Dims::load(&self.conn) {
                 Ok(d) => self.dims = d,
-                Err(e) => tracing::error!(error = %e, "Cannot reload the dimension tables after a failed write."),
+                Err(e) => {
+                    tracing::error!(error = %e, "Cannot reload the dimension tables after a failed write.")
+                }
             }
         }
         result.map_err(StoreError::from_db)
@@ -809,8 +813,8 @@ impl WriterThread {
         // Which batches are new: not stored before, not repeated within this group.
         let mut new = Vec::new();
         {
-            let mut stmt =
-                tx.prepare_cached("SELECT count(*) FROM ingested_batches WHERE batch_id = ?::UUID")?;
+            let mut stmt = tx
+                .prepare_cached("SELECT count(*) FROM ingested_batches WHERE batch_id = ?::UUID")?;
             for (i, (batch, _)) in batches.iter().enumerate() {
                 let id = batch.batch_id.to_string();
                 let stored_before: i64 = stmt.query_row([&id], |r| r.get(0))?;
@@ -862,7 +866,10 @@ impl WriterThread {
         if lo_t <= hi_t {
             let mut stmt = tx.prepare_cached(COVERED_MASKS)?;
             let rows = stmt.query_map(params![minute_of(lo_t).0, hi_t, lo_i, hi_i], |r| {
-                Ok(((r.get::<_, i32>(0)?, r.get::<_, i64>(1)?), r.get::<_, u64>(2)?))
+                Ok((
+                    (r.get::<_, i32>(0)?, r.get::<_, i64>(1)?),
+                    r.get::<_, u64>(2)?,
+                ))
             })?;
             for row in rows {
                 let (key, mask) = row?;
@@ -940,9 +947,8 @@ impl WriterThread {
         }
         let now = chrono::Utc::now().timestamp();
         {
-            let mut stmt = tx.prepare_cached(
-                "INSERT INTO ingested_batches VALUES (?::UUID, ?, ?, ?, ?)",
-            )?;
+            let mut stmt =
+                tx.prepare_cached("INSERT INTO ingested_batches VALUES (?::UUID, ?, ?, ?, ?)")?;
             for &i in &new {
                 let o = &mut outcomes[i];
                 o.duplicate_samples = o.samples - o.stored;
