@@ -77,23 +77,26 @@ fn nvml_without_a_driver_exits_with_one_sentence() {
     );
 }
 
-#[test]
-fn the_daemonset_config_map_is_accepted_up_to_the_missing_token() {
-    // The exporter.toml embedded in the DaemonSet's ConfigMap, cut out of the YAML.
-    let yaml = std::fs::read_to_string(format!("{ROOT}/deploy/kubernetes/exporter-daemonset.yaml"))
-        .unwrap();
-    let start = yaml
-        .find("  exporter.toml: |\n")
-        .expect("the ConfigMap holds exporter.toml")
-        + "  exporter.toml: |\n".len();
-    let toml: String = yaml[start..]
+/// A file embedded in a manifest's ConfigMap (`  <name>: |` and its indented lines), written to
+/// `dir`.
+fn config_map_file(dir: &std::path::Path, manifest: &str, name: &str) -> std::path::PathBuf {
+    let yaml = std::fs::read_to_string(format!("{ROOT}/deploy/kubernetes/{manifest}")).unwrap();
+    let key = format!("  {name}: |\n");
+    let start = yaml.find(&key).expect("the ConfigMap holds the file") + key.len();
+    let text: String = yaml[start..]
         .lines()
         .take_while(|l| l.starts_with("    "))
         .map(|l| format!("{}\n", &l[4..]))
         .collect();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn the_daemonset_config_map_is_accepted_up_to_the_missing_token() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("exporter.toml");
-    std::fs::write(&path, toml).unwrap();
+    let path = config_map_file(dir.path(), "exporter-daemonset.yaml", "exporter.toml");
     let out = common::gpuledger()
         .args(["exporter", "--config"])
         .arg(&path)
@@ -130,4 +133,21 @@ fn the_example_aggregator_config_and_token_file_are_accepted() {
         "{ROOT}/deploy/config/aggregator-tokens.example"
     )))
     .unwrap();
+}
+
+#[test]
+fn the_statefulset_config_map_is_accepted_up_to_the_missing_token_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_map_file(dir.path(), "aggregator-statefulset.yaml", "aggregator.toml");
+    let out = common::gpuledger()
+        .args(["aggregator", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("token file /var/run/gpuledger/tokens/tokens"),
+        "{stderr}"
+    );
 }
