@@ -809,29 +809,41 @@ impl WriterThread {
     fn try_write(&mut self, batches: &[(&Batch, i64)]) -> duckdb::Result<Vec<IngestOutcome>> {
         let tx = self.conn.transaction()?;
         let mut outcomes = Vec::with_capacity(batches.len());
-        let mut seen = HashSet::new();
-        // Which batches are new: not stored before, not repeated within this group.
-        let mut new = Vec::new();
+        // Which batches are new: not stored before, not repeated within this group. One query for
+        // the whole group (a UUID's text never holds a comma).
+        let ids_text = batches
+            .iter()
+            .map(|(b, _)| b.batch_id.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut stored_before = HashSet::new();
         {
-            let mut stmt = tx
-                .prepare_cached("SELECT count(*) FROM ingested_batches WHERE batch_id = ?::UUID")?;
-            for (i, (batch, _)) in batches.iter().enumerate() {
-                let id = batch.batch_id.to_string();
-                let stored_before: i64 = stmt.query_row([&id], |r| r.get(0))?;
-                let duplicate = stored_before > 0 || !seen.insert(batch.batch_id);
-                outcomes.push(IngestOutcome {
-                    samples: batch.sample_count() as u64,
-                    stored: 0,
-                    duplicate_samples: if duplicate {
-                        batch.sample_count() as u64
-                    } else {
-                        0
-                    },
-                    duplicate_batch: duplicate,
-                });
-                if !duplicate {
-                    new.push(i);
-                }
+            let mut stmt = tx.prepare_cached(
+                "SELECT DISTINCT batch_id::VARCHAR FROM ingested_batches
+                 WHERE batch_id IN (SELECT CAST(unnest(string_split(?, ',')) AS UUID))",
+            )?;
+            let rows = stmt.query_map([&ids_text], |r| r.get::<_, String>(0))?;
+            for row in rows {
+                stored_before.insert(row?);
+            }
+        }
+        let mut seen = HashSet::new();
+        let mut new = Vec::new();
+        for (i, (batch, _)) in batches.iter().enumerate() {
+            let duplicate = stored_before.contains(&batch.batch_id.to_string())
+                || !seen.insert(batch.batch_id);
+            outcomes.push(IngestOutcome {
+                samples: batch.sample_count() as u64,
+                stored: 0,
+                duplicate_samples: if duplicate {
+                    batch.sample_count() as u64
+                } else {
+                    0
+                },
+                duplicate_batch: duplicate,
+            });
+            if !duplicate {
+                new.push(i);
             }
         }
         if new.is_empty() {
@@ -945,22 +957,23 @@ impl WriterThread {
                 tx.execute(sql, [])?;
             }
         }
+        // The batch ids, in one statement: its text is placeholders only, one row per new batch.
         let now = chrono::Utc::now().timestamp();
-        {
-            let mut stmt =
-                tx.prepare_cached("INSERT INTO ingested_batches VALUES (?::UUID, ?, ?, ?, ?)")?;
-            for &i in &new {
-                let o = &mut outcomes[i];
-                o.duplicate_samples = o.samples - o.stored;
-                stmt.execute(params![
-                    batches[i].0.batch_id.to_string(),
-                    batches[i].0.node,
-                    now,
-                    o.samples as i64,
-                    o.stored as i64
-                ])?;
-            }
+        let mut values: Vec<Box<dyn duckdb::ToSql>> = Vec::with_capacity(new.len() * 5);
+        for &i in &new {
+            let o = &mut outcomes[i];
+            o.duplicate_samples = o.samples - o.stored;
+            values.push(Box::new(batches[i].0.batch_id.to_string()));
+            values.push(Box::new(batches[i].0.node.clone()));
+            values.push(Box::new(now));
+            values.push(Box::new(o.samples as i64));
+            values.push(Box::new(o.stored as i64));
         }
+        let rows = vec!["(?::UUID, ?, ?, ?, ?)"; new.len()].join(", ");
+        tx.execute(
+            &format!("INSERT INTO ingested_batches VALUES {rows}"),
+            duckdb::params_from_iter(values),
+        )?;
         tx.commit()?;
         if let Some(newest) = newest {
             self.observer.newest_sample(newest);
