@@ -390,14 +390,18 @@ fn main() {
         peak as f64 / 1024.0,
         bytes as f64 / n as f64
     );
-    // Live shipping: 5 s batches of one node (280 samples).
-    let small = batches(40, 300, 5, t0 + 3600);
-    let n_small: usize = small.iter().map(Batch::sample_count).sum();
-    let (e2e, peak, _) = http_ingest(small, 40, dir.path(), "e2e-small");
-    eprintln!(
-        "  end to end, live 5 s batches of 280 samples ({n_small} samples, 40 clients): {e2e:.0} samples/s = {:.2}× the baseline; peak RSS {:.1} MiB",
-        e2e / base,
-        peak as f64 / 1024.0
-    );
+    // Live shipping: 5 s batches of one node (280 samples), from 40 and from 400 concurrent
+    // senders: the writer commits whatever is queued together, so more senders make larger groups.
+    for (nodes, clients) in [(40, 40), (400, 400)] {
+        let small = batches(nodes, 3000 / nodes as i64 * 4, 5, t0 + 3600);
+        let n_small: usize = small.iter().map(Batch::sample_count).sum();
+        let (e2e, peak, _) =
+            http_ingest(small, clients, dir.path(), &format!("e2e-small-{clients}"));
+        eprintln!(
+            "  end to end, live 5 s batches of 280 samples ({n_small} samples, {clients} clients): {e2e:.0} samples/s = {:.2}× the baseline; peak RSS {:.1} MiB",
+            e2e / base,
+            peak as f64 / 1024.0
+        );
+    }
     month_showback(dir.path());
 }

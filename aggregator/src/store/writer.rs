@@ -264,6 +264,8 @@ struct Dims {
     holders: HashMap<HolderKey, i32>,
     next_instance: i32,
     next_holder: i32,
+    new_instances: Vec<(i32, InstanceKey)>,
+    new_holders: Vec<(i32, HolderKey)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -340,58 +342,77 @@ impl Dims {
             next_holder: holders.values().copied().max().unwrap_or(0) + 1,
             instances,
             holders,
+            new_instances: Vec::new(),
+            new_holders: Vec::new(),
         })
     }
 
-    fn instance_id(&mut self, conn: &Connection, s: &Series) -> duckdb::Result<i32> {
+    /// The id of `s`'s instance; a new one is assigned in memory and written by [`Dims::flush`].
+    fn instance_id(&mut self, s: &Series) -> i32 {
         let key = InstanceKey::of(s);
         if let Some(&id) = self.instances.get(&key) {
-            return Ok(id);
+            return id;
         }
         let id = self.next_instance;
-        let size = gpuledger_schema::Instance {
-            node: String::new(),
-            gpu_uuid: String::new(),
-            gpu_model: String::new(),
-            mig_profile: s.mig_profile.clone(),
-            gpu_instance_id: None,
-            placement_start: None,
-            placement_size: None,
-        }
-        .gpu_equivalents()
-        .unwrap_or(0.0);
-        conn.execute(
-            "INSERT INTO instances VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            params![
-                id,
-                key.node,
-                key.gpu_uuid,
-                key.gpu_instance_id,
-                key.gpu_model,
-                key.mig_profile,
-                key.placement_start,
-                key.placement_size,
-                size
-            ],
-        )?;
         self.next_instance += 1;
+        self.new_instances.push((id, key.clone()));
         self.instances.insert(key, id);
-        Ok(id)
+        id
     }
 
-    fn holder_id(&mut self, conn: &Connection, s: &Series) -> duckdb::Result<i32> {
+    /// The id of `s`'s holder; a new one is written by [`Dims::flush`].
+    fn holder_id(&mut self, s: &Series) -> i32 {
         let key = holder_key(s);
         if let Some(&id) = self.holders.get(&key) {
-            return Ok(id);
+            return id;
         }
         let id = self.next_holder;
-        conn.execute(
-            "INSERT INTO holders VALUES (?, ?, ?, ?)",
-            params![id, key.0, key.1, key.2],
-        )?;
         self.next_holder += 1;
+        self.new_holders.push((id, key.clone()));
         self.holders.insert(key, id);
-        Ok(id)
+        id
+    }
+
+    /// Appends the ids assigned since the last flush, in the caller's transaction (a fleet's
+    /// first batches bring thousands of new instances: one appender, not a statement each). If
+    /// that transaction fails, the writer reloads the mirror from the database.
+    fn flush(&mut self, conn: &Connection) -> duckdb::Result<()> {
+        if !self.new_instances.is_empty() {
+            let mut app = conn.appender("instances")?;
+            for (id, key) in self.new_instances.drain(..) {
+                let size = compute_slices_size(key.mig_profile.as_deref());
+                app.append_row(params![
+                    id,
+                    key.node,
+                    key.gpu_uuid,
+                    key.gpu_instance_id,
+                    key.gpu_model,
+                    key.mig_profile,
+                    key.placement_start,
+                    key.placement_size,
+                    size
+                ])?;
+            }
+            app.flush()?;
+        }
+        if !self.new_holders.is_empty() {
+            let mut app = conn.appender("holders")?;
+            for (id, key) in self.new_holders.drain(..) {
+                app.append_row(params![id, key.0, key.1, key.2])?;
+            }
+            app.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// GPU-equivalents of a profile (compute slices / 7; a whole GPU, `None`, is 1).
+fn compute_slices_size(profile: Option<&str>) -> f64 {
+    match profile {
+        None => 1.0,
+        Some(p) => gpuledger_schema::mig::compute_slices_of(p).map_or(0.0, |s| {
+            f64::from(s) / f64::from(gpuledger_schema::mig::SLICES_PER_GPU)
+        }),
     }
 }
 
@@ -830,8 +851,8 @@ impl WriterThread {
         let mut seen = HashSet::new();
         let mut new = Vec::new();
         for (i, (batch, _)) in batches.iter().enumerate() {
-            let duplicate = stored_before.contains(&batch.batch_id.to_string())
-                || !seen.insert(batch.batch_id);
+            let duplicate =
+                stored_before.contains(&batch.batch_id.to_string()) || !seen.insert(batch.batch_id);
             outcomes.push(IngestOutcome {
                 samples: batch.sample_count() as u64,
                 stored: 0,
@@ -850,15 +871,15 @@ impl WriterThread {
             tx.commit()?;
             return Ok(outcomes);
         }
-        // Ids first: the appender must not be open while dimension rows are inserted.
         let mut ids: Vec<Vec<(i32, i32)>> = Vec::with_capacity(new.len());
         for &i in &new {
             let mut per_series = Vec::with_capacity(batches[i].0.series.len());
             for s in &batches[i].0.series {
-                per_series.push((self.dims.instance_id(&tx, s)?, self.dims.holder_id(&tx, s)?));
+                per_series.push((self.dims.instance_id(s), self.dims.holder_id(s)));
             }
             ids.push(per_series);
         }
+        self.dims.flush(&tx)?;
         // Samples older than the raw window go to the rollups only. Batches of one group may have
         // been admitted with different cutoffs; the latest one is the one in force now.
         let raw_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
