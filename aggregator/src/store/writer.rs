@@ -478,90 +478,85 @@ const ROLLUP_MERGE: &str = "
     nvlink_tx_bytes_sum = r.nvlink_tx_bytes_sum + d.nvlink_tx_bytes_sum,
     nvlink_rx_bytes_sum = r.nvlink_rx_bytes_sum + d.nvlink_rx_bytes_sum";
 
+/// The hour deltas, derived from the minute deltas.
+const DELTA_1H: &str = "
+    SELECT bucket - bucket % 3600 AS bucket, instance_id, holder_id,
+           sum(samples)::INTEGER AS samples,
+           sum(sm_active_samples)::INTEGER AS sm_active_samples,
+           sum(sm_active_sum) AS sm_active_sum,
+           min(sm_active_min) AS sm_active_min,
+           max(sm_active_max) AS sm_active_max,
+           sum(sm_occupancy_samples)::INTEGER AS sm_occupancy_samples,
+           sum(sm_occupancy_sum) AS sm_occupancy_sum,
+           sum(tensor_active_samples)::INTEGER AS tensor_active_samples,
+           sum(tensor_active_sum) AS tensor_active_sum,
+           sum(dram_active_samples)::INTEGER AS dram_active_samples,
+           sum(dram_active_sum) AS dram_active_sum,
+           sum(fb_used_samples)::INTEGER AS fb_used_samples,
+           sum(fb_used_bytes_sum)::UBIGINT AS fb_used_bytes_sum,
+           max(fb_used_bytes_max) AS fb_used_bytes_max,
+           max(fb_total_bytes_max) AS fb_total_bytes_max,
+           sum(nvlink_tx_bytes_sum)::UBIGINT AS nvlink_tx_bytes_sum,
+           sum(nvlink_rx_bytes_sum)::UBIGINT AS nvlink_rx_bytes_sum
+    FROM ingest_delta_1m GROUP BY ALL";
+
+/// The tenant deltas, derived from the minute deltas.
+const DELTA_TENANT: &str = "
+    SELECT d.bucket - d.bucket % 3600 AS bucket, h.tenant, h.slo_class, i.gpu_model,
+           sum(d.samples)::BIGINT AS samples,
+           sum(d.samples * i.gpu_equivalents) AS gpu_seconds,
+           sum(d.sm_active_samples * i.gpu_equivalents) AS sm_measured_gpu_seconds,
+           sum(d.sm_active_sum * i.gpu_equivalents) AS used_gpu_seconds
+    FROM ingest_delta_1m d JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+    GROUP BY ALL";
+
 /// The statements that fold the group's minute deltas (`ingest_delta_1m`, computed by the writer
-/// from the fresh samples) into the three rollups, in order. Built once from constant parts (no
-/// input reaches them). The hour and tenant deltas are derived from the minute deltas, 60 times
-/// fewer rows than the samples. Each upsert is an UPDATE of the rows that exist and an INSERT of
-/// those that do not, restricted to the group's bucket range so that it scans only the buckets
-/// it can touch.
+/// from the fresh samples) into the three rollups, in order: one MERGE per rollup (update the
+/// rows that exist, insert those that do not). Built once from constant parts (no input reaches
+/// them). The hour and tenant deltas are derived from the minute deltas, 60 times fewer rows than
+/// the samples. Each MERGE matches only target rows inside the group's bucket range, so that it
+/// scans only the buckets it can touch.
 fn rollup_statements() -> &'static [String] {
     static STATEMENTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     STATEMENTS.get_or_init(|| {
-        let same_row = |delta: &str| {
+        let range = |width: i64| {
             format!(
-                "r.bucket = d.bucket AND r.instance_id = d.instance_id AND r.holder_id = d.holder_id
-                 AND r.bucket BETWEEN (SELECT min(bucket) FROM {delta}) AND (SELECT max(bucket) FROM {delta})"
+                "r.bucket BETWEEN (SELECT min(bucket) - min(bucket) % {width} FROM ingest_delta_1m)
+                              AND (SELECT max(bucket) FROM ingest_delta_1m)"
             )
         };
-        let mut out = vec![
+        let same_instance_row =
+            "r.bucket = d.bucket AND r.instance_id = d.instance_id AND r.holder_id = d.holder_id";
+        vec![
             format!(
-                "UPDATE rollup_1m AS r SET seconds_mask = r.seconds_mask | d.seconds_mask, {ROLLUP_MERGE}
-                 FROM ingest_delta_1m AS d WHERE {}",
-                same_row("ingest_delta_1m")
+                "MERGE INTO rollup_1m AS r USING ingest_delta_1m AS d
+                 ON {same_instance_row} AND {}
+                 WHEN MATCHED THEN UPDATE SET seconds_mask = r.seconds_mask | d.seconds_mask, {ROLLUP_MERGE}
+                 WHEN NOT MATCHED THEN INSERT BY NAME",
+                range(60)
             ),
             format!(
-                "INSERT INTO rollup_1m BY NAME SELECT d.* FROM ingest_delta_1m AS d
-                 WHERE NOT EXISTS (SELECT 1 FROM rollup_1m AS r WHERE {})",
-                same_row("ingest_delta_1m")
-            ),
-            "CREATE OR REPLACE TEMP TABLE delta_1h AS
-             SELECT bucket - bucket % 3600 AS bucket, instance_id, holder_id,
-                    sum(samples)::INTEGER AS samples,
-                    sum(sm_active_samples)::INTEGER AS sm_active_samples,
-                    sum(sm_active_sum) AS sm_active_sum,
-                    min(sm_active_min) AS sm_active_min,
-                    max(sm_active_max) AS sm_active_max,
-                    sum(sm_occupancy_samples)::INTEGER AS sm_occupancy_samples,
-                    sum(sm_occupancy_sum) AS sm_occupancy_sum,
-                    sum(tensor_active_samples)::INTEGER AS tensor_active_samples,
-                    sum(tensor_active_sum) AS tensor_active_sum,
-                    sum(dram_active_samples)::INTEGER AS dram_active_samples,
-                    sum(dram_active_sum) AS dram_active_sum,
-                    sum(fb_used_samples)::INTEGER AS fb_used_samples,
-                    sum(fb_used_bytes_sum)::UBIGINT AS fb_used_bytes_sum,
-                    max(fb_used_bytes_max) AS fb_used_bytes_max,
-                    max(fb_total_bytes_max) AS fb_total_bytes_max,
-                    sum(nvlink_tx_bytes_sum)::UBIGINT AS nvlink_tx_bytes_sum,
-                    sum(nvlink_rx_bytes_sum)::UBIGINT AS nvlink_rx_bytes_sum
-             FROM ingest_delta_1m GROUP BY ALL"
-                .into(),
-            format!(
-                "UPDATE rollup_1h AS r SET {ROLLUP_MERGE} FROM delta_1h AS d WHERE {}",
-                same_row("delta_1h")
+                "MERGE INTO rollup_1h AS r USING ({DELTA_1H}) AS d
+                 ON {same_instance_row} AND {}
+                 WHEN MATCHED THEN UPDATE SET {ROLLUP_MERGE}
+                 WHEN NOT MATCHED THEN INSERT BY NAME",
+                range(3600)
             ),
             format!(
-                "INSERT INTO rollup_1h BY NAME SELECT d.* FROM delta_1h AS d
-                 WHERE NOT EXISTS (SELECT 1 FROM rollup_1h AS r WHERE {})",
-                same_row("delta_1h")
+                "MERGE INTO rollup_tenant_1h AS r USING ({DELTA_TENANT}) AS d
+                 ON r.bucket = d.bucket AND r.tenant IS NOT DISTINCT FROM d.tenant
+                    AND r.slo_class IS NOT DISTINCT FROM d.slo_class AND r.gpu_model = d.gpu_model
+                    AND {}
+                 WHEN MATCHED THEN UPDATE SET
+                    samples = r.samples + d.samples,
+                    gpu_seconds = r.gpu_seconds + d.gpu_seconds,
+                    sm_measured_gpu_seconds = r.sm_measured_gpu_seconds + d.sm_measured_gpu_seconds,
+                    used_gpu_seconds = r.used_gpu_seconds + d.used_gpu_seconds
+                 WHEN NOT MATCHED THEN INSERT BY NAME",
+                range(3600)
             ),
-            "CREATE OR REPLACE TEMP TABLE delta_tenant AS
-             SELECT d.bucket - d.bucket % 3600 AS bucket, h.tenant, h.slo_class, i.gpu_model,
-                    sum(d.samples)::BIGINT AS samples,
-                    sum(d.samples * i.gpu_equivalents) AS gpu_seconds,
-                    sum(d.sm_active_samples * i.gpu_equivalents) AS sm_measured_gpu_seconds,
-                    sum(d.sm_active_sum * i.gpu_equivalents) AS used_gpu_seconds
-             FROM ingest_delta_1m d JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
-             GROUP BY ALL"
-                .into(),
-        ];
-        let same_tenant_row = "r.bucket = d.bucket AND r.tenant IS NOT DISTINCT FROM d.tenant
-             AND r.slo_class IS NOT DISTINCT FROM d.slo_class AND r.gpu_model = d.gpu_model
-             AND r.bucket BETWEEN (SELECT min(bucket) FROM delta_tenant) AND (SELECT max(bucket) FROM delta_tenant)";
-        out.push(format!(
-            "UPDATE rollup_tenant_1h AS r SET
-                samples = r.samples + d.samples,
-                gpu_seconds = r.gpu_seconds + d.gpu_seconds,
-                sm_measured_gpu_seconds = r.sm_measured_gpu_seconds + d.sm_measured_gpu_seconds,
-                used_gpu_seconds = r.used_gpu_seconds + d.used_gpu_seconds
-             FROM delta_tenant AS d WHERE {same_tenant_row}"
-        ));
-        out.push(format!(
-            "INSERT INTO rollup_tenant_1h BY NAME
-             SELECT d.* FROM delta_tenant AS d
-             WHERE NOT EXISTS (SELECT 1 FROM rollup_tenant_1h AS r WHERE {same_tenant_row})"
-        ));
-        out.push("DELETE FROM ingest_delta_1m".into());
-        out
+            "DELETE FROM ingest_delta_1m".into(),
+        ]
     })
 }
 
