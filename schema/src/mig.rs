@@ -145,6 +145,16 @@ pub fn model(key_or_nvml_name: &str) -> Option<&'static GpuModel> {
         .find(|m| m.key == key_or_nvml_name || m.nvml_name == key_or_nvml_name)
 }
 
+/// An instance's size in GPU-equivalents: compute slices / 7 for a MIG profile, 1 for a whole
+/// GPU (`None`); `None` for a name that is not a MIG profile.
+pub fn gpu_equivalents_of(profile: Option<&str>) -> Option<f64> {
+    let slices = match profile {
+        None => SLICES_PER_GPU,
+        Some(p) => compute_slices_of(p)?,
+    };
+    Some(f64::from(slices) / f64::from(SLICES_PER_GPU))
+}
+
 /// Compute slices of a profile name (`3g.40gb` → 3), whatever the model.
 pub fn compute_slices_of(profile: &str) -> Option<u32> {
     let (n, rest) = profile.split_once("g.")?;

@@ -89,8 +89,7 @@ impl Instance {
 
     /// The instance's size in GPU-equivalents: compute slices / 7, a whole GPU is 1.
     pub fn gpu_equivalents(&self) -> Option<f64> {
-        self.compute_slices()
-            .map(|s| f64::from(s) / f64::from(crate::mig::SLICES_PER_GPU))
+        crate::mig::gpu_equivalents_of(self.mig_profile.as_deref())
     }
 }
 

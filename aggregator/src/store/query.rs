@@ -110,26 +110,3 @@ pub fn tenant_usage(conn: &Connection, from: i64, to: i64) -> Result<Vec<TenantU
         .map_err(StoreError::from_db)?;
     rows.collect::<Result<_, _>>().map_err(StoreError::from_db)
 }
-
-/// Samples stored per instance `(node, gpu_uuid, gpu_instance_id)` (−1 for a whole GPU), from
-/// the minute rollup (whose masks count every stored second exactly once, raw window or not).
-pub fn samples_per_instance(
-    conn: &Connection,
-) -> Result<Vec<((String, String, i32), u64)>, StoreError> {
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT i.node, i.gpu_uuid, i.gpu_instance_id, sum(r.samples)::BIGINT
-             FROM rollup_1m r JOIN instances i USING (instance_id)
-             GROUP BY ALL ORDER BY ALL",
-        )
-        .map_err(StoreError::from_db)?;
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((
-                (r.get(0)?, r.get(1)?, r.get(2)?),
-                r.get::<_, i64>(3)? as u64,
-            ))
-        })
-        .map_err(StoreError::from_db)?;
-    rows.collect::<Result<_, _>>().map_err(StoreError::from_db)
-}

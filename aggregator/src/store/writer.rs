@@ -380,7 +380,8 @@ impl Dims {
         if !self.new_instances.is_empty() {
             let mut app = conn.appender("instances")?;
             for (id, key) in self.new_instances.drain(..) {
-                let size = compute_slices_size(key.mig_profile.as_deref());
+                let size = gpuledger_schema::mig::gpu_equivalents_of(key.mig_profile.as_deref())
+                    .unwrap_or(0.0);
                 app.append_row(params![
                     id,
                     key.node,
@@ -403,16 +404,6 @@ impl Dims {
             app.flush()?;
         }
         Ok(())
-    }
-}
-
-/// GPU-equivalents of a profile (compute slices / 7; a whole GPU, `None`, is 1).
-fn compute_slices_size(profile: Option<&str>) -> f64 {
-    match profile {
-        None => 1.0,
-        Some(p) => gpuledger_schema::mig::compute_slices_of(p).map_or(0.0, |s| {
-            f64::from(s) / f64::from(gpuledger_schema::mig::SLICES_PER_GPU)
-        }),
     }
 }
 
