@@ -5,8 +5,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 use common::{ADMIN_TOKEN, Aggregator};
 use gpuledger_schema::wire::Batch;
@@ -61,43 +59,8 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
     let classic = scrape(&a, "text/plain").await;
     let openmetrics = scrape(&a, "application/openmetrics-text; version=1.0.0").await;
 
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(classic.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && report.trim().is_empty(),
-        "promtool check metrics:\n{report}\n{classic}"
-    );
-
-    let path = dir.path().join("metrics.txt");
-    std::fs::write(&path, &openmetrics).unwrap();
-    let script = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\nprint(len(list(parse(open(sys.argv[1]).read()))))";
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .arg(&path)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "the OpenMetrics parser refused:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_promtool_clean(&classic);
+    common::assert_openmetrics_valid(&openmetrics);
 
     // The values say what happened.
     for (line, want) in [

@@ -4,8 +4,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 use gpuledger_exporter::metrics::{InstanceMetrics, Metrics, ReasonLabels, render};
 use gpuledger_exporter::source::CollectorOutcome;
@@ -82,50 +80,13 @@ fn golden_instance_metrics_from_a_fixed_seed_simulation() {
 fn classic_exposition_passes_promtool_check_metrics() {
     common::require_tool("promtool");
     let text = fixture_metrics().render(Format::Classic);
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && report.trim().is_empty(),
-        "promtool check metrics:\n{report}"
-    );
+    common::assert_promtool_clean(&text);
 }
 
 #[test]
 fn openmetrics_exposition_passes_a_strict_parser() {
     let text = fixture_metrics().render(Format::OpenMetrics);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("metrics.txt");
-    std::fs::write(&path, &text).unwrap();
-    // The reference OpenMetrics parser (Python prometheus_client) rejects anything off-spec:
-    // unit suffixes, counter naming, label escaping, the final # EOF.
-    let script = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\nprint(len(list(parse(open(sys.argv[1]).read()))))";
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .arg(&path)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "the OpenMetrics parser refused the exposition:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_openmetrics_valid(&text);
 }
 
 #[test]

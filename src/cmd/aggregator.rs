@@ -89,14 +89,7 @@ fn tokens(file: Option<PathBuf>) -> anyhow::Result<Tokens> {
 
 /// The configuration from flags over the config file over defaults.
 fn config(args: Args) -> anyhow::Result<Config> {
-    let file: FileConfig = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read config file {}", path.display()))?;
-            toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?
-        }
-        None => FileConfig::default(),
-    };
+    let file: FileConfig = super::config_file(args.config.as_deref())?;
     let defaults = Limits::default();
     let retention = Retention {
         raw_secs: duration(

@@ -176,14 +176,7 @@ fn read_token(path: &Path) -> anyhow::Result<String> {
 
 /// Merges flags over the config file over defaults.
 fn config(args: Args) -> anyhow::Result<ExporterConfig> {
-    let file: FileConfig = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read config file {}", path.display()))?;
-            toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?
-        }
-        None => FileConfig::default(),
-    };
+    let file: FileConfig = super::config_file(args.config.as_deref())?;
     let source = args.source.or(file.source).unwrap_or_else(|| "nvml".into());
     let node = match args.node.or(file.node) {
         Some(n) => n,

@@ -82,3 +82,15 @@ pub fn duration(
         (None, None) => Duration::from_secs(default_secs),
     })
 }
+
+/// The `--config` TOML file of a subcommand, or its defaults when none is given.
+pub fn config_file<T: serde::de::DeserializeOwned + Default>(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<T> {
+    let Some(path) = path else {
+        return Ok(T::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+}

@@ -285,3 +285,51 @@ pub fn token_file(dir: &Path, token: &str) -> std::path::PathBuf {
     std::fs::write(&path, format!("{token}\n")).unwrap();
     path
 }
+
+/// Fails unless `promtool check metrics` accepts `text` (classic format) without a word.
+pub fn assert_promtool_clean(text: &str) {
+    use std::io::Write;
+    require_tool("promtool");
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && report.trim().is_empty(),
+        "promtool check metrics:\n{report}"
+    );
+}
+
+/// Fails unless the reference OpenMetrics parser (Python prometheus_client) accepts `text`; it
+/// rejects anything off-spec: unit suffixes, counter naming, label escaping, the final # EOF.
+pub fn assert_openmetrics_valid(text: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.txt");
+    std::fs::write(&path, text).unwrap();
+    let script = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\nprint(len(list(parse(open(sys.argv[1]).read()))))";
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(&path)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "the OpenMetrics parser refused the exposition:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
