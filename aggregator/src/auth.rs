@@ -5,8 +5,13 @@
 //! ```text
 //! node:gpu-h100-01  4c1f…   # ingest for that node only
 //! node:*            9a0e…   # ingest for any node (a shared exporter token)
-//! admin             77d2…   # ingest for any node and every read API
+//! viewer            51b0…   # every read API (showback, hoarding, fragmentation), all tenants
+//! tenant:team-a     c3d9…   # the read APIs, limited to team-a's own rows
+//! admin             77d2…   # ingest for any node, every read API, and admin actions
 //! ```
+//!
+//! A `tenant:` viewer sees only rows of its tenant; fleet-wide figures (capacity, unallocated,
+//! stranded, other tenants' hoarding, per-GPU fragmentation) are withheld from it.
 //!
 //! `GPULEDGER_ADMIN_TOKEN` in the environment adds one `admin` token. Tokens are compared in
 //! constant time, and every configured token is compared on every request, so the time taken
@@ -29,6 +34,10 @@ pub enum Role {
     Node(String),
     /// Ingest for any node.
     AnyNode,
+    /// Read every tenant's data.
+    Viewer,
+    /// Read one tenant's own data.
+    Tenant(String),
     /// Everything.
     Admin,
 }
@@ -39,6 +48,28 @@ impl Role {
         match self {
             Role::Node(n) => n == node,
             Role::AnyNode | Role::Admin => true,
+            Role::Viewer | Role::Tenant(_) => false,
+        }
+    }
+
+    /// What this role may read: `Ok(None)` every tenant, `Ok(Some(t))` only tenant `t`; node
+    /// tokens read nothing (403).
+    pub fn read_scope(&self) -> Result<Option<&str>, ApiError> {
+        match self {
+            Role::Admin | Role::Viewer => Ok(None),
+            Role::Tenant(t) => Ok(Some(t)),
+            Role::Node(_) | Role::AnyNode => Err(ApiError::forbidden(
+                "authorization",
+                "an exporter (node) token cannot read; use a viewer, tenant: or admin token",
+            )),
+        }
+    }
+
+    /// Whether this role may take admin actions.
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        match self {
+            Role::Admin => Ok(()),
+            _ => Err(ApiError::forbidden("authorization", "this needs an admin token")),
         }
     }
 }
@@ -115,11 +146,13 @@ impl Tokens {
             let role = match scope {
                 "admin" => Role::Admin,
                 "node:*" => Role::AnyNode,
-                s => match s.strip_prefix("node:") {
-                    Some(n) if !n.is_empty() => Role::Node(n.to_owned()),
+                "viewer" => Role::Viewer,
+                s => match (s.strip_prefix("node:"), s.strip_prefix("tenant:")) {
+                    (Some(n), _) if !n.is_empty() => Role::Node(n.to_owned()),
+                    (_, Some(t)) if !t.is_empty() => Role::Tenant(t.to_owned()),
                     _ => {
                         return Err(bad(format!(
-                            "unknown scope {scope:?} (expected node:NAME, node:* or admin)"
+                            "unknown scope {scope:?} (expected node:NAME, node:*, viewer, tenant:NAME or admin)"
                         )));
                     }
                 },
@@ -215,6 +248,11 @@ mod tests {
             401
         );
         assert!(Role::Node("n1".into()).may_ingest_for("n1"));
+        assert!(!Role::Viewer.may_ingest_for("n1"));
+        assert!(!Role::Tenant("a".into()).may_ingest_for("n1"));
+        assert_eq!(Role::Tenant("a".into()).read_scope().unwrap(), Some("a"));
+        assert_eq!(Role::Viewer.read_scope().unwrap(), None);
+        assert!(Role::AnyNode.read_scope().is_err());
         assert!(!Role::Node("n1".into()).may_ingest_for("n2"));
     }
 
@@ -222,13 +260,15 @@ mod tests {
     fn bad_lines_are_named() {
         let e = Tokens::parse("t", "node:n1 short").unwrap_err().to_string();
         assert_eq!(e, "token file t:1: the token is shorter than 16 characters");
-        let e = Tokens::parse("t", "\nviewer xxxxxxxxxxxxxxxxxxxx")
+        let e = Tokens::parse("t", "\nreader xxxxxxxxxxxxxxxxxxxx")
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("token file t:2: unknown scope \"viewer\""),
+            e.starts_with("token file t:2: unknown scope \"reader\""),
             "{e}"
         );
+        let e = Tokens::parse("t", "tenant: xxxxxxxxxxxxxxxxxxxx").unwrap_err();
+        assert!(e.to_string().contains("unknown scope"), "{e}");
         let e = Tokens::parse("t", "admin").unwrap_err().to_string();
         assert!(e.contains("expected `<scope> <token>`"), "{e}");
         assert!(Tokens::default().with_admin("short").is_err());

@@ -13,6 +13,7 @@
 //! for as long as the rollups are kept — not only while batch ids or raw rows are.
 #![warn(missing_docs)]
 
+pub mod analytics;
 pub mod api;
 pub mod auth;
 pub mod config;

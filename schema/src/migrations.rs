@@ -14,11 +14,18 @@ pub struct Migration {
 }
 
 /// Every migration, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "ledger",
-    sql: include_str!("../migrations/0001_ledger.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "ledger",
+        sql: include_str!("../migrations/0001_ledger.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "analytics",
+        sql: include_str!("../migrations/0002_analytics.sql"),
+    },
+];
 
 /// The schema version this build writes.
 pub const LATEST: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version;

@@ -67,9 +67,17 @@ impl Default for Retention {
     }
 }
 
+/// A write the analytics computed on a reader connection, applied on the writer's (one
+/// transaction; what it returns goes back to the caller).
+pub type ApplyFn = Box<dyn FnOnce(&duckdb::Transaction<'_>) -> duckdb::Result<()> + Send>;
+
 /// A unit of work for the writer thread.
 enum Job {
     Ingest(IngestJob),
+    Apply {
+        write: ApplyFn,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
     Retention {
         now: i64,
         retention: Retention,
@@ -240,6 +248,15 @@ impl Writer {
         rx.await.map_err(|_| StoreError::WriterStopped)?
     }
 
+    /// Runs `write` in one transaction on the writer's connection, between ingest groups.
+    pub async fn apply(&self, write: ApplyFn) -> Result<(), StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job::Apply { write, reply })
+            .map_err(|_| StoreError::WriterStopped)?;
+        rx.await.map_err(|_| StoreError::WriterStopped)?
+    }
+
     /// Deletes what is older than `retention` allows, as of `now` (Unix seconds).
     pub async fn apply_retention(
         &self,
@@ -262,6 +279,11 @@ impl Writer {
 struct Dims {
     instances: HashMap<InstanceKey, i32>,
     holders: HashMap<HolderKey, i32>,
+    /// Each instance's GPU, as an index into `gpu_members` (GPUs are told apart by UUID).
+    gpu_of: HashMap<i32, usize>,
+    gpu_slots: HashMap<String, usize>,
+    /// The instance ids on each GPU: the GPU's observed seconds are the union of theirs.
+    gpu_members: Vec<Vec<i32>>,
     next_instance: i32,
     next_holder: i32,
     new_instances: Vec<(i32, InstanceKey)>,
@@ -323,8 +345,10 @@ impl Dims {
                 },
             ))
         })?;
+        let mut gpus = GpuIndex::default();
         for row in rows {
             let (id, key) = row?;
+            gpus.add(id, &key.gpu_uuid);
             instances.insert(key, id);
         }
         let mut holders = HashMap::new();
@@ -342,6 +366,9 @@ impl Dims {
             next_holder: holders.values().copied().max().unwrap_or(0) + 1,
             instances,
             holders,
+            gpu_of: gpus.gpu_of,
+            gpu_slots: gpus.slots,
+            gpu_members: gpus.members,
             new_instances: Vec::new(),
             new_holders: Vec::new(),
         })
@@ -355,6 +382,17 @@ impl Dims {
         }
         let id = self.next_instance;
         self.next_instance += 1;
+        let slot = match self.gpu_slots.get(&key.gpu_uuid) {
+            Some(&g) => g,
+            None => {
+                self.gpu_members.push(Vec::new());
+                self.gpu_slots
+                    .insert(key.gpu_uuid.clone(), self.gpu_members.len() - 1);
+                self.gpu_members.len() - 1
+            }
+        };
+        self.gpu_of.insert(id, slot);
+        self.gpu_members[slot].push(id);
         self.new_instances.push((id, key.clone()));
         self.instances.insert(key, id);
         id
@@ -407,6 +445,26 @@ impl Dims {
     }
 }
 
+/// Builds [`Dims`]' GPU index while loading.
+#[derive(Default)]
+struct GpuIndex {
+    gpu_of: HashMap<i32, usize>,
+    slots: HashMap<String, usize>,
+    members: Vec<Vec<i32>>,
+}
+
+impl GpuIndex {
+    fn add(&mut self, iid: i32, gpu_uuid: &str) {
+        let next = self.members.len();
+        let slot = *self.slots.entry(gpu_uuid.to_owned()).or_insert(next);
+        if slot == next {
+            self.members.push(Vec::new());
+        }
+        self.members[slot].push(iid);
+        self.gpu_of.insert(iid, slot);
+    }
+}
+
 struct WriterThread {
     conn: Connection,
     dims: Dims,
@@ -445,6 +503,21 @@ const RETENTION: &[(&str, &str, Window)] = &[
     (
         "rollup_tenant_1h",
         "DELETE FROM rollup_tenant_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "rollup_gpu_1h",
+        "DELETE FROM rollup_gpu_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "fragmentation_1h",
+        "DELETE FROM fragmentation_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "hoarding_episodes",
+        "DELETE FROM hoarding_episodes WHERE ended_at <= ?",
         Window::Rollup,
     ),
 ];
@@ -550,6 +623,23 @@ fn rollup_statements() -> &'static [String] {
         ]
     })
 }
+
+/// Folds the group's newly observed GPU-seconds (`ingest_delta_gpu_1h`, per instance that brought
+/// them) into the per-GPU hourly capacity rollup.
+const GPU_ROLLUP: &str = "
+MERGE INTO rollup_gpu_1h AS r USING (
+    SELECT d.bucket, i.node, i.gpu_uuid, i.gpu_model, sum(d.observed_seconds)::BIGINT AS observed_seconds,
+           sum(d.instance_seconds)::BIGINT AS instance_seconds
+    FROM ingest_delta_gpu_1h d JOIN instances i USING (instance_id)
+    GROUP BY ALL
+) AS d
+ON r.bucket = d.bucket AND r.gpu_uuid = d.gpu_uuid AND r.node = d.node AND r.gpu_model = d.gpu_model
+   AND r.bucket BETWEEN (SELECT min(bucket) FROM ingest_delta_gpu_1h)
+                    AND (SELECT max(bucket) FROM ingest_delta_gpu_1h)
+WHEN MATCHED THEN UPDATE SET observed_seconds = r.observed_seconds + d.observed_seconds,
+                             instance_seconds = r.instance_seconds + d.instance_seconds
+WHEN NOT MATCHED THEN INSERT BY NAME;
+DELETE FROM ingest_delta_gpu_1h;";
 
 /// The seconds of each (instance, minute) already in the ledger, for the instance ids and bucket
 /// range of one group.
@@ -725,6 +815,13 @@ impl WriterThread {
                 } => {
                     let _ = reply.send(self.retention(now, retention));
                 }
+                Job::Apply { write, reply } => {
+                    let result = self.conn.transaction().and_then(|tx| {
+                        write(&tx)?;
+                        tx.commit()
+                    });
+                    let _ = reply.send(result.map_err(StoreError::from_db));
+                }
                 Job::Ingest(first) => {
                     let mut samples = first.batch.sample_count();
                     let mut group = vec![first];
@@ -876,8 +973,11 @@ impl WriterThread {
                 if let (Some(&first), Some(&last)) = (s.t.iter().min(), s.t.iter().max()) {
                     lo_t = lo_t.min(first);
                     hi_t = hi_t.max(last);
-                    lo_i = lo_i.min(iid);
-                    hi_i = hi_i.max(iid);
+                    // Every instance of the GPU: its observed seconds are the union of theirs.
+                    for &m in &self.dims.gpu_members[self.dims.gpu_of[&iid]] {
+                        lo_i = lo_i.min(m);
+                        hi_i = hi_i.max(m);
+                    }
                 }
             }
         }
@@ -895,10 +995,19 @@ impl WriterThread {
                 covered.insert(key, mask);
             }
         }
+        // The seconds each GPU was observed in, per minute, before this group.
+        let mut gpu_seen: HashMap<(usize, i64), u64> = HashMap::new();
+        for (&(iid, bucket), &mask) in &covered {
+            if let Some(&g) = self.dims.gpu_of.get(&iid) {
+                *gpu_seen.entry((g, bucket)).or_insert(0) |= mask;
+            }
+        }
         // One pass: keep the first copy of each (instance, second) no mask covers, append it to
-        // the raw columns when inside the raw window, and sum it into its minute delta.
+        // the raw columns when inside the raw window, sum it into its minute delta, and count the
+        // GPU's second as observed if no instance of it had that second yet.
         let mut raw = RawColumns::default();
         let mut deltas: HashMap<(i32, i32, i64), MinuteDelta> = HashMap::new();
+        let mut gpu_deltas: HashMap<(i32, i64), (i64, i64)> = HashMap::new();
         let mut newest: Option<i64> = None;
         for (k, &i) in new.iter().enumerate() {
             let mut stored = 0u64;
@@ -912,6 +1021,17 @@ impl WriterThread {
                     }
                     *seen |= bit;
                     stored += 1;
+                    let gpu = gpu_seen
+                        .entry((self.dims.gpu_of[&iid], bucket))
+                        .or_insert(0);
+                    let gpu_delta = gpu_deltas
+                        .entry((iid, ts - ts.rem_euclid(3600)))
+                        .or_insert((0, 0));
+                    gpu_delta.1 += 1;
+                    if *gpu & bit == 0 {
+                        *gpu |= bit;
+                        gpu_delta.0 += 1;
+                    }
                     newest = Some(newest.map_or(ts, |n| n.max(ts)));
                     deltas
                         .entry((iid, hid, bucket))
@@ -963,6 +1083,16 @@ impl WriterThread {
             for sql in rollup_statements() {
                 tx.execute(sql, [])?;
             }
+        }
+        if !gpu_deltas.is_empty() {
+            {
+                let mut app = tx.appender("ingest_delta_gpu_1h")?;
+                for (&(iid, bucket), &(observed, instance)) in &gpu_deltas {
+                    app.append_row(params![bucket, iid, observed, instance])?;
+                }
+                app.flush()?;
+            }
+            tx.execute_batch(GPU_ROLLUP)?;
         }
         // The batch ids, in one statement: its text is placeholders only, one row per new batch.
         let now = chrono::Utc::now().timestamp();

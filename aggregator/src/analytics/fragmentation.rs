@@ -1,0 +1,403 @@
+//! MIG fragmentation over time and at an instant, from the minute rollup's seconds masks: the
+//! exact set of instances present in every second. The per-GPU arithmetic is in
+//! [`super::geometry`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use duckdb::{Connection, params};
+use gpuledger_schema::mig::{self, SLICES_PER_GPU};
+
+use super::geometry::{self, Demand, Fragmentation, Present};
+
+/// The demand mix per GPU model: configured, or observed allocations.
+#[derive(Debug, Clone, Default)]
+pub struct DemandMix {
+    /// Request counts (or weights) per model name, per profile name.
+    pub counts: HashMap<String, HashMap<String, f64>>,
+}
+
+impl DemandMix {
+    /// How often each profile of `model` is requested (uniform when nothing is known).
+    pub fn for_model(&self, model: &'static mig::GpuModel) -> Demand {
+        let counts = self
+            .counts
+            .get(model.key)
+            .or_else(|| self.counts.get(model.nvml_name));
+        Demand::from_counts(model, counts.unwrap_or(&HashMap::new()))
+    }
+
+    /// Distinct allocations (instance + holder) per model and profile over `[from, to)`, from
+    /// the hour rollup. A whole-GPU allocation on a MIG-capable model is a request for its
+    /// largest profile. Models in `configured` keep their configured mix.
+    pub fn observed(
+        conn: &Connection,
+        from: i64,
+        to: i64,
+        configured: &HashMap<String, HashMap<String, f64>>,
+    ) -> duckdb::Result<DemandMix> {
+        let mut counts: HashMap<String, HashMap<String, f64>> = HashMap::new();
+        let mut stmt = conn.prepare_cached(
+            "SELECT i.gpu_model, i.mig_profile, count(DISTINCT (r.instance_id, r.holder_id))
+             FROM rollup_1h r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+             WHERE h.tenant IS NOT NULL AND r.bucket >= ? AND r.bucket < ?
+             GROUP BY ALL",
+        )?;
+        let rows = stmt.query_map(params![from, to], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, i64>(2)?))
+        })?;
+        for row in rows {
+            let (model_name, profile, n) = row?;
+            let Some(model) = mig::model(&model_name) else { continue };
+            let profile = match profile {
+                Some(p) => p,
+                None => match model.profiles.last() {
+                    Some(p) => p.name.to_owned(),
+                    None => continue,
+                },
+            };
+            *counts
+                .entry(model.key.to_owned())
+                .or_default()
+                .entry(profile)
+                .or_default() += n as f64;
+        }
+        for (model, mix) in configured {
+            let key = mig::model(model).map_or(model.as_str(), |m| m.key);
+            counts.insert(key.to_owned(), mix.clone());
+        }
+        Ok(DemandMix { counts })
+    }
+}
+
+/// One instance row of a GPU-minute.
+#[derive(Debug, Clone)]
+struct InstanceRow {
+    instance_id: i32,
+    gpu_instance_id: i32,
+    mig_profile: Option<String>,
+    placement_start: Option<i32>,
+    tenant: Option<String>,
+    workload: Option<String>,
+    slo_class: Option<String>,
+    mask: u64,
+}
+
+impl InstanceRow {
+    fn present(&self, model: Option<&'static mig::GpuModel>) -> Present {
+        let profile = geometry::profile_of(model, self.mig_profile.as_deref());
+        let slices = match &self.mig_profile {
+            None => SLICES_PER_GPU,
+            Some(p) => mig::compute_slices_of(p).unwrap_or(SLICES_PER_GPU),
+        };
+        Present {
+            profile,
+            start: self.placement_start.and_then(|s| u32::try_from(s).ok()),
+            slices,
+            allocated: self.tenant.is_some(),
+        }
+    }
+}
+
+/// A GPU as the ledger names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GpuKey {
+    /// Node.
+    pub node: String,
+    /// UUID.
+    pub gpu_uuid: String,
+    /// Model name as reported.
+    pub gpu_model: String,
+}
+
+const MINUTE_ROWS: &str = "
+SELECT i.node, i.gpu_uuid, i.gpu_model, r.bucket, r.instance_id, i.gpu_instance_id,
+       i.mig_profile, i.placement_start, h.tenant, h.workload, h.slo_class, r.seconds_mask
+FROM rollup_1m r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+WHERE r.bucket >= ? AND r.bucket < ?";
+
+/// (gpu, minute bucket) → instance rows.
+type Minutes = BTreeMap<(GpuKey, i64), Vec<InstanceRow>>;
+
+fn minute_rows(conn: &Connection, from: i64, to: i64) -> duckdb::Result<Minutes> {
+    let mut out: Minutes = BTreeMap::new();
+    let mut stmt = conn.prepare_cached(MINUTE_ROWS)?;
+    let rows = stmt.query_map(params![from.div_euclid(60) * 60, to], |r| {
+        Ok((
+            GpuKey {
+                node: r.get(0)?,
+                gpu_uuid: r.get(1)?,
+                gpu_model: r.get(2)?,
+            },
+            r.get::<_, i64>(3)?,
+            InstanceRow {
+                instance_id: r.get(4)?,
+                gpu_instance_id: r.get(5)?,
+                mig_profile: r.get(6)?,
+                placement_start: r.get(7)?,
+                tenant: r.get(8)?,
+                workload: r.get(9)?,
+                slo_class: r.get(10)?,
+                mask: r.get(11)?,
+            },
+        ))
+    })?;
+    for row in rows {
+        let (gpu, bucket, inst) = row?;
+        out.entry((gpu, bucket)).or_default().push(inst);
+    }
+    Ok(out)
+}
+
+/// The bits of minute `bucket` that fall in `[from, to)`.
+fn range_mask(bucket: i64, from: i64, to: i64) -> u64 {
+    let lo = (from - bucket).clamp(0, 60) as u32;
+    let hi = (to - bucket).clamp(0, 60) as u32;
+    if hi <= lo {
+        0
+    } else {
+        (((1u128 << hi) - 1) as u64) & !((1u64 << lo) - 1)
+    }
+}
+
+/// One GPU-hour of fragmentation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuHour {
+    /// The hour's first second.
+    pub bucket: i64,
+    /// The GPU.
+    pub gpu: GpuKey,
+    /// Seconds observed (in the range asked).
+    pub observed_seconds: i64,
+    /// Σ free compute slices over those seconds.
+    pub free_slice_seconds: f64,
+    /// Σ stranded compute slices over those seconds.
+    pub stranded_slice_seconds: f64,
+}
+
+/// Fragmentation per GPU-hour over `[from, to)`, second by second: each second's geometry is the
+/// set of instances whose mask holds it.
+pub fn over_range(
+    conn: &Connection,
+    from: i64,
+    to: i64,
+    demand: &DemandMix,
+) -> duckdb::Result<Vec<GpuHour>> {
+    let minutes = minute_rows(conn, from, to)?;
+    let mut hours: BTreeMap<(i64, GpuKey), GpuHour> = BTreeMap::new();
+    let mut demands: HashMap<&'static str, Demand> = HashMap::new();
+    for ((gpu, bucket), rows) in &minutes {
+        let model = mig::model(&gpu.gpu_model);
+        let d = match model {
+            Some(m) => demands
+                .entry(m.key)
+                .or_insert_with(|| demand.for_model(m))
+                .clone(),
+            None => Demand::from_counts(&mig::MODELS[0], &HashMap::new()),
+        };
+        let within = range_mask(*bucket, from, to);
+        let union = rows.iter().fold(0, |m, r| m | r.mask) & within;
+        if union == 0 {
+            continue;
+        }
+        // The same set of instances usually spans the whole minute: analyse each set once.
+        let mut seen: HashMap<u64, Fragmentation> = HashMap::new();
+        let h = hours
+            .entry((bucket - bucket.rem_euclid(3600), gpu.clone()))
+            .or_insert_with(|| GpuHour {
+                bucket: bucket - bucket.rem_euclid(3600),
+                gpu: gpu.clone(),
+                observed_seconds: 0,
+                free_slice_seconds: 0.0,
+                stranded_slice_seconds: 0.0,
+            });
+        let mut bits = union;
+        while bits != 0 {
+            let s = bits.trailing_zeros();
+            bits &= bits - 1;
+            let subset = rows
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.mask & (1 << s) != 0)
+                .fold(0u64, |m, (k, _)| m | (1 << (k % 64)));
+            let f = seen.entry(subset).or_insert_with(|| {
+                let present: Vec<Present> = rows
+                    .iter()
+                    .filter(|r| r.mask & (1 << s) != 0)
+                    .map(|r| r.present(model))
+                    .collect();
+                geometry::analyse(model, &present, &d)
+            });
+            h.observed_seconds += 1;
+            h.free_slice_seconds += f64::from(f.free_slices);
+            h.stranded_slice_seconds += f.stranded_slices;
+        }
+    }
+    Ok(hours.into_values().collect())
+}
+
+/// An instance present on a GPU at an instant.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InstanceNow {
+    /// NVML's GPU instance id; null for a whole GPU.
+    pub gpu_instance_id: Option<i32>,
+    /// The MIG profile; null for a whole GPU.
+    pub mig_profile: Option<String>,
+    /// First placement slot.
+    pub placement_start: Option<i32>,
+    /// Its holder; null when nobody holds it.
+    pub tenant: Option<String>,
+    /// Its workload.
+    pub workload: Option<String>,
+    /// Its SLO class.
+    pub slo_class: Option<String>,
+}
+
+/// One GPU's geometry and fragmentation at an instant.
+#[derive(Debug, Clone)]
+pub struct GpuNow {
+    /// The GPU.
+    pub gpu: GpuKey,
+    /// The second its geometry is from: the latest one observed at or before the instant asked.
+    pub observed_at: i64,
+    /// Its instances then.
+    pub instances: Vec<InstanceNow>,
+    /// Free slots, largest placeable profile, stranded capacity.
+    pub fragmentation: Fragmentation,
+    /// A better geometry, if there is one.
+    pub advice: Option<geometry::Advice>,
+}
+
+/// Every GPU's geometry at `at`: for each GPU, the latest second at or before `at` (and within
+/// `max_age` seconds of it) in which it was observed. GPUs not observed then are left out.
+pub fn at(conn: &Connection, at: i64, max_age: i64, demand: &DemandMix) -> duckdb::Result<Vec<GpuNow>> {
+    let minutes = minute_rows(conn, at - max_age, at + 1)?;
+    let mut latest: BTreeMap<GpuKey, (i64, &Vec<InstanceRow>)> = BTreeMap::new();
+    for ((gpu, bucket), rows) in &minutes {
+        let union = rows.iter().fold(0, |m, r| m | r.mask) & range_mask(*bucket, at - max_age, at + 1);
+        if union == 0 {
+            continue;
+        }
+        let second = bucket + 63 - i64::from(union.leading_zeros());
+        if latest.get(gpu).is_none_or(|(t, _)| *t < second) {
+            latest.insert(gpu.clone(), (second, rows));
+        }
+    }
+    let mut out = Vec::with_capacity(latest.len());
+    for (gpu, (second, rows)) in latest {
+        let bit = 1u64 << (second.rem_euclid(60));
+        let model = mig::model(&gpu.gpu_model);
+        let d = match model {
+            Some(m) => demand.for_model(m),
+            None => Demand::from_counts(&mig::MODELS[0], &HashMap::new()),
+        };
+        let mut here: Vec<&InstanceRow> = rows.iter().filter(|r| r.mask & bit != 0).collect();
+        here.sort_by_key(|r| (r.placement_start, r.gpu_instance_id, r.instance_id));
+        let present: Vec<Present> = here.iter().map(|r| r.present(model)).collect();
+        let fragmentation = geometry::analyse(model, &present, &d);
+        let advice = model.and_then(|m| geometry::advise(m, &present, &d));
+        out.push(GpuNow {
+            gpu,
+            observed_at: second,
+            instances: here
+                .iter()
+                .map(|r| InstanceNow {
+                    gpu_instance_id: (r.gpu_instance_id >= 0).then_some(r.gpu_instance_id),
+                    mig_profile: r.mig_profile.clone(),
+                    placement_start: r.placement_start,
+                    tenant: r.tenant.clone(),
+                    workload: r.workload.clone(),
+                    slo_class: r.slo_class.clone(),
+                })
+                .collect(),
+            fragmentation,
+            advice,
+        });
+    }
+    Ok(out)
+}
+
+/// The GPU-hours whose capacity numbers moved since their fragmentation was stored, oldest
+/// first: (hour, gpu, observed_seconds, instance_seconds) as `rollup_gpu_1h` holds them now.
+pub fn dirty_hours(conn: &Connection, limit: usize) -> duckdb::Result<Vec<(i64, GpuKey, i64, i64)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT g.bucket, g.node, g.gpu_uuid, g.gpu_model, g.observed_seconds, g.instance_seconds
+         FROM rollup_gpu_1h g
+         LEFT JOIN fragmentation_1h f
+           ON f.bucket = g.bucket AND f.gpu_uuid = g.gpu_uuid AND f.node = g.node
+          AND f.gpu_model = g.gpu_model
+         WHERE f.bucket IS NULL OR f.observed_seconds <> g.observed_seconds
+            OR f.instance_seconds <> g.instance_seconds
+         ORDER BY g.bucket LIMIT ?",
+    )?;
+    let rows = stmt.query_map([limit as i64], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            GpuKey {
+                node: r.get(1)?,
+                gpu_uuid: r.get(2)?,
+                gpu_model: r.get(3)?,
+            },
+            r.get::<_, i64>(4)?,
+            r.get::<_, i64>(5)?,
+        ))
+    })?;
+    rows.collect()
+}
+
+/// A recomputed GPU-hour with the capacity numbers it was computed for.
+#[derive(Debug, Clone)]
+pub struct StoredHour {
+    /// The fragmentation.
+    pub hour: GpuHour,
+    /// `rollup_gpu_1h.observed_seconds` then.
+    pub observed_seconds: i64,
+    /// `rollup_gpu_1h.instance_seconds` then.
+    pub instance_seconds: i64,
+}
+
+/// Replaces the recomputed GPU-hours, in the writer's transaction.
+pub fn store(tx: &duckdb::Transaction<'_>, hours: &[StoredHour]) -> duckdb::Result<()> {
+    if hours.is_empty() {
+        return Ok(());
+    }
+    tx.execute_batch(
+        "CREATE TEMP TABLE IF NOT EXISTS fragmentation_new AS SELECT * FROM fragmentation_1h LIMIT 0;
+         DELETE FROM fragmentation_new;",
+    )?;
+    {
+        let mut app = tx.appender("fragmentation_new")?;
+        for h in hours {
+            app.append_row(params![
+                h.hour.bucket,
+                h.hour.gpu.node,
+                h.hour.gpu.gpu_uuid,
+                h.hour.gpu.gpu_model,
+                h.observed_seconds,
+                h.instance_seconds,
+                h.hour.free_slice_seconds,
+                h.hour.stranded_slice_seconds
+            ])?;
+        }
+        app.flush()?;
+    }
+    tx.execute_batch(
+        "DELETE FROM fragmentation_1h WHERE rowid IN (
+             SELECT f.rowid FROM fragmentation_1h f JOIN temp.fragmentation_new n
+               ON f.bucket = n.bucket AND f.gpu_uuid = n.gpu_uuid AND f.node = n.node
+              AND f.gpu_model = n.gpu_model);
+         INSERT INTO fragmentation_1h SELECT * FROM temp.fragmentation_new;",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_masks_cut_minutes_at_the_range_edges() {
+        assert_eq!(range_mask(0, 0, 60), (1u64 << 60) - 1);
+        assert_eq!(range_mask(60, 0, 60), 0);
+        assert_eq!(range_mask(0, 10, 20), ((1u64 << 20) - 1) & !((1u64 << 10) - 1));
+        assert_eq!(range_mask(120, 0, 1_000), (1u64 << 60) - 1);
+    }
+}

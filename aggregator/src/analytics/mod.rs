@@ -1,0 +1,374 @@
+//! Analytics over the ledger: showback (allocated vs used per tenant), idle hoarding episodes and
+//! MIG fragmentation. Every definition is in `schema/ANALYTICS.md`; this module says how they
+//! are kept current.
+//!
+//! Key design decision: derived state is recomputed from the data, never updated from events.
+//! `rollup_gpu_1h` counts each GPU-hour's observed seconds and instance-seconds; an hour whose
+//! counts differ from those its fragmentation was computed from is *dirty*. Each evaluation pass
+//! recomputes the dirty GPU-hours' fragmentation and the hoarding episodes of those GPUs (from
+//! the minute rollup), so late, re-sent or backfilled data corrects the results, and a restart
+//! loses nothing: the pass simply finds the same dirty hours again.
+//!
+//! The reading is done on a reader connection inside one transaction (one snapshot); the result
+//! is written by the one writer ([`crate::store::Writer::apply`]).
+
+pub mod fragmentation;
+pub mod geometry;
+pub mod hoarding;
+pub mod showback;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use duckdb::{Connection, params};
+
+use crate::store::query::Readers;
+use crate::store::{StoreError, Writer};
+use fragmentation::DemandMix;
+
+/// The analytics' knobs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// A minute is idle when its mean SM activity is below this (0–1).
+    pub idle_threshold: f64,
+    /// How long an idle run lasts before it is a hoarding episode.
+    pub window: Duration,
+    /// How often the evaluation runs.
+    pub interval: Duration,
+    /// Price of one GPU-hour per GPU model (key such as `H100-80GB`, or the NVML name).
+    pub prices: HashMap<String, f64>,
+    /// Price of a GPU-hour of a model not in `prices`.
+    pub default_price: f64,
+    /// The currency of the prices (shown, never converted).
+    pub currency: String,
+    /// The demand mix per model (profile → weight); models not listed use observed allocations.
+    pub demand: HashMap<String, HashMap<String, f64>>,
+    /// How far back observed allocations count towards the demand mix.
+    pub demand_lookback: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            idle_threshold: 0.05,
+            window: Duration::from_secs(30 * 60),
+            interval: Duration::from_secs(60),
+            prices: HashMap::new(),
+            default_price: 0.0,
+            currency: "USD".into(),
+            demand: HashMap::new(),
+            demand_lookback: Duration::from_secs(7 * 86400),
+        }
+    }
+}
+
+impl Settings {
+    /// The detection window in seconds.
+    pub fn window_secs(&self) -> i64 {
+        self.window.as_secs() as i64
+    }
+}
+
+/// The price of one GPU-second of `model`.
+pub fn price_per_gpu_second(settings: &Settings, model: &str) -> f64 {
+    let by_name = settings.prices.get(model).copied();
+    let by_key = || {
+        let m = gpuledger_schema::mig::model(model)?;
+        settings
+            .prices
+            .get(m.key)
+            .or_else(|| settings.prices.get(m.nvml_name))
+            .copied()
+    };
+    by_name.or_else(by_key).unwrap_or(settings.default_price) / 3600.0
+}
+
+/// The demand mix as of `at`: configured, or allocations observed over the lookback before it.
+pub fn demand_mix(conn: &Connection, settings: &Settings, at: i64) -> duckdb::Result<DemandMix> {
+    let lookback = settings.demand_lookback.as_secs() as i64;
+    DemandMix::observed(conn, at - lookback, at + 3600, &settings.demand)
+}
+
+/// What one evaluation did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// GPU-hours whose fragmentation was recomputed.
+    pub gpu_hours: usize,
+    /// GPUs whose hoarding episodes were recomputed.
+    pub gpus: usize,
+    /// Episodes stored for them.
+    pub episodes: usize,
+}
+
+/// GPU-hours handled per pass at most: bounds the memory of a first pass over a long history
+/// (the next pass takes the next ones, oldest first).
+const HOURS_PER_PASS: usize = 50_000;
+
+/// Runs evaluation passes until no GPU-hour is dirty (at most `max_passes`).
+pub async fn evaluate(
+    readers: &Readers,
+    writer: &Writer,
+    settings: &Settings,
+    max_passes: usize,
+) -> Result<PassReport, StoreError> {
+    let mut total = PassReport::default();
+    for _ in 0..max_passes {
+        let conn = readers.connect()?;
+        let s = settings.clone();
+        let computed = tokio::task::spawn_blocking(move || compute_pass(&conn, &s))
+            .await
+            .map_err(|e| StoreError::Io(format!("the analytics task failed: {e}")))?
+            .map_err(StoreError::from_db)?;
+        let Some((hours, recomputed)) = computed else { break };
+        total.gpu_hours += hours.len();
+        total.gpus += recomputed.scans.len();
+        total.episodes += recomputed.episodes.len();
+        writer
+            .apply(Box::new(move |tx| {
+                fragmentation::store(tx, &hours)?;
+                hoarding::store(tx, &recomputed)
+            }))
+            .await?;
+    }
+    Ok(total)
+}
+
+type Pass = (Vec<fragmentation::StoredHour>, hoarding::Recomputed);
+
+/// One pass, read side: the oldest dirty GPU-hours (up to a day of them), their fragmentation,
+/// and the hoarding episodes of their GPUs. `None` when nothing is dirty.
+fn compute_pass(conn: &Connection, settings: &Settings) -> duckdb::Result<Option<Pass>> {
+    conn.execute_batch("BEGIN TRANSACTION")?;
+    let result = compute_in_snapshot(conn, settings);
+    conn.execute_batch("COMMIT")?;
+    result
+}
+
+fn compute_in_snapshot(conn: &Connection, settings: &Settings) -> duckdb::Result<Option<Pass>> {
+    let mut dirty = fragmentation::dirty_hours(conn, HOURS_PER_PASS)?;
+    let Some(first) = dirty.first().map(|d| d.0) else {
+        return Ok(None);
+    };
+    // A day at a time, oldest first: hoarding runs carry over from one pass to the next.
+    dirty.retain(|d| d.0 < first + 86400);
+    let last = dirty.iter().map(|d| d.0).max().unwrap_or(first) + 3600;
+    let demand = demand_mix(conn, settings, last)?;
+    let wanted: HashSet<(i64, &fragmentation::GpuKey)> = dirty.iter().map(|d| (d.0, &d.1)).collect();
+    let mut computed: HashMap<(i64, fragmentation::GpuKey), fragmentation::GpuHour> =
+        fragmentation::over_range(conn, first, last, &demand)?
+            .into_iter()
+            .filter(|h| wanted.contains(&(h.bucket, &h.gpu)))
+            .map(|h| ((h.bucket, h.gpu.clone()), h))
+            .collect();
+    let mut hours = Vec::with_capacity(dirty.len());
+    let mut gpus: HashMap<String, i64> = HashMap::new();
+    for (bucket, gpu, observed, instance) in dirty {
+        let g = gpus.entry(gpu.gpu_uuid.clone()).or_insert(bucket);
+        *g = (*g).min(bucket);
+        let hour = computed
+            .remove(&(bucket, gpu.clone()))
+            .unwrap_or(fragmentation::GpuHour {
+                bucket,
+                gpu,
+                observed_seconds: 0,
+                free_slice_seconds: 0.0,
+                stranded_slice_seconds: 0.0,
+            });
+        hours.push(fragmentation::StoredHour {
+            hour,
+            observed_seconds: observed,
+            instance_seconds: instance,
+        });
+    }
+    let recomputed = hoarding::recompute(conn, &gpus, settings)?;
+    Ok(Some((hours, recomputed)))
+}
+
+/// The figures `/metrics` shows, as of the newest complete minute.
+#[derive(Debug, Clone, Default)]
+pub struct Current {
+    /// The minute they describe.
+    pub minute: Option<i64>,
+    /// (tenant, slo_class) → (allocated, used) GPU-equivalents over that minute.
+    pub tenants: Vec<((String, String), (f64, f64))>,
+    /// Open hoarding episodes.
+    pub episodes: Vec<OpenEpisode>,
+    /// node → (capacity, free, stranded) GPU-equivalents at the newest observed second.
+    pub nodes: Vec<(String, (f64, f64, f64))>,
+}
+
+/// An open episode, for the metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenEpisode {
+    /// Labels: tenant, workload, node, gpu, gpu_instance, slo_class.
+    pub labels: [String; 6],
+    /// Seconds since the run started (to its last held second).
+    pub idle_seconds: i64,
+    /// Its size.
+    pub gpu_equivalents: f64,
+}
+
+/// Reads [`Current`].
+pub fn current(conn: &Connection, settings: &Settings) -> duckdb::Result<Current> {
+    // The newest observed second: the small GPU rollup says which hour, the minute masks which
+    // second.
+    let newest: Option<(i64, u64)> = conn
+        .query_row(
+            "SELECT bucket, bit_or(seconds_mask) FROM rollup_1m
+             WHERE bucket >= (SELECT max(bucket) FROM rollup_gpu_1h)
+             GROUP BY bucket ORDER BY bucket DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .map(Some)
+        .or_else(|e| match e {
+            duckdb::Error::QueryReturnedNoRows => Ok(None),
+            e => Err(e),
+        })?;
+    let mut out = Current::default();
+    let Some((bucket, mask)) = newest else {
+        return Ok(out);
+    };
+    let newest = bucket + 63 - i64::from(mask.leading_zeros());
+    // The newest complete minute.
+    let minute = (newest + 1).div_euclid(60) * 60 - 60;
+    out.minute = Some(minute);
+    let mut stmt = conn.prepare_cached(
+        "SELECT h.tenant, coalesce(h.slo_class, ''),
+                sum(bit_count(r.seconds_mask) * i.gpu_equivalents) / 60,
+                sum(r.sm_active_sum * i.gpu_equivalents) / 60
+         FROM rollup_1m r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+         WHERE r.bucket = ? AND h.tenant IS NOT NULL
+         GROUP BY ALL ORDER BY ALL",
+    )?;
+    out.tenants = stmt
+        .query_map([minute], |r| Ok(((r.get(0)?, r.get(1)?), (r.get(2)?, r.get(3)?))))?
+        .collect::<Result<_, _>>()?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT h.tenant, coalesce(h.workload, ''), i.node, i.gpu_uuid,
+                CASE WHEN i.gpu_instance_id < 0 THEN '' ELSE i.gpu_instance_id::VARCHAR END,
+                coalesce(h.slo_class, ''), e.last_second + 1 - e.started_at, e.gpu_equivalents
+         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+         WHERE e.ended_at IS NULL ORDER BY ALL",
+    )?;
+    out.episodes = stmt
+        .query_map([], |r| {
+            Ok(OpenEpisode {
+                labels: [r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
+                idle_seconds: r.get(6)?,
+                gpu_equivalents: r.get(7)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    let demand = demand_mix(conn, settings, newest)?;
+    let mut nodes: std::collections::BTreeMap<String, (f64, f64, f64)> = Default::default();
+    for g in fragmentation::at(conn, newest, 120, &demand)? {
+        let n = nodes.entry(g.gpu.node.clone()).or_default();
+        let slices = f64::from(gpuledger_schema::mig::SLICES_PER_GPU);
+        n.0 += 1.0;
+        n.1 += f64::from(g.fragmentation.free_slices) / slices;
+        n.2 += g.fragmentation.stranded_slices / slices;
+    }
+    out.nodes = nodes.into_iter().collect();
+    Ok(out)
+}
+
+/// The hoarding episodes stored, for the API: `state` open/closed/all, overlapping `[from, to)`
+/// (an open episode overlaps every range after its start).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EpisodeRow {
+    /// Tenant.
+    pub tenant: Option<String>,
+    /// Workload.
+    pub workload: Option<String>,
+    /// Node.
+    pub node: String,
+    /// GPU UUID.
+    pub gpu_uuid: String,
+    /// GPU instance id (null: whole GPU).
+    pub gpu_instance_id: Option<i32>,
+    /// MIG profile (null: whole GPU).
+    pub mig_profile: Option<String>,
+    /// GPU model.
+    pub gpu_model: String,
+    /// SLO class.
+    pub slo_class: Option<String>,
+    /// The run's first held second.
+    pub started_at: i64,
+    /// started_at + window.
+    pub detected_at: i64,
+    /// End, or null while open.
+    pub ended_at: Option<i64>,
+    /// Its last held second so far.
+    pub last_second: i64,
+    /// Mean SM activity over the measured seconds of the run.
+    pub mean_sm_active: Option<f64>,
+    /// Size in GPU-equivalents.
+    pub gpu_equivalents: f64,
+    /// Allocated − used GPU-seconds over the run.
+    pub idle_gpu_seconds: f64,
+    /// idle × price.
+    pub cost: f64,
+}
+
+/// Which episodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpisodeState {
+    /// ended_at is null.
+    Open,
+    /// ended_at is set.
+    Closed,
+    /// Both.
+    All,
+}
+
+/// Reads stored episodes.
+pub fn episodes(
+    conn: &Connection,
+    state: EpisodeState,
+    from: i64,
+    to: i64,
+    tenant: Option<&str>,
+    settings: &Settings,
+) -> duckdb::Result<Vec<EpisodeRow>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT h.tenant, h.workload, i.node, i.gpu_uuid, i.gpu_instance_id, i.mig_profile,
+                i.gpu_model, h.slo_class, e.started_at, e.detected_at, e.ended_at, e.last_second,
+                CASE WHEN e.sm_active_samples > 0 THEN e.sm_active_sum / e.sm_active_samples END,
+                e.gpu_equivalents, e.idle_gpu_seconds
+         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+         WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
+           AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
+           AND (? IS NULL OR h.tenant = ?)
+         ORDER BY e.started_at, i.node, i.gpu_uuid, i.gpu_instance_id",
+    )?;
+    let state = match state {
+        EpisodeState::Open => "open",
+        EpisodeState::Closed => "closed",
+        EpisodeState::All => "all",
+    };
+    let rows = stmt.query_map(params![state, state, to, from, tenant, tenant], |r| {
+        let gpu_model: String = r.get(6)?;
+        let idle: f64 = r.get(14)?;
+        let gi: i32 = r.get(4)?;
+        Ok(EpisodeRow {
+            tenant: r.get(0)?,
+            workload: r.get(1)?,
+            node: r.get(2)?,
+            gpu_uuid: r.get(3)?,
+            gpu_instance_id: (gi >= 0).then_some(gi),
+            mig_profile: r.get(5)?,
+            slo_class: r.get(7)?,
+            started_at: r.get(8)?,
+            detected_at: r.get(9)?,
+            ended_at: r.get(10)?,
+            last_second: r.get(11)?,
+            mean_sm_active: r.get(12)?,
+            gpu_equivalents: r.get(13)?,
+            idle_gpu_seconds: idle,
+            cost: idle * price_per_gpu_second(settings, &gpu_model),
+            gpu_model,
+        })
+    })?;
+    rows.collect()
+}
