@@ -57,6 +57,8 @@ pub struct Config {
     pub retention_interval: Duration,
     /// The limits.
     pub limits: Limits,
+    /// Hoarding, fragmentation and showback settings.
+    pub analytics: crate::analytics::Settings,
 }
 
 impl Config {

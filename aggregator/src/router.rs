@@ -8,7 +8,7 @@ use tower::ServiceBuilder;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::api::{self, AppState, ingest};
+use crate::api::{self, AppState, fragmentation, hoarding, ingest, showback};
 
 /// The router with its limits: a concurrency cap and a per-request timeout (408).
 pub fn router(state: AppState) -> Router {
@@ -16,6 +16,12 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         // Exporters
         .route(gpuledger_schema::wire::INGEST_PATH, post(ingest::ingest))
+        // Finance, the web UI and scheduler tooling (viewer, tenant: and admin tokens)
+        .route("/api/v1/showback", get(showback::showback))
+        .route("/api/v1/hoarding", get(hoarding::hoarding))
+        .route("/api/v1/fragmentation", get(fragmentation::fragmentation))
+        // Admin
+        .route("/api/v1/analytics/evaluate", post(api::evaluate_now))
         // Prometheus
         .route("/metrics", get(api::metrics))
         // Probes (Kubernetes, systemd, load balancers)

@@ -59,18 +59,44 @@ pub async fn run(
         writer,
         readers,
         metrics,
+        analytics_lock: tokio::sync::Mutex::new(()),
     }));
     let retention = tokio::spawn(retention_loop(state.clone()));
+    let analytics = tokio::spawn(analytics_loop(state.clone()));
     let served = axum::serve(listener, crate::router::router(state.clone()))
         .with_graceful_shutdown(shutdown)
         .await;
     retention.abort();
+    analytics.abort();
     drop(state);
     // The writer thread ends once every handle is gone and its queue is written.
     tokio::task::block_in_place(|| {
         let _ = thread.join();
     });
     served.map_err(ServeError::Serve)
+}
+
+/// Evaluates hoarding and fragmentation at start and then every interval. A failure is logged
+/// and retried at the next tick; nothing is lost, the dirty hours stay dirty.
+async fn analytics_loop(app: AppState) {
+    let mut tick = tokio::time::interval(app.config.analytics.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match app.evaluate().await {
+            Ok(r) if r.gpu_hours > 0 => tracing::debug!(
+                gpu_hours = r.gpu_hours,
+                gpus = r.gpus,
+                episodes = r.episodes,
+                "Analytics evaluated."
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                "The analytics evaluation failed; it is retried at the next tick."
+            ),
+        }
+    }
 }
 
 async fn retention_loop(app: AppState) {

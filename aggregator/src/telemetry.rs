@@ -3,6 +3,8 @@
 //! Internal events are small typed values whose `emit` both logs and counts
 //! ([`IngestRejected`]), so a log line and its counter never disagree.
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,6 +27,40 @@ pub struct ReasonLabels {
 pub struct TableLabels {
     /// The table (a fixed set: `store::query::COUNTED_TABLES`).
     pub table: String,
+}
+
+/// A tenant and SLO class (empty when none). Bounded by the tenants the ledger knows.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    /// Tenant.
+    pub tenant: String,
+    /// SLO class, or empty.
+    pub slo_class: String,
+}
+
+/// One open hoarding episode. Bounded by the instances in the fleet: a series exists only while
+/// its episode is open and is removed when it ends.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EpisodeLabels {
+    /// Tenant.
+    pub tenant: String,
+    /// Workload, or empty.
+    pub workload: String,
+    /// Node.
+    pub node: String,
+    /// GPU UUID.
+    pub gpu: String,
+    /// GPU instance id, empty for a whole GPU.
+    pub gpu_instance: String,
+    /// SLO class, or empty.
+    pub slo_class: String,
+}
+
+/// A node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    /// Node name.
+    pub node: String,
 }
 
 /// Why an ingest request was refused; the `reason` label.
@@ -113,6 +149,26 @@ pub struct AggregatorMetrics {
     pub database_bytes: Gauge,
     /// Rows deleted by retention, per table.
     pub retention_deleted: Family<TableLabels, Counter>,
+    /// Per tenant: allocated GPU-equivalents over the newest complete minute.
+    pub tenant_allocated: Family<TenantLabels, Gauge<f64, AtomicU64>>,
+    /// Per tenant: used GPU-equivalents.
+    pub tenant_used: Family<TenantLabels, Gauge<f64, AtomicU64>>,
+    /// Per tenant: allocated − used.
+    pub tenant_idle: Family<TenantLabels, Gauge<f64, AtomicU64>>,
+    /// Open hoarding episodes: seconds idle so far.
+    pub episode_idle_seconds: Family<EpisodeLabels, Gauge>,
+    /// Open hoarding episodes: size.
+    pub episode_gpu_equivalents: Family<EpisodeLabels, Gauge<f64, AtomicU64>>,
+    /// Per node: GPUs observed.
+    pub node_capacity: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+    /// Per node: free GPU-equivalents.
+    pub node_free: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+    /// Per node: stranded GPU-equivalents.
+    pub node_stranded: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+    /// When the analytics last succeeded.
+    pub analytics_last_success: Gauge,
+    /// How long an evaluation takes.
+    pub analytics_seconds: Histogram,
 }
 
 impl AggregatorMetrics {
@@ -135,6 +191,18 @@ impl AggregatorMetrics {
             rows: Family::default(),
             database_bytes: Gauge::default(),
             retention_deleted: Family::default(),
+            tenant_allocated: Family::default(),
+            tenant_used: Family::default(),
+            tenant_idle: Family::default(),
+            episode_idle_seconds: Family::default(),
+            episode_gpu_equivalents: Family::default(),
+            node_capacity: Family::default(),
+            node_free: Family::default(),
+            node_stranded: Family::default(),
+            analytics_last_success: Gauge::default(),
+            analytics_seconds: Histogram::new([
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
         };
         r.register(
             "gpuledger_aggregator_build",
@@ -204,7 +272,111 @@ impl AggregatorMetrics {
             "Rows deleted by retention, per table",
             m.retention_deleted.clone(),
         );
+        let ge = || Unit::Other("gpu_equivalents".into());
+        r.register_with_unit(
+            "gpuledger_tenant_allocated",
+            "GPU-equivalents a tenant held over the newest complete minute (a 3g MIG slice is 3/7)",
+            ge(),
+            m.tenant_allocated.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_tenant_used",
+            "GPU-equivalents a tenant used over the newest complete minute: SM activity x size",
+            ge(),
+            m.tenant_used.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_tenant_idle",
+            "GPU-equivalents a tenant held but did not use over the newest complete minute",
+            ge(),
+            m.tenant_idle.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_hoarding_episode_idle_duration",
+            "Open idle-hoarding episodes: seconds from the idle run's start to its newest held second",
+            Unit::Seconds,
+            m.episode_idle_seconds.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_hoarding_episode",
+            "Open idle-hoarding episodes: the size of the idle allocation",
+            ge(),
+            m.episode_gpu_equivalents.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_fragmentation_capacity",
+            "GPUs of a node observed at the newest second",
+            ge(),
+            m.node_capacity.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_fragmentation_free",
+            "Free GPU-equivalents of a node: unpartitioned slices and instances nobody holds",
+            ge(),
+            m.node_free.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_fragmentation_stranded",
+            "Free GPU-equivalents of a node that the demand mix of MIG profiles cannot use",
+            ge(),
+            m.node_stranded.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_analytics_last_success_timestamp",
+            "Unix time the hoarding and fragmentation evaluation last succeeded",
+            Unit::Seconds,
+            m.analytics_last_success.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_analytics_duration",
+            "Time one hoarding and fragmentation evaluation takes",
+            Unit::Seconds,
+            m.analytics_seconds.clone(),
+        );
         AggregatorMetrics { registry: r, ..m }
+    }
+
+    /// Replaces the analytics families with `current`: series of tenants, episodes and nodes no
+    /// longer in it are removed.
+    pub fn set_current(&self, current: &crate::analytics::Current) {
+        for f in [&self.tenant_allocated, &self.tenant_used, &self.tenant_idle] {
+            f.clear();
+        }
+        for ((tenant, slo_class), (allocated, used)) in &current.tenants {
+            let l = TenantLabels {
+                tenant: tenant.clone(),
+                slo_class: slo_class.clone(),
+            };
+            self.tenant_allocated.get_or_create(&l).set(*allocated);
+            self.tenant_used.get_or_create(&l).set(*used);
+            self.tenant_idle.get_or_create(&l).set(allocated - used);
+        }
+        self.episode_idle_seconds.clear();
+        self.episode_gpu_equivalents.clear();
+        for e in &current.episodes {
+            let [tenant, workload, node, gpu, gpu_instance, slo_class] = e.labels.clone();
+            let l = EpisodeLabels {
+                tenant,
+                workload,
+                node,
+                gpu,
+                gpu_instance,
+                slo_class,
+            };
+            self.episode_idle_seconds.get_or_create(&l).set(e.idle_seconds);
+            self.episode_gpu_equivalents
+                .get_or_create(&l)
+                .set(e.gpu_equivalents);
+        }
+        for f in [&self.node_capacity, &self.node_free, &self.node_stranded] {
+            f.clear();
+        }
+        for (node, (capacity, free, stranded)) in &current.nodes {
+            let l = NodeLabels { node: node.clone() };
+            self.node_capacity.get_or_create(&l).set(*capacity);
+            self.node_free.get_or_create(&l).set(*free);
+            self.node_stranded.get_or_create(&l).set(*stranded);
+        }
     }
 
     /// The registry.

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use gpuledger_aggregator::analytics::Settings as AnalyticsSettings;
 use gpuledger_aggregator::auth::Tokens;
 use gpuledger_aggregator::export::{self, ExportOptions};
 use gpuledger_aggregator::import::{self, ImportOptions};
@@ -28,7 +29,8 @@ pub struct Args {
     /// TOML file with any of these flags.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Token file: one `<scope> <token>` per line, scope node:NAME, node:* or admin.
+    /// Token file: one `<scope> <token>` per line, scope node:NAME, node:*, viewer,
+    /// tenant:NAME or admin.
     /// GPULEDGER_ADMIN_TOKEN in the environment adds an admin token.
     #[arg(long)]
     token_file: Option<PathBuf>,
@@ -53,6 +55,21 @@ pub struct Args {
     /// DuckDB's memory limit, in DuckDB's syntax [default: 1GB].
     #[arg(long)]
     memory_limit: Option<String>,
+    /// A minute of an allocation is idle when its mean SM activity is below this [default: 0.05].
+    #[arg(long)]
+    idle_threshold: Option<f64>,
+    /// How long an idle run lasts before it is a hoarding episode [default: 30m].
+    #[arg(long)]
+    hoarding_window: Option<humantime::Duration>,
+    /// How often hoarding and fragmentation are evaluated [default: 1m].
+    #[arg(long)]
+    analytics_interval: Option<humantime::Duration>,
+    /// Price of a GPU-hour for models without an entry in the config file's [prices] [default: 0].
+    #[arg(long)]
+    default_price: Option<f64>,
+    /// Currency the prices are in, shown beside costs [default: USD].
+    #[arg(long)]
+    currency: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -68,6 +85,19 @@ struct FileConfig {
     queue_samples: Option<usize>,
     max_future_skew: Option<String>,
     memory_limit: Option<String>,
+    idle_threshold: Option<f64>,
+    hoarding_window: Option<String>,
+    analytics_interval: Option<String>,
+    default_price: Option<f64>,
+    currency: Option<String>,
+    /// Price per GPU-hour by model (`"H100-80GB" = 2.49`, or the NVML name).
+    #[serde(default)]
+    prices: std::collections::HashMap<String, f64>,
+    /// Demand mix per model (`[demand."H100-80GB"]` then `"1g.10gb" = 0.6` …); models not
+    /// listed use the allocations observed over `demand_lookback`.
+    #[serde(default)]
+    demand: std::collections::HashMap<String, std::collections::HashMap<String, f64>>,
+    demand_lookback: Option<String>,
 }
 
 fn tokens(file: Option<PathBuf>) -> anyhow::Result<Tokens> {
@@ -111,7 +141,66 @@ fn config(args: Args) -> anyhow::Result<Config> {
         retention.raw_secs <= retention.rollup_secs,
         "--raw-retention must not be longer than --rollup-retention"
     );
+    let defaults_a = AnalyticsSettings::default();
+    let idle_threshold = args
+        .idle_threshold
+        .or(file.idle_threshold)
+        .unwrap_or(defaults_a.idle_threshold);
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&idle_threshold),
+        "--idle-threshold {idle_threshold} is outside 0–1"
+    );
+    for (model, price) in &file.prices {
+        anyhow::ensure!(
+            price.is_finite() && *price >= 0.0,
+            "prices.{model:?} = {price} is not a price"
+        );
+    }
+    for (model, mix) in &file.demand {
+        let known = gpuledger_schema::mig::model(model)
+            .with_context(|| format!("demand.{model:?}: not a GPU model gpuledger knows"))?;
+        for (profile, w) in mix {
+            anyhow::ensure!(
+                known.profile(profile).is_some(),
+                "demand.{model:?}.{profile:?}: {} has no such MIG profile",
+                known.key
+            );
+            anyhow::ensure!(w.is_finite() && *w >= 0.0, "demand.{model:?}.{profile:?} = {w} is not a weight");
+        }
+    }
+    let analytics = AnalyticsSettings {
+        idle_threshold,
+        window: duration(
+            "hoarding_window",
+            args.hoarding_window,
+            file.hoarding_window,
+            defaults_a.window.as_secs(),
+        )?,
+        interval: duration(
+            "analytics_interval",
+            args.analytics_interval,
+            file.analytics_interval,
+            defaults_a.interval.as_secs(),
+        )?,
+        prices: file.prices,
+        default_price: args
+            .default_price
+            .or(file.default_price)
+            .unwrap_or(defaults_a.default_price),
+        currency: args
+            .currency
+            .or(file.currency)
+            .unwrap_or(defaults_a.currency),
+        demand: file.demand,
+        demand_lookback: duration(
+            "demand_lookback",
+            None,
+            file.demand_lookback,
+            defaults_a.demand_lookback.as_secs(),
+        )?,
+    };
     Ok(Config {
+        analytics,
         db: args
             .db
             .or(file.db)

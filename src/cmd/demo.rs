@@ -43,6 +43,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         retention: Retention::default(),
         retention_interval: Duration::from_secs(600),
         limits: Limits::default(),
+        // Illustrative list prices per GPU-hour, so that the demo's showback has costs.
+        analytics: gpuledger_aggregator::analytics::Settings {
+            prices: [("A100-80GB", 1.79), ("H100-80GB", 2.49), ("H200-141GB", 3.39)]
+                .into_iter()
+                .map(|(m, p)| (m.to_owned(), p))
+                .collect(),
+            ..Default::default()
+        },
     };
     eprintln!(
         "gpuledger demo: {} simulated nodes ({}) ship to an aggregator writing {}.",

@@ -187,6 +187,8 @@ fn compute_in_snapshot(conn: &Connection, settings: &Settings) -> duckdb::Result
 /// The figures `/metrics` shows, as of the newest complete minute.
 #[derive(Debug, Clone, Default)]
 pub struct Current {
+    /// The newest second observed in the ledger.
+    pub newest: Option<i64>,
     /// The minute they describe.
     pub minute: Option<i64>,
     /// (tenant, slo_class) → (allocated, used) GPU-equivalents over that minute.
@@ -232,6 +234,7 @@ pub fn current(conn: &Connection, settings: &Settings) -> duckdb::Result<Current
     let newest = bucket + 63 - i64::from(mask.leading_zeros());
     // The newest complete minute.
     let minute = (newest + 1).div_euclid(60) * 60 - 60;
+    out.newest = Some(newest);
     out.minute = Some(minute);
     let mut stmt = conn.prepare_cached(
         "SELECT h.tenant, coalesce(h.slo_class, ''),

@@ -2,7 +2,10 @@
 //! The routes are listed in [`crate::router`].
 
 pub mod error;
+pub mod fragmentation;
+pub mod hoarding;
 pub mod ingest;
+pub mod showback;
 
 use std::sync::Arc;
 
@@ -29,6 +32,94 @@ pub struct App {
     pub readers: Readers,
     /// Own metrics.
     pub metrics: Arc<AggregatorMetrics>,
+    /// One analytics evaluation at a time (the loop and `POST /api/v1/analytics/evaluate`).
+    pub analytics_lock: tokio::sync::Mutex<()>,
+}
+
+impl App {
+    /// Evaluates hoarding and fragmentation for every dirty GPU-hour, then refreshes the
+    /// analytics metrics.
+    pub async fn evaluate(&self) -> Result<crate::analytics::PassReport, crate::store::StoreError> {
+        let _one = self.analytics_lock.lock().await;
+        let started = std::time::Instant::now();
+        let report =
+            crate::analytics::evaluate(&self.readers, &self.writer, &self.config.analytics, 10_000)
+                .await?;
+        let conn = self.readers.connect()?;
+        let settings = self.config.analytics.clone();
+        let current = tokio::task::spawn_blocking(move || crate::analytics::current(&conn, &settings))
+            .await
+            .map_err(|e| crate::store::StoreError::Io(format!("the analytics task failed: {e}")))?
+            .map_err(crate::store::StoreError::from_db)?;
+        self.metrics.set_current(&current);
+        if let Some(newest) = current.newest {
+            use crate::store::writer::WriteObserver;
+            self.metrics.newest_sample(newest);
+        }
+        self.metrics
+            .analytics_last_success
+            .set(chrono::Utc::now().timestamp());
+        self.metrics
+            .analytics_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(report)
+    }
+}
+
+/// Parses a time query parameter: RFC 3339 or Unix seconds; 400 naming it otherwise.
+pub fn time_param(name: &'static str, value: Option<&str>) -> Result<Option<i64>, error::ApiError> {
+    value
+        .map(|v| {
+            gpuledger_schema::trace::parse_timestamp(v).map_err(|e| {
+                error::ApiError::bad_request(name, format!("{v:?} is not a time (RFC 3339 or Unix seconds): {e}"))
+            })
+        })
+        .transpose()
+}
+
+/// `[from, to)` from the query: `to` defaults to now, `from` to the start of `to`'s UTC month.
+pub fn range_params(
+    from: Option<&str>,
+    to: Option<&str>,
+    max_secs: i64,
+) -> Result<(i64, i64), error::ApiError> {
+    use chrono::{Datelike, TimeZone};
+    let to = time_param("to", to)?.unwrap_or_else(|| chrono::Utc::now().timestamp());
+    let from = match time_param("from", from)? {
+        Some(f) => f,
+        None => {
+            let t = chrono::Utc.timestamp_opt(to, 0).single().unwrap_or_default();
+            chrono::Utc
+                .with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
+                .single()
+                .map_or(to, |m| m.timestamp())
+        }
+    };
+    if from >= to {
+        return Err(error::ApiError::bad_request("from", format!("from ({from}) must be before to ({to})")));
+    }
+    if to - from > max_secs {
+        return Err(error::ApiError::bad_request(
+            "from",
+            format!("the range is {} s; at most {max_secs} s (the rollup retention) is kept", to - from),
+        ));
+    }
+    Ok((from, to))
+}
+
+/// `POST /api/v1/analytics/evaluate` (admin): evaluates now instead of at the next tick, and
+/// says what it recomputed.
+pub async fn evaluate_now(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+) -> Result<axum::Json<serde_json::Value>, error::ApiError> {
+    app.tokens.authenticate(&headers)?.require_admin()?;
+    let r = app.evaluate().await.map_err(|e| error::ApiError::internal(&e))?;
+    Ok(axum::Json(serde_json::json!({
+        "gpu_hours": r.gpu_hours,
+        "gpus": r.gpus,
+        "episodes": r.episodes,
+    })))
 }
 
 /// The state handlers extract.

@@ -1,0 +1,99 @@
+//! `GET /api/v1/showback?from=&to=&group_by=`: allocated, used and idle GPU-seconds and cost per
+//! group over `[from, to)`, and the fleet's totals. Definitions: `schema/ANALYTICS.md`.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use serde_json::{Map, Value, json};
+
+use super::error::ApiError;
+use super::{AppState, range_params};
+use crate::analytics::showback::{self, GroupBy, ShowbackError};
+
+/// Refuses parameters the endpoint does not know (a typo would otherwise be silently ignored).
+pub fn only_params(q: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiError> {
+    match q.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::bad_request(
+            k.clone(),
+            format!("unknown parameter; this endpoint takes {}", known.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The handler.
+pub async fn showback(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let role = app.tokens.authenticate(&headers)?;
+    let tenant = role.read_scope()?.map(str::to_owned);
+    only_params(&q, &["from", "to", "group_by"])?;
+    let by = match q.get("group_by").map(String::as_str) {
+        None => GroupBy::Tenant,
+        Some(s) => GroupBy::parse(s).ok_or_else(|| {
+            ApiError::bad_request("group_by", format!("{s:?} is not one of {}", GroupBy::NAMES))
+        })?,
+    };
+    let retention = app.config.retention;
+    let (from, to) = range_params(
+        q.get("from").map(String::as_str),
+        q.get("to").map(String::as_str),
+        retention.rollup_secs,
+    )?;
+    let raw_from = chrono::Utc::now().timestamp() - retention.raw_secs;
+    let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
+    let settings = app.config.analytics.clone();
+    let scope = tenant.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        showback::showback(&conn, from, to, by, scope.as_deref(), raw_from, &settings)
+    })
+    .await
+    .map_err(|e| ApiError::internal(&e))?;
+    let s = match result {
+        Ok(s) => s,
+        Err(ShowbackError::RawGone { field, .. }) => {
+            let e = result.err().expect("an error");
+            return Err(ApiError::bad_request(field, e.to_string()));
+        }
+        Err(e) => return Err(ApiError::internal(&e)),
+    };
+    let rows: Vec<Value> = s
+        .rows
+        .iter()
+        .map(|r| {
+            let mut m = Map::new();
+            for (name, value) in by.columns().iter().zip(&r.key) {
+                m.insert((*name).to_owned(), json!(value));
+            }
+            if let Value::Object(f) = json!(r.figures) {
+                m.extend(f);
+            }
+            Value::Object(m)
+        })
+        .collect();
+    let t = &s.totals;
+    let totals = if tenant.is_some() {
+        // A tenant sees its own figures only; fleet figures are not its data.
+        json!({
+            "allocated_gpu_seconds": t.allocated_gpu_seconds,
+            "used_gpu_seconds": t.used_gpu_seconds,
+            "idle_gpu_seconds": t.idle_gpu_seconds,
+            "cost": t.cost,
+            "idle_cost": t.idle_cost,
+        })
+    } else {
+        json!(t)
+    };
+    Ok(Json(json!({
+        "from": from,
+        "to": to,
+        "group_by": by.columns().last(),
+        "currency": app.config.analytics.currency,
+        "rows": rows,
+        "totals": totals,
+    })))
+}
