@@ -8,12 +8,14 @@ use std::collections::BTreeSet;
 
 use common::{ADMIN_TOKEN, Aggregator};
 use gpuledger_schema::wire::Batch;
-use gpuledger_schema::{Attribution, Counters, Instance, Sample};
+use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
 async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
-    let a = Aggregator::start(&dir.join("ledger.duckdb"), 0, &[]).await;
-    let t = chrono::Utc::now().timestamp() - 100;
-    let samples: Vec<Sample> = (t..t + 10)
+    let a = Aggregator::start(&dir.join("ledger.duckdb"), 0, &["--hoarding-window", "1m"]).await;
+    // Three idle minutes of a held GPU: a hoarding episode under a one-minute window.
+    let now = chrono::Utc::now().timestamp();
+    let t = now - now.rem_euclid(60) - 240;
+    let samples: Vec<Sample> = (t..t + 180)
         .map(|ts| Sample {
             timestamp: ts,
             instance: Instance {
@@ -25,9 +27,13 @@ async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
                 placement_start: None,
                 placement_size: None,
             },
-            attribution: Attribution::default(),
+            attribution: Attribution {
+                tenant: Some("t1".into()),
+                workload: Some("t1/w".into()),
+                slo_class: Some(SloClass::Batch),
+            },
             counters: Counters {
-                sm_active: Some(0.5),
+                sm_active: Some(0.0),
                 ..Counters::default()
             },
         })
@@ -36,6 +42,13 @@ async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
     assert_eq!(a.ingest(ADMIN_TOKEN, &batch).await.0, 200);
     assert_eq!(a.ingest(ADMIN_TOKEN, &batch).await.0, 200);
     assert_eq!(a.ingest("wrong-token-wrong-token", &batch).await.0, 401);
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/analytics/evaluate", a.url()))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
     a
 }
 
@@ -64,7 +77,7 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
 
     // The values say what happened.
     for (line, want) in [
-        ("gpuledger_aggregator_ingest_samples_total", 10.0),
+        ("gpuledger_aggregator_ingest_samples_total", 180.0),
         ("gpuledger_aggregator_ingest_batches_total", 1.0),
         ("gpuledger_aggregator_ingest_duplicate_batches_total", 1.0),
         (
@@ -73,13 +86,18 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
         ),
         (
             "gpuledger_aggregator_store_rows{table=\"samples_raw\"}",
-            10.0,
+            180.0,
         ),
         // Two commits: the batch, and its re-send (a transaction that only finds the id stored).
         (
             "gpuledger_aggregator_writer_commit_duration_seconds_count",
             2.0,
         ),
+        (
+            "gpuledger_hoarding_episode_idle_duration_seconds{tenant=\"t1\",workload=\"t1/w\",node=\"n1\",gpu=\"GPU-1\",gpu_instance=\"\",slo_class=\"batch\"}",
+            180.0,
+        ),
+        ("gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}", 1.0),
     ] {
         assert_eq!(a.value(line).await, Some(want), "{line}");
     }
@@ -93,8 +111,12 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let documented: BTreeSet<String> = readme
         .lines()
-        .filter_map(|l| l.strip_prefix("| `gpuledger_aggregator_"))
-        .map(|l| format!("gpuledger_aggregator_{}", l.split('`').next().unwrap()))
+        .filter_map(|l| {
+            ["aggregator_", "tenant_", "hoarding_", "fragmentation_"]
+                .iter()
+                .find_map(|p| Some((*p, l.strip_prefix("| `gpuledger_")?.strip_prefix(p)?)))
+        })
+        .map(|(p, l)| format!("gpuledger_{p}{}", l.split('`').next().unwrap()))
         .collect();
     assert_eq!(
         documented, exported,
