@@ -4,14 +4,18 @@
 //!    the writer alone (dedup, raw rows and three rollups, in process), and end to end over HTTP:
 //!    simulated exporters POSTing gzip batches to a real `gpuledger aggregator` process;
 //! 2. that process's RSS while it ingests, and bytes on disk per stored sample;
-//! 3. a month's showback for 1,000 GPUs × 7 MIG instances, from the rollups.
+//! 3. a month's showback for 1,000 GPUs × 7 MIG instances, from the rollups, through the same
+//!    function the API calls;
+//! 4. one hoarding + fragmentation evaluation over the last hour for 10,000 instances.
 //!
-//! Run with `cargo bench --bench aggregator`; `cargo test` runs it only as a smoke check.
+//! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
+//! `cargo test` runs it only as a smoke check.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpuledger_aggregator::analytics::{self, showback::{self, GroupBy}};
 use gpuledger_aggregator::store::{self, Writer};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
@@ -297,6 +301,10 @@ fn month_showback(dir: &std::path::Path) {
              FROM range({month}) a(hr), range(1, 7001) b(i);
          INSERT INTO rollup_tenant_1h SELECT {t0} + 3600 * hr, 'tenant-' || tn, 'batch', 'NVIDIA H100 80GB HBM3', 3600 * 175, 3600 * 25.0, 3600 * 25.0, 3600 * 7.5
              FROM range({month}) a(hr), range(40) b(tn);
+         INSERT INTO rollup_gpu_1h SELECT {t0} + 3600 * hr, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3', 3600, 3600 * 7
+             FROM range({month}) a(hr), range(1000) b(g);
+         INSERT INTO fragmentation_1h SELECT {t0} + 3600 * hr, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3', 3600, 3600 * 7, 0.0, 0.0
+             FROM range({month}) a(hr), range(1000) b(g);
          CHECKPOINT;"
     ))
     .unwrap();
@@ -342,6 +350,81 @@ fn month_showback(dir: &std::path::Path) {
         tenant / base,
         workload / base
     );
+    // The API's function: rows, capacity, coverage and stranded for the month.
+    let settings = analytics::Settings::default();
+    for by in [GroupBy::Tenant, GroupBy::Workload] {
+        let run = || {
+            showback::showback(&conn, t0, t0 + 3600 * month, by, None, i64::MIN, &settings)
+                .unwrap()
+        };
+        let rows = run().rows.len();
+        let runs = 10;
+        let start = Instant::now();
+        for _ in 0..runs {
+            std::hint::black_box(run());
+        }
+        let ms = start.elapsed().as_secs_f64() * 1000.0 / runs as f64;
+        eprintln!(
+            "  showback::showback(group_by={by:?}) for the month (what GET /api/v1/showback runs): {ms:.2} ms ({rows} rows) = {:.2}× the baseline",
+            ms / base
+        );
+    }
+}
+
+/// One evaluation pass over the last hour of 10,000 instances (1,429 GPUs × 7 1g.10gb slices),
+/// written as minute rollups with SQL: a quarter of the allocations idle (hoarding candidates),
+/// every GPU-hour dirty. Baseline: scanning the same minute rows once in SQL.
+fn hour_evaluation(dir: &std::path::Path) {
+    let (conn, _) = store::open(&dir.join("hour.duckdb")).unwrap();
+    let t0: i64 = 1_767_225_600;
+    let gpus = 1429;
+    let n = gpus * 7;
+    conn.execute_batch(&format!(
+        "INSERT INTO instances SELECT i + 1, 'node-' || (i // 56), 'GPU-' || (i // 7), i % 7, 'NVIDIA H100 80GB HBM3', '1g.10gb', i % 7, 1, 1.0 / 7 FROM range({n}) t(i);
+         INSERT INTO holders SELECT h, 'tenant-' || (h % 40), 'wl-' || h, 'interactive' FROM range(1, {n} + 1) t(h);
+         INSERT INTO rollup_1m (bucket, instance_id, holder_id, seconds_mask, samples, sm_active_samples, sm_active_sum,
+                                sm_occupancy_samples, sm_occupancy_sum, tensor_active_samples, tensor_active_sum,
+                                dram_active_samples, dram_active_sum, fb_used_samples, fb_used_bytes_sum,
+                                nvlink_tx_bytes_sum, nvlink_rx_bytes_sum)
+             SELECT {t0} + 60 * m, i, CASE WHEN i % 7 = 6 THEN 0 ELSE i END, (1::UBIGINT << 60) - 1, 60, 60,
+                    CASE WHEN i % 4 = 0 THEN 0.0 ELSE 60 * 0.7 END, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
+             FROM range(60) a(m), range(1, {n} + 1) b(i);
+         INSERT INTO rollup_gpu_1h SELECT {t0}, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3', 3600, 3600 * 7
+             FROM range({gpus}) b(g);
+         CHECKPOINT;"
+    ))
+    .unwrap();
+    let base = {
+        let start = Instant::now();
+        let runs = 5;
+        for _ in 0..runs {
+            let v: (i64, i64) = conn
+                .query_row(
+                    "SELECT count(*), sum(bit_count(seconds_mask))::BIGINT FROM rollup_1m WHERE bucket >= ? AND bucket < ?",
+                    [t0, t0 + 3600],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .unwrap();
+            std::hint::black_box(v);
+        }
+        start.elapsed().as_secs_f64() * 1000.0 / runs as f64
+    };
+    eprintln!("  baseline: one SQL scan of the hour's {} minute rows: {base:.1} ms", n * 60);
+    let readers = store::query::Readers::new(&conn, None).unwrap();
+    let (writer, _thread) = Writer::spawn(conn, 1_000, Arc::new(())).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let settings = analytics::Settings::default();
+    let start = Instant::now();
+    let report = rt
+        .block_on(analytics::evaluate(&readers, &writer, &settings, 10))
+        .unwrap();
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    eprintln!(
+        "  hoarding + fragmentation evaluation of the hour ({} GPU-hours, {} episodes): {ms:.0} ms = {:.1}× the baseline",
+        report.gpu_hours,
+        report.episodes,
+        ms / base
+    );
 }
 
 fn main() {
@@ -350,6 +433,11 @@ fn main() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    if std::env::args().any(|a| a == "analytics") {
+        month_showback(dir.path());
+        hour_evaluation(dir.path());
+        return;
+    }
     let t0 = chrono::Utc::now().timestamp() - 6 * 3600;
     // 40 nodes × 56 instances × 900 s = 2,016,000 samples, as 100 s batches (5,600 samples).
     let big = batches(40, 900, 100, t0);
@@ -404,4 +492,5 @@ fn main() {
         );
     }
     month_showback(dir.path());
+    hour_evaluation(dir.path());
 }

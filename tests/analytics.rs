@@ -175,7 +175,7 @@ async fn known_trace_gives_exact_gpu_seconds_episodes_and_fragmentation() {
 
     // Fragmentation at the last second: the checkerboard leaves slots 1, 3, 5, 7 and only 1g.
     let demand = analytics::demand_mix(&conn, &s, T0 + 7199).unwrap();
-    let gpus = analytics::fragmentation::at(&conn, T0 + 7199, 120, &demand).unwrap();
+    let gpus = analytics::fragmentation::at(&conn, &analytics::facts::Dims::load(&conn).unwrap(), T0 + 7199, 120, &demand).unwrap();
     assert_eq!(gpus.len(), 2);
     let a = gpus.iter().find(|g| g.gpu.gpu_uuid == "GPU-A").unwrap();
     assert_eq!(a.fragmentation.free_slots, [1, 3, 5, 7]);
@@ -318,7 +318,7 @@ async fn invariants_hold_on_random_fleets_and_ranges() {
             if case % 3 == 0 {
                 let pass_end = (last - 1) - (last - 1).rem_euclid(3600) + 3600;
                 let demand = analytics::demand_mix(&conn, &s, pass_end).unwrap();
-                let direct: f64 = analytics::fragmentation::over_range(&conn, a, b, &demand)
+                let direct: f64 = analytics::fragmentation::over_range(&conn, &analytics::facts::Dims::load(&conn).unwrap(), a, b, &demand)
                     .unwrap()
                     .iter()
                     .map(|h| h.stranded_slice_seconds / 7.0)

@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use duckdb::{Connection, params};
 use gpuledger_schema::mig::{self, SLICES_PER_GPU};
 
+pub use super::facts::GpuKey;
+use super::facts::{Dims, InstanceDim, MinuteFact, minute_facts};
 use super::geometry::{self, Demand, Fragmentation, Present};
 
 /// The demand mix per GPU model: configured, or observed allocations.
@@ -69,81 +71,42 @@ impl DemandMix {
     }
 }
 
-/// One instance row of a GPU-minute.
-#[derive(Debug, Clone)]
-struct InstanceRow {
-    instance_id: i32,
-    gpu_instance_id: i32,
-    mig_profile: Option<String>,
-    placement_start: Option<i32>,
-    tenant: Option<String>,
-    workload: Option<String>,
-    slo_class: Option<String>,
-    mask: u64,
-}
-
-impl InstanceRow {
-    fn present(&self, model: Option<&'static mig::GpuModel>) -> Present {
-        let profile = geometry::profile_of(model, self.mig_profile.as_deref());
-        let slices = match &self.mig_profile {
-            None => SLICES_PER_GPU,
-            Some(p) => mig::compute_slices_of(p).unwrap_or(SLICES_PER_GPU),
+/// The instance of a fact, as the geometry sees it.
+fn present(dims: &Dims, f: &MinuteFact) -> Present {
+    let allocated = dims.is_allocated(f.holder_id);
+    let Some(i) = dims.instance(f.instance_id) else {
+        return Present {
+            profile: None,
+            start: None,
+            slices: SLICES_PER_GPU,
+            allocated,
         };
-        Present {
-            profile,
-            start: self.placement_start.and_then(|s| u32::try_from(s).ok()),
-            slices,
-            allocated: self.tenant.is_some(),
-        }
+    };
+    let slices = match &i.mig_profile {
+        None => SLICES_PER_GPU,
+        Some(p) => mig::compute_slices_of(p).unwrap_or(SLICES_PER_GPU),
+    };
+    Present {
+        profile: geometry::profile_of(i.model, i.mig_profile.as_deref()),
+        start: i.placement_start.and_then(|s| u32::try_from(s).ok()),
+        slices,
+        allocated,
     }
 }
 
-/// A GPU as the ledger names it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GpuKey {
-    /// Node.
-    pub node: String,
-    /// UUID.
-    pub gpu_uuid: String,
-    /// Model name as reported.
-    pub gpu_model: String,
-}
-
 const MINUTE_ROWS: &str = "
-SELECT i.node, i.gpu_uuid, i.gpu_model, r.bucket, r.instance_id, i.gpu_instance_id,
-       i.mig_profile, i.placement_start, h.tenant, h.workload, h.slo_class, r.seconds_mask
-FROM rollup_1m r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
-WHERE r.bucket >= ? AND r.bucket < ?";
+SELECT bucket, instance_id, holder_id, seconds_mask, sm_active_samples, sm_active_sum
+FROM rollup_1m WHERE bucket >= ? AND bucket < ?";
 
-/// (gpu, minute bucket) → instance rows.
-type Minutes = BTreeMap<(GpuKey, i64), Vec<InstanceRow>>;
+/// (gpu index, minute bucket) → the minute's rows.
+type Minutes = BTreeMap<(usize, i64), Vec<MinuteFact>>;
 
-fn minute_rows(conn: &Connection, from: i64, to: i64) -> duckdb::Result<Minutes> {
+fn minute_rows(conn: &Connection, dims: &Dims, from: i64, to: i64) -> duckdb::Result<Minutes> {
     let mut out: Minutes = BTreeMap::new();
-    let mut stmt = conn.prepare_cached(MINUTE_ROWS)?;
-    let rows = stmt.query_map(params![from.div_euclid(60) * 60, to], |r| {
-        Ok((
-            GpuKey {
-                node: r.get(0)?,
-                gpu_uuid: r.get(1)?,
-                gpu_model: r.get(2)?,
-            },
-            r.get::<_, i64>(3)?,
-            InstanceRow {
-                instance_id: r.get(4)?,
-                gpu_instance_id: r.get(5)?,
-                mig_profile: r.get(6)?,
-                placement_start: r.get(7)?,
-                tenant: r.get(8)?,
-                workload: r.get(9)?,
-                slo_class: r.get(10)?,
-                mask: r.get(11)?,
-            },
-        ))
-    })?;
-    for row in rows {
-        let (gpu, bucket, inst) = row?;
-        out.entry((gpu, bucket)).or_default().push(inst);
+    for f in minute_facts(conn, MINUTE_ROWS, params![from.div_euclid(60) * 60, to])? {
+        if let Some(i) = dims.instance(f.instance_id) {
+            out.entry((i.gpu, f.bucket)).or_default().push(f);
+        }
     }
     Ok(out)
 }
@@ -178,14 +141,16 @@ pub struct GpuHour {
 /// set of instances whose mask holds it.
 pub fn over_range(
     conn: &Connection,
+    dims: &Dims,
     from: i64,
     to: i64,
     demand: &DemandMix,
 ) -> duckdb::Result<Vec<GpuHour>> {
-    let minutes = minute_rows(conn, from, to)?;
-    let mut hours: BTreeMap<(i64, GpuKey), GpuHour> = BTreeMap::new();
+    let minutes = minute_rows(conn, dims, from, to)?;
+    let mut hours: BTreeMap<(i64, usize), GpuHour> = BTreeMap::new();
     let mut demands: HashMap<&'static str, Demand> = HashMap::new();
-    for ((gpu, bucket), rows) in &minutes {
+    for ((g, bucket), rows) in &minutes {
+        let gpu = &dims.gpus[*g];
         let model = mig::model(&gpu.gpu_model);
         let d = match model {
             Some(m) => demands
@@ -202,7 +167,7 @@ pub fn over_range(
         // The same set of instances usually spans the whole minute: analyse each set once.
         let mut seen: HashMap<u64, Fragmentation> = HashMap::new();
         let h = hours
-            .entry((bucket - bucket.rem_euclid(3600), gpu.clone()))
+            .entry((bucket - bucket.rem_euclid(3600), *g))
             .or_insert_with(|| GpuHour {
                 bucket: bucket - bucket.rem_euclid(3600),
                 gpu: gpu.clone(),
@@ -214,19 +179,26 @@ pub fn over_range(
         while bits != 0 {
             let s = bits.trailing_zeros();
             bits &= bits - 1;
-            let subset = rows
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| r.mask & (1 << s) != 0)
-                .fold(0u64, |m, (k, _)| m | (1 << (k % 64)));
-            let f = seen.entry(subset).or_insert_with(|| {
-                let present: Vec<Present> = rows
+            let analyse = || {
+                let here: Vec<Present> = rows
                     .iter()
                     .filter(|r| r.mask & (1 << s) != 0)
-                    .map(|r| r.present(model))
+                    .map(|r| present(dims, r))
                     .collect();
-                geometry::analyse(model, &present, &d)
-            });
+                geometry::analyse(model, &here, &d)
+            };
+            let computed;
+            let f = if rows.len() <= 64 {
+                let subset = rows
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.mask & (1 << s) != 0)
+                    .fold(0u64, |m, (k, _)| m | (1 << k));
+                &*seen.entry(subset).or_insert_with(analyse)
+            } else {
+                computed = analyse();
+                &computed
+            };
             h.observed_seconds += 1;
             h.free_slice_seconds += f64::from(f.free_slices);
             h.stranded_slice_seconds += f.stranded_slices;
@@ -269,17 +241,24 @@ pub struct GpuNow {
 
 /// Every GPU's geometry at `at`: for each GPU, the latest second at or before `at` (and within
 /// `max_age` seconds of it) in which it was observed. GPUs not observed then are left out.
-pub fn at(conn: &Connection, at: i64, max_age: i64, demand: &DemandMix) -> duckdb::Result<Vec<GpuNow>> {
-    let minutes = minute_rows(conn, at - max_age, at + 1)?;
-    let mut latest: BTreeMap<GpuKey, (i64, &Vec<InstanceRow>)> = BTreeMap::new();
-    for ((gpu, bucket), rows) in &minutes {
+pub fn at(
+    conn: &Connection,
+    dims: &Dims,
+    at: i64,
+    max_age: i64,
+    demand: &DemandMix,
+) -> duckdb::Result<Vec<GpuNow>> {
+    let minutes = minute_rows(conn, dims, at - max_age, at + 1)?;
+    let mut latest: BTreeMap<&GpuKey, (i64, &Vec<MinuteFact>)> = BTreeMap::new();
+    for ((g, bucket), rows) in &minutes {
+        let gpu = &dims.gpus[*g];
         let union = rows.iter().fold(0, |m, r| m | r.mask) & range_mask(*bucket, at - max_age, at + 1);
         if union == 0 {
             continue;
         }
         let second = bucket + 63 - i64::from(union.leading_zeros());
         if latest.get(gpu).is_none_or(|(t, _)| *t < second) {
-            latest.insert(gpu.clone(), (second, rows));
+            latest.insert(gpu, (second, rows));
         }
     }
     let mut out = Vec::with_capacity(latest.len());
@@ -290,23 +269,36 @@ pub fn at(conn: &Connection, at: i64, max_age: i64, demand: &DemandMix) -> duckd
             Some(m) => demand.for_model(m),
             None => Demand::from_counts(&mig::MODELS[0], &HashMap::new()),
         };
-        let mut here: Vec<&InstanceRow> = rows.iter().filter(|r| r.mask & bit != 0).collect();
-        here.sort_by_key(|r| (r.placement_start, r.gpu_instance_id, r.instance_id));
-        let present: Vec<Present> = here.iter().map(|r| r.present(model)).collect();
+        let mut here: Vec<(&MinuteFact, Option<&InstanceDim>)> = rows
+            .iter()
+            .filter(|r| r.mask & bit != 0)
+            .map(|r| (r, dims.instance(r.instance_id)))
+            .collect();
+        here.sort_by_key(|(r, i)| {
+            (
+                i.and_then(|i| i.placement_start),
+                i.map(|i| i.gpu_instance_id),
+                r.instance_id,
+            )
+        });
+        let present: Vec<Present> = here.iter().map(|(r, _)| present(dims, r)).collect();
         let fragmentation = geometry::analyse(model, &present, &d);
         let advice = model.and_then(|m| geometry::advise(m, &present, &d));
         out.push(GpuNow {
-            gpu,
+            gpu: gpu.clone(),
             observed_at: second,
             instances: here
                 .iter()
-                .map(|r| InstanceNow {
-                    gpu_instance_id: (r.gpu_instance_id >= 0).then_some(r.gpu_instance_id),
-                    mig_profile: r.mig_profile.clone(),
-                    placement_start: r.placement_start,
-                    tenant: r.tenant.clone(),
-                    workload: r.workload.clone(),
-                    slo_class: r.slo_class.clone(),
+                .map(|(r, i)| {
+                    let h = dims.holders.get(&r.holder_id).cloned().unwrap_or_default();
+                    InstanceNow {
+                        gpu_instance_id: i.map(|i| i.gpu_instance_id).filter(|g| *g >= 0),
+                        mig_profile: i.and_then(|i| i.mig_profile.clone()),
+                        placement_start: i.and_then(|i| i.placement_start),
+                        tenant: h.tenant,
+                        workload: h.workload,
+                        slo_class: h.slo_class,
+                    }
                 })
                 .collect(),
             fragmentation,

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use duckdb::{Connection, params};
 
 use super::Settings;
+use super::facts::{Dims, minute_facts};
 
 /// One UTC minute of one allocation, from `rollup_1m`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -144,6 +145,7 @@ pub struct Recomputed {
 /// connection inside a read transaction.
 pub fn recompute(
     conn: &Connection,
+    dims: &Dims,
     dirty: &HashMap<String, i64>,
     settings: &Settings,
 ) -> duckdb::Result<Recomputed> {
@@ -190,49 +192,46 @@ pub fn recompute(
         app.flush()?;
     }
     let from = scan.values().copied().min().unwrap_or(0);
-    let mut stmt = conn.prepare_cached(
-        "SELECT i.gpu_uuid, r.instance_id, r.holder_id, h.tenant IS NOT NULL, i.gpu_equivalents,
-                r.bucket, r.seconds_mask, r.sm_active_samples, r.sm_active_sum
+    let facts = minute_facts(
+        conn,
+        "SELECT r.bucket, r.instance_id, r.holder_id, r.seconds_mask, r.sm_active_samples, r.sm_active_sum
          FROM rollup_1m r
          JOIN instances i USING (instance_id)
-         JOIN holders h USING (holder_id)
          JOIN temp.hoarding_scan s ON s.gpu_uuid = i.gpu_uuid
          WHERE r.bucket >= ? AND r.bucket >= s.from_bucket",
+        [from],
     )?;
-    // (gpu, instance, holder) → (size, minutes)
-    let mut allocations: BTreeMap<(String, i32, i32), (f64, Vec<MinuteRow>)> = BTreeMap::new();
-    let mut newest: HashMap<String, i64> = HashMap::new();
-    let rows = stmt.query_map([from], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            (r.get::<_, i32>(1)?, r.get::<_, i32>(2)?, r.get::<_, f64>(4)?),
-            r.get::<_, bool>(3)?,
-            MinuteRow {
-                bucket: r.get(5)?,
-                mask: r.get(6)?,
-                sm_samples: r.get::<_, i64>(7)?,
-                sm_sum: r.get(8)?,
-            },
-        ))
-    })?;
-    for row in rows {
-        let (gpu, (iid, hid, size), allocated, minute) = row?;
-        let n = newest.entry(gpu.clone()).or_insert(i64::MIN);
+    // (instance, holder) → (size, minutes); the newest second per GPU UUID.
+    let mut allocations: BTreeMap<(i32, i32), (f64, Vec<MinuteRow>)> = BTreeMap::new();
+    let mut newest: HashMap<&str, i64> = HashMap::new();
+    for f in facts {
+        let Some(inst) = dims.instance(f.instance_id) else { continue };
+        let minute = MinuteRow {
+            bucket: f.bucket,
+            mask: f.mask,
+            sm_samples: f.sm_samples,
+            sm_sum: f.sm_sum,
+        };
         if minute.mask != 0 {
+            let n = newest.entry(&dims.gpus[inst.gpu].gpu_uuid).or_insert(i64::MIN);
             *n = (*n).max(minute.last_second());
         }
-        if allocated {
+        if dims.is_allocated(f.holder_id) {
             allocations
-                .entry((gpu, iid, hid))
-                .or_insert_with(|| (size, Vec::new()))
+                .entry((f.instance_id, f.holder_id))
+                .or_insert_with(|| (inst.gpu_equivalents, Vec::new()))
                 .1
                 .push(minute);
         }
     }
     let mut episodes = Vec::new();
-    for ((gpu, iid, hid), (size, mut minutes)) in allocations {
+    for ((iid, hid), (size, mut minutes)) in allocations {
         minutes.sort_by_key(|m| m.bucket);
-        let gpu_newest = newest.get(&gpu).copied().unwrap_or(i64::MIN);
+        let gpu_newest = dims
+            .instance(iid)
+            .and_then(|i| newest.get(dims.gpus[i.gpu].gpu_uuid.as_str()))
+            .copied()
+            .unwrap_or(i64::MIN);
         for run in runs(&minutes, settings.idle_threshold, gpu_newest) {
             if run.duration() >= window {
                 episodes.push(Episode {

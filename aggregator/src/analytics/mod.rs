@@ -12,6 +12,7 @@
 //! The reading is done on a reader connection inside one transaction (one snapshot); the result
 //! is written by the one writer ([`crate::store::Writer::apply`]).
 
+pub mod facts;
 pub mod fragmentation;
 pub mod geometry;
 pub mod hoarding;
@@ -153,9 +154,10 @@ fn compute_in_snapshot(conn: &Connection, settings: &Settings) -> duckdb::Result
     dirty.retain(|d| d.0 < first + 86400);
     let last = dirty.iter().map(|d| d.0).max().unwrap_or(first) + 3600;
     let demand = demand_mix(conn, settings, last)?;
+    let dims = facts::Dims::load(conn)?;
     let wanted: HashSet<(i64, &fragmentation::GpuKey)> = dirty.iter().map(|d| (d.0, &d.1)).collect();
     let mut computed: HashMap<(i64, fragmentation::GpuKey), fragmentation::GpuHour> =
-        fragmentation::over_range(conn, first, last, &demand)?
+        fragmentation::over_range(conn, &dims, first, last, &demand)?
             .into_iter()
             .filter(|h| wanted.contains(&(h.bucket, &h.gpu)))
             .map(|h| ((h.bucket, h.gpu.clone()), h))
@@ -180,7 +182,7 @@ fn compute_in_snapshot(conn: &Connection, settings: &Settings) -> duckdb::Result
             instance_seconds: instance,
         });
     }
-    let recomputed = hoarding::recompute(conn, &gpus, settings)?;
+    let recomputed = hoarding::recompute(conn, &dims, &gpus, settings)?;
     Ok(Some((hours, recomputed)))
 }
 
@@ -264,8 +266,9 @@ pub fn current(conn: &Connection, settings: &Settings) -> duckdb::Result<Current
         })?
         .collect::<Result<_, _>>()?;
     let demand = demand_mix(conn, settings, newest)?;
+    let dims = facts::Dims::load(conn)?;
     let mut nodes: std::collections::BTreeMap<String, (f64, f64, f64)> = Default::default();
-    for g in fragmentation::at(conn, newest, 120, &demand)? {
+    for g in fragmentation::at(conn, &dims, newest, 120, &demand)? {
         let n = nodes.entry(g.gpu.node.clone()).or_default();
         let slices = f64::from(gpuledger_schema::mig::SLICES_PER_GPU);
         n.0 += 1.0;

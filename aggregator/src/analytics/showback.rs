@@ -234,12 +234,16 @@ fn group_query(level: Level, by: GroupBy, scoped: bool) -> String {
              WHERE s.ts >= ? AND s.ts < ? AND h.tenant IS NOT NULL {tenant_filter}
              GROUP BY ALL"
         ),
+        // Summed per (instance, holder) before the dimensions are joined: a month of hourly
+        // rows collapses to one row per allocation first (a month for 1,000 GPUs: 154 → 108 ms).
         Level::Minute | Level::Hour => format!(
             "SELECT {k1}, {k2}, i.gpu_model, sum(r.samples * i.gpu_equivalents),
-                    sum(r.sm_active_sum * i.gpu_equivalents),
-                    sum(r.sm_active_samples * i.gpu_equivalents)
-             FROM {} r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
-             WHERE r.bucket >= ? AND r.bucket < ? AND h.tenant IS NOT NULL {tenant_filter}
+                    sum(r.sm_sum * i.gpu_equivalents), sum(r.sm_n * i.gpu_equivalents)
+             FROM (SELECT instance_id, holder_id, sum(samples) AS samples,
+                          sum(sm_active_sum) AS sm_sum, sum(sm_active_samples) AS sm_n
+                   FROM {} WHERE bucket >= ? AND bucket < ? GROUP BY ALL) r
+             JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+             WHERE h.tenant IS NOT NULL {tenant_filter}
              GROUP BY ALL",
             if level == Level::Minute { "rollup_1m" } else { "rollup_1h" }
         ),
@@ -345,7 +349,7 @@ pub fn showback(
         totals.stranded_gpu_seconds += gpu_seconds;
         stranded_cost += gpu_seconds * price_per_gpu_second(settings, model);
     };
-    let mut demand: Option<DemandMix> = None;
+    let mut demand: Option<(DemandMix, super::facts::Dims)> = None;
     for &(level, a, b) in &pieces {
         if level == Level::Hour {
             let mut stmt = conn.prepare_cached(
@@ -360,11 +364,14 @@ pub fn showback(
                 add_stranded(&model, s);
             }
         } else {
-            let d = match &demand {
+            let (d, dims) = match &demand {
                 Some(d) => d,
-                None => demand.insert(super::demand_mix(conn, settings, to)?),
+                None => demand.insert((
+                    super::demand_mix(conn, settings, to)?,
+                    super::facts::Dims::load(conn)?,
+                )),
             };
-            for h in fragmentation::over_range(conn, a, b, d)? {
+            for h in fragmentation::over_range(conn, dims, a, b, d)? {
                 add_stranded(&h.gpu.gpu_model, h.stranded_slice_seconds);
             }
         }

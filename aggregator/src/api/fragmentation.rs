@@ -75,7 +75,8 @@ fn demand_json(d: &fragmentation::DemandMix, models: &[String]) -> Value {
 
 fn at_instant(conn: &duckdb::Connection, at: i64, settings: &analytics::Settings) -> duckdb::Result<Value> {
     let demand = analytics::demand_mix(conn, settings, at)?;
-    let gpus = fragmentation::at(conn, at, MAX_AGE_SECS, &demand)?;
+    let dims = analytics::facts::Dims::load(conn)?;
+    let gpus = fragmentation::at(conn, &dims, at, MAX_AGE_SECS, &demand)?;
     let mut nodes: BTreeMap<&str, (u64, f64, f64)> = BTreeMap::new();
     let mut models: Vec<String> = Vec::new();
     let mut rows = Vec::with_capacity(gpus.len());
@@ -148,6 +149,7 @@ fn over_range(
         e.2 += h.stranded_slice_seconds;
     };
     let demand = analytics::demand_mix(conn, settings, to)?;
+    let dims = analytics::facts::Dims::load(conn)?;
     if h0 < h1 {
         let mut stmt = conn.prepare_cached(
             "SELECT node, gpu_uuid, gpu_model, sum(observed_seconds)::BIGINT,
@@ -172,11 +174,11 @@ fn over_range(
         }
         for (a, b) in [(from, h0), (h1, to)] {
             if a < b {
-                fragmentation::over_range(conn, a, b, &demand)?.into_iter().for_each(&mut add);
+                fragmentation::over_range(conn, &dims, a, b, &demand)?.into_iter().for_each(&mut add);
             }
         }
     } else {
-        fragmentation::over_range(conn, from, to, &demand)?.into_iter().for_each(&mut add);
+        fragmentation::over_range(conn, &dims, from, to, &demand)?.into_iter().for_each(&mut add);
     }
     let mut models: Vec<String> = Vec::new();
     let mut fleet = (0i64, 0.0, 0.0, 0.0);
