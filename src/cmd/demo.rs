@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use gpuledger_aggregator::analytics::Settings;
+use gpuledger_aggregator::analytics::showback::{self, GroupBy};
 use gpuledger_aggregator::auth::Tokens;
 use gpuledger_aggregator::store::Retention;
 use gpuledger_aggregator::{Config, Limits};
@@ -43,14 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         retention: Retention::default(),
         retention_interval: Duration::from_secs(600),
         limits: Limits::default(),
-        // Illustrative list prices per GPU-hour, so that the demo's showback has costs.
-        analytics: gpuledger_aggregator::analytics::Settings {
-            prices: [("A100-80GB", 1.79), ("H100-80GB", 2.49), ("H200-141GB", 3.39)]
-                .into_iter()
-                .map(|(m, p)| (m.to_owned(), p))
-                .collect(),
-            ..Default::default()
-        },
+        analytics: demo_settings(),
     };
     eprintln!(
         "gpuledger demo: {} simulated nodes ({}) ship to an aggregator writing {}.",
@@ -67,6 +62,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.aggregator_listen
     );
     eprintln!("  admin token:      {token}");
+    eprintln!(
+        "  showback:         curl -s -H 'Authorization: Bearer {token}' 'http://{}/api/v1/showback?group_by=workload'",
+        args.aggregator_listen
+    );
+    eprintln!(
+        "  fragmentation:    curl -s -H 'Authorization: Bearer {token}' http://{}/api/v1/fragmentation",
+        args.aggregator_listen
+    );
     eprintln!("  stop with Ctrl-C: the ledger's per-tenant totals are printed then.");
     let rt = super::runtime()?;
     let spool_dir = spool.clone();
@@ -115,21 +118,50 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     let _ = std::fs::remove_dir_all(&spool);
-    // What the ledger now says, from the hourly tenant rollup.
+    // What the ledger now says: the showback finance would read, over everything recorded.
     let (conn, _) = gpuledger_aggregator::store::open(&args.db)?;
-    let usage = gpuledger_aggregator::store::query::tenant_usage(&conn, 0, i64::MAX)?;
+    let first: Option<i64> = conn.query_row("SELECT min(bucket) FROM rollup_gpu_1h", [], |r| r.get(0))?;
+    let Some(from) = first else {
+        eprintln!("The ledger is empty: nothing was shipped before the demo stopped.");
+        return Ok(());
+    };
+    let to = chrono::Utc::now().timestamp();
+    let settings = demo_settings();
+    let s = showback::showback(&conn, from, to, GroupBy::Tenant, None, i64::MIN, &settings)?;
     eprintln!(
-        "\n{:<16} {:>12} {:>16} {:>16}",
-        "tenant", "samples", "allocated GPU-s", "used GPU-s"
+        "\n{:<16} {:>16} {:>16} {:>10} {:>12}",
+        "tenant", "allocated GPU-s", "used GPU-s", "efficiency", "cost (USD)"
     );
-    for u in usage {
+    for r in &s.rows {
+        let f = &r.figures;
         eprintln!(
-            "{:<16} {:>12} {:>16.1} {:>16.1}",
-            u.tenant.as_deref().unwrap_or("(unallocated)"),
-            u.samples,
-            u.allocated_gpu_seconds,
-            u.used_gpu_seconds
+            "{:<16} {:>16.1} {:>16.1} {:>9.1}% {:>12.2}",
+            r.key[0].as_deref().unwrap_or("-"),
+            f.allocated_gpu_seconds,
+            f.used_gpu_seconds,
+            100.0 * f.efficiency.unwrap_or(0.0),
+            f.cost
         );
     }
+    let t = &s.totals;
+    eprintln!(
+        "fleet: {:.1} GPU-s observed ({} GPUs, coverage {:.1}%), {:.1} unallocated, {:.1} stranded by MIG fragmentation",
+        t.capacity_gpu_seconds,
+        t.gpus,
+        100.0 * t.coverage,
+        t.unallocated_gpu_seconds,
+        t.stranded_gpu_seconds
+    );
     Ok(())
+}
+
+/// Illustrative list prices per GPU-hour, so that the demo's showback has costs.
+fn demo_settings() -> Settings {
+    Settings {
+        prices: [("A100-80GB", 1.79), ("H100-80GB", 2.49), ("H200-141GB", 3.39)]
+            .into_iter()
+            .map(|(m, p)| (m.to_owned(), p))
+            .collect(),
+        ..Settings::default()
+    }
 }
