@@ -45,11 +45,14 @@ impl Readers {
 }
 
 /// The tables whose row counts the aggregator exports.
-pub const COUNTED_TABLES: [&str; 6] = [
+pub const COUNTED_TABLES: [&str; 9] = [
     "samples_raw",
     "rollup_1m",
     "rollup_1h",
     "rollup_tenant_1h",
+    "rollup_gpu_1h",
+    "fragmentation_1h",
+    "hoarding_episodes",
     "ingested_batches",
     "instances",
 ];
