@@ -257,3 +257,127 @@ async fn every_device_id_form_is_attributed_to_its_pod() {
     )
     .await;
 }
+
+/// A fake Kubernetes API server (it stands in for kube-apiserver, which cannot run here): serves
+/// `GET /api/v1/pods` as a PodList, checks the bearer token and the node field selector, and
+/// records the queries it got.
+async fn fake_apiserver(
+    pods: Arc<Mutex<serde_json::Value>>,
+    queries: Arc<Mutex<Vec<String>>>,
+) -> u16 {
+    use axum::extract::{RawQuery, State};
+    use axum::http::{HeaderMap, StatusCode};
+    type Shared = (Arc<Mutex<serde_json::Value>>, Arc<Mutex<Vec<String>>>);
+    let app = axum::Router::new()
+        .route(
+            "/api/v1/pods",
+            axum::routing::get(
+                |State((pods, queries)): State<Shared>, headers: HeaderMap, RawQuery(q): RawQuery| async move {
+                    if headers.get("authorization").and_then(|v| v.to_str().ok())
+                        != Some("Bearer sa-token-0123456789")
+                    {
+                        return Err(StatusCode::UNAUTHORIZED);
+                    }
+                    queries.lock().unwrap().push(q.unwrap_or_default());
+                    Ok(axum::Json(pods.lock().unwrap().clone()))
+                },
+            ),
+        )
+        .with_state((pods, queries));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+fn api_pod(namespace: &str, name: &str, labels: serde_json::Value, priority: &str, phase: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"namespace": namespace, "name": name, "labels": labels},
+        "spec": {"nodeName": "gpu-h100-02", "priorityClassName": priority},
+        "status": {"phase": phase}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_server_labels_set_tenant_and_class_and_finished_or_deleted_pods_are_not_charged() {
+    // gpu-h100-02's whole GPUs 4–7.
+    let sim = Simulator::new(Fleet::builtin());
+    let readings = sim.second(Some("gpu-h100-02"), 0).readings;
+    let mut gpus: Vec<String> = Vec::new();
+    for r in &readings {
+        if !gpus.contains(&r.instance.gpu_uuid) {
+            gpus.push(r.instance.gpu_uuid.clone());
+        }
+    }
+    let kubelet = FakeKubelet::default();
+    *kubelet.pods.lock().unwrap() = ListPodResourcesResponse {
+        pod_resources: vec![
+            pod("ml", "train-0", &[&gpus[4]], vec![]),
+            pod("serving", "api-0", &[&gpus[5]], vec![]),
+            // Finished, but the kubelet still lists its device.
+            pod("ml", "done-0", &[&gpus[6]], vec![]),
+            // Deleted from the API server, still listed by the kubelet.
+            pod("ml", "gone-0", &[&gpus[7]], vec![]),
+        ],
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let _server = serve(kubelet.clone(), &socket);
+    let pods = Arc::new(Mutex::new(serde_json::json!({"kind": "PodList", "items": [
+        api_pod("ml", "train-0", serde_json::json!({"gpuledger.io/tenant": "vision"}), "", "Running"),
+        api_pod("serving", "api-0", serde_json::json!({}), "inference-high", "Running"),
+        api_pod("ml", "done-0", serde_json::json!({}), "", "Succeeded"),
+    ]})));
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let port = fake_apiserver(pods.clone(), queries.clone()).await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "sa-token-0123456789\n").unwrap();
+
+    let exporter = Exporter::start(&[
+        "--source",
+        "sim",
+        "--node",
+        "gpu-h100-02",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+        "--kubelet-poll-interval",
+        "1s",
+        "--kube-apiserver",
+        &format!("http://127.0.0.1:{port}"),
+        "--kube-token-file",
+        token.to_str().unwrap(),
+        "--kube-refresh-interval",
+        "1s",
+        "--kube-tenant-label",
+        "gpuledger.io/tenant",
+        "--kube-priority-class",
+        "inference-high=latency_critical",
+    ])
+    .await;
+    // The deleted pod is dropped once a list asked for a refresh interval after the kubelet
+    // first showed it lacks it.
+    let text = eventually("API server attribution", Duration::from_secs(30), async || {
+        let text = exporter.metrics("text/plain").await;
+        (text.contains("tenant=\"vision\"") && !text.contains("workload=\"ml/gone-0\"")).then_some(text)
+    })
+    .await;
+    let line = |gpu: &str| line_for(&text, gpu, None).unwrap().to_owned();
+    assert!(line(&gpus[4]).contains("tenant=\"vision\",workload=\"ml/train-0\""), "{}", line(&gpus[4]));
+    let api = line(&gpus[5]);
+    assert!(api.contains("tenant=\"serving\"") && api.contains("slo_class=\"latency_critical\""), "{api}");
+    // Neither is charged for the device (the simulator's own attribution stays; with NVML
+    // there is none, and the device is unallocated).
+    assert!(!line(&gpus[6]).contains("workload=\"ml/done-0\""), "finished pod: {}", line(&gpus[6]));
+    assert!(!line(&gpus[7]).contains("workload=\"ml/gone-0\""), "deleted pod: {}", line(&gpus[7]));
+    assert!(text.contains("gpuledger_exporter_collector_success{collector=\"attribution_kubelet\"} 1"));
+    let q = queries.lock().unwrap()[0].clone();
+    assert_eq!(q, "fieldSelector=spec.nodeName%3Dgpu-h100-02&resourceVersion=0");
+
+    // The API server fails: the failure shows, the last list keeps working.
+    std::fs::write(&token, "a-wrong-token-0123456789").unwrap();
+    eventually("a failing API server", Duration::from_secs(20), async || {
+        let text = exporter.metrics("text/plain").await;
+        (text.contains("collector=\"attribution_kubelet\"} 0") && text.contains("tenant=\"vision\"")).then_some(())
+    })
+    .await;
+}

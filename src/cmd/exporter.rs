@@ -10,6 +10,7 @@ use super::duration;
 use std::collections::HashMap;
 
 use gpuledger_exporter::attribution::KubeletConfig;
+use gpuledger_exporter::attribution::kubelet::apiserver;
 use gpuledger_exporter::attribution::slurm::TenantField;
 use gpuledger_exporter::daemon::{self, ExporterConfig, SlurmConfig, SourceChoice, Speed};
 use gpuledger_exporter::ship::ShipConfig;
@@ -90,6 +91,32 @@ pub struct Args {
     /// A namespace's SLO class, as NAMESPACE=CLASS; repeatable.
     #[arg(long)]
     kubelet_namespace_class: Vec<String>,
+    /// Kubernetes API server for pod labels, priority classes and deleted-pod filtering:
+    /// a URL, or `in-cluster` (KUBERNETES_SERVICE_HOST/PORT with the pod's service-account
+    /// token and CA). Needs --kubelet-socket.
+    #[arg(long)]
+    kube_apiserver: Option<String>,
+    /// Bearer token file for the API server [default in-cluster: the service-account token].
+    #[arg(long)]
+    kube_token_file: Option<PathBuf>,
+    /// CA bundle for the API server [default in-cluster: the service-account ca.crt].
+    #[arg(long)]
+    kube_ca_file: Option<PathBuf>,
+    /// How often this node's pods are listed [default: 30s].
+    #[arg(long)]
+    kube_refresh_interval: Option<humantime::Duration>,
+    /// Pod label whose value is the tenant (wins over the namespace rules).
+    #[arg(long)]
+    kube_tenant_label: Option<String>,
+    /// Pod annotation whose value is the tenant (after the label).
+    #[arg(long)]
+    kube_tenant_annotation: Option<String>,
+    /// Pod label whose value is the SLO class.
+    #[arg(long)]
+    kube_class_label: Option<String>,
+    /// A priority class's SLO class, as PRIORITYCLASS=CLASS; repeatable.
+    #[arg(long)]
+    kube_priority_class: Vec<String>,
 }
 
 fn sources_help() -> String {
@@ -132,6 +159,15 @@ struct FileConfig {
     kubelet_namespace_tenant: HashMap<String, String>,
     #[serde(default)]
     kubelet_namespace_class: HashMap<String, SloClass>,
+    kube_apiserver: Option<String>,
+    kube_token_file: Option<PathBuf>,
+    kube_ca_file: Option<PathBuf>,
+    kube_refresh_interval: Option<String>,
+    kube_tenant_label: Option<String>,
+    kube_tenant_annotation: Option<String>,
+    kube_class_label: Option<String>,
+    #[serde(default)]
+    kube_priority_class: HashMap<String, SloClass>,
 }
 
 /// `KEY=VALUE` pairs from repeated flags, over the config file's table.
@@ -263,9 +299,49 @@ fn config(args: Args) -> anyhow::Result<ExporterConfig> {
             })
         }
     };
-    let kubelet = match args.kubelet_socket.or(file.kubelet_socket) {
+    let apiserver = match args.kube_apiserver.or(file.kube_apiserver) {
+        None => None,
+        Some(url) => {
+            let in_cluster = url == "in-cluster";
+            let sa = |f: &str| in_cluster.then(|| PathBuf::from(apiserver::SERVICE_ACCOUNT_DIR).join(f));
+            Some(apiserver::ApiServerConfig {
+                url: if in_cluster {
+                    apiserver::ApiServerConfig::in_cluster_url().context(
+                        "--kube-apiserver in-cluster: KUBERNETES_SERVICE_HOST is not set (not in a pod?)",
+                    )?
+                } else {
+                    url
+                },
+                token_file: args.kube_token_file.or(file.kube_token_file).or_else(|| sa("token")),
+                ca_file: args.kube_ca_file.or(file.kube_ca_file).or_else(|| sa("ca.crt")),
+                node: node.clone(),
+                refresh: duration(
+                    "kube_refresh_interval",
+                    args.kube_refresh_interval,
+                    file.kube_refresh_interval,
+                    30,
+                )?,
+                tenant_label: args.kube_tenant_label.or(file.kube_tenant_label),
+                tenant_annotation: args.kube_tenant_annotation.or(file.kube_tenant_annotation),
+                class_label: args.kube_class_label.or(file.kube_class_label),
+                priority_classes: pairs(
+                    "--kube-priority-class",
+                    &args.kube_priority_class,
+                    file.kube_priority_class,
+                    |v| Ok(v.parse()?),
+                )?,
+            })
+        }
+    };
+    let kubelet_socket = args.kubelet_socket.or(file.kubelet_socket);
+    anyhow::ensure!(
+        apiserver.is_none() || kubelet_socket.is_some(),
+        "--kube-apiserver refines the kubelet's attribution: it needs --kubelet-socket"
+    );
+    let kubelet = match kubelet_socket {
         None => None,
         Some(socket) => Some(KubeletConfig {
+            apiserver,
             socket,
             poll_interval: duration(
                 "kubelet_poll_interval",

@@ -14,12 +14,18 @@
 //! device name ([`parse_claim_device`]). The tenant is the pod's namespace, or what the namespace
 //! map says; the workload is `namespace/pod`; the SLO class comes from a namespace map.
 //!
+//! With API-server access ([`apiserver`]), pod labels, annotations and priority class refine the
+//! tenant and SLO class, and pods the kubelet still reports but that finished (phase Succeeded or
+//! Failed) or no longer exist are not charged. Without it, the kubelet's word is taken as is.
+//!
 //! Proto: `exporter/proto/podresources/v1/api.proto` (vendored from k8s.io/kubelet).
+
+pub mod apiserver;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpuledger_schema::{Attribution, SloClass};
 
@@ -90,7 +96,7 @@ pub fn parse_claim_device(c: &proto::ClaimResource) -> Option<DeviceKey> {
 }
 
 /// A pod holding a device.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Holder {
     /// Namespace.
     pub namespace: String,
@@ -140,11 +146,15 @@ pub struct KubeletConfig {
     pub namespace_tenants: HashMap<String, String>,
     /// Namespace → SLO class.
     pub namespace_classes: HashMap<String, SloClass>,
+    /// Pod metadata and deleted-pod filtering from the API server, when configured.
+    pub apiserver: Option<apiserver::ApiServerConfig>,
 }
 
 #[derive(Default)]
 struct State {
     table: HashMap<DeviceKey, Vec<Holder>>,
+    /// When each holder in the table was first listed by the kubelet.
+    first_seen: HashMap<Holder, Instant>,
     error: Option<String>,
 }
 
@@ -152,6 +162,7 @@ struct State {
 pub struct KubeletAttributor {
     config: KubeletConfig,
     state: Arc<RwLock<State>>,
+    api: Option<Arc<RwLock<apiserver::Shared>>>,
 }
 
 async fn list(socket: PathBuf) -> Result<proto::ListPodResourcesResponse, String> {
@@ -204,6 +215,13 @@ impl KubeletAttributor {
                         }
                         failing = false;
                         let mut s = shared.write().unwrap_or_else(|e| e.into_inner());
+                        let now = Instant::now();
+                        let mut first_seen = HashMap::new();
+                        for h in table.values().flatten() {
+                            let seen = s.first_seen.get(h).copied().unwrap_or(now);
+                            first_seen.insert(h.clone(), seen);
+                        }
+                        s.first_seen = first_seen;
                         s.table = table;
                         s.error = None;
                     }
@@ -221,23 +239,45 @@ impl KubeletAttributor {
                 tokio::time::sleep(wait).await;
             }
         });
-        KubeletAttributor { config, state }
+        let api = config.apiserver.clone().map(apiserver::start);
+        KubeletAttributor { config, state, api }
     }
 
-    fn attribution(&self, holders: &[Holder]) -> Attribution {
-        // Several pods on one device (time-slicing) are charged to the first by name; splitting
-        // a shared GPU by process is the job of the per-process view.
-        let h = &holders[0];
+    /// Whether `h` still holds its devices, as far as the API server's last list can tell: a
+    /// finished pod does not; a pod the list lacks does not, if the kubelet showed it at least a
+    /// refresh interval before that list was asked for (so that a pod created since is not
+    /// mistaken for a deleted one). No list yet: the kubelet's word.
+    fn is_live(&self, h: &Holder, first_seen: Option<&Instant>, snapshot: Option<&apiserver::Snapshot>) -> bool {
+        let Some(s) = snapshot else { return true };
+        match s.pods.get(&(h.namespace.clone(), h.pod.clone())) {
+            Some(meta) => !meta.is_finished(),
+            None => {
+                let grace = self.config.apiserver.as_ref().map_or(Duration::ZERO, |a| a.refresh);
+                first_seen.is_none_or(|seen| *seen + grace >= s.requested_at)
+            }
+        }
+    }
+
+    fn attribution(&self, h: &Holder, meta: Option<&apiserver::PodMeta>) -> Attribution {
+        let api = self.config.apiserver.as_ref();
+        let from_meta = |key: Option<&String>, map: fn(&apiserver::PodMeta) -> &HashMap<String, String>| {
+            Some(map(meta?).get(key?)?.clone()).filter(|v| !v.is_empty())
+        };
+        let tenant = from_meta(api.and_then(|a| a.tenant_label.as_ref()), |m| &m.labels)
+            .or_else(|| from_meta(api.and_then(|a| a.tenant_annotation.as_ref()), |m| &m.annotations))
+            .or_else(|| self.config.namespace_tenants.get(&h.namespace).cloned())
+            .unwrap_or_else(|| h.namespace.clone());
+        let slo_class = from_meta(api.and_then(|a| a.class_label.as_ref()), |m| &m.labels)
+            .and_then(|v| v.parse().ok())
+            .or_else(|| {
+                let pc = meta?.priority_class.as_ref()?;
+                api?.priority_classes.get(pc).copied()
+            })
+            .or_else(|| self.config.namespace_classes.get(&h.namespace).copied());
         Attribution {
-            tenant: Some(
-                self.config
-                    .namespace_tenants
-                    .get(&h.namespace)
-                    .cloned()
-                    .unwrap_or_else(|| h.namespace.clone()),
-            ),
+            tenant: Some(tenant),
             workload: Some(format!("{}/{}", h.namespace, h.pod)),
-            slo_class: self.config.namespace_classes.get(&h.namespace).copied(),
+            slo_class,
         }
     }
 }
@@ -248,9 +288,12 @@ impl Attributor for KubeletAttributor {
     }
 
     fn refresh(&mut self) -> Result<(), String> {
-        match &self.state.read().unwrap_or_else(|e| e.into_inner()).error {
-            None => Ok(()),
-            Some(e) => Err(e.clone()),
+        if let Some(e) = &self.state.read().unwrap_or_else(|e| e.into_inner()).error {
+            return Err(e.clone());
+        }
+        match self.api.as_ref().map(|a| a.read().unwrap_or_else(|e| e.into_inner())) {
+            Some(a) if a.error.is_some() => Err(a.error.clone().unwrap_or_default()),
+            _ => Ok(()),
         }
     }
 
@@ -259,6 +302,8 @@ impl Attributor for KubeletAttributor {
         if state.table.is_empty() {
             return;
         }
+        let api = self.api.as_ref().map(|a| a.read().unwrap_or_else(|e| e.into_inner()));
+        let snapshot = api.as_ref().and_then(|a| a.snapshot.as_ref());
         let gpu_index = super::gpu_indices(readings);
         for r in readings.iter_mut() {
             let index = gpu_index[&r.instance.gpu_uuid];
@@ -273,8 +318,17 @@ impl Attributor for KubeletAttributor {
                     DeviceKey::Index(index),
                 ],
             };
-            if let Some(holders) = keys.iter().find_map(|k| state.table.get(k)) {
-                r.attribution = self.attribution(holders);
+            let Some(holders) = keys.iter().find_map(|k| state.table.get(k)) else {
+                continue;
+            };
+            // Several pods on one device (time-slicing) are charged to the first live one by
+            // name; splitting a shared GPU by process is the per-process view's job.
+            let live = holders
+                .iter()
+                .find(|h| self.is_live(h, state.first_seen.get(*h), snapshot));
+            if let Some(h) = live {
+                let meta = snapshot.and_then(|s| s.pods.get(&(h.namespace.clone(), h.pod.clone())));
+                r.attribution = self.attribution(h, meta);
             }
         }
     }
