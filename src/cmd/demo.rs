@@ -80,6 +80,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let _ = rx.wait_for(|s| *s).await;
         };
         let agg = tokio::spawn(gpuledger_aggregator::run(aggregator, stopped(agg_stop_rx)));
+        // Let the aggregator open the ledger and listen before the exporters' first shipment.
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(args.aggregator_listen).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let mut exporters = Vec::new();
         for (i, node) in nodes.into_iter().enumerate() {
             let listen = SocketAddr::new(args.listen.ip(), args.listen.port() + 2 * i as u16);
@@ -120,12 +127,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&spool);
     // What the ledger now says: the showback finance would read, over everything recorded.
     let (conn, _) = gpuledger_aggregator::store::open(&args.db)?;
-    let first: Option<i64> = conn.query_row("SELECT min(bucket) FROM rollup_gpu_1h", [], |r| r.get(0))?;
-    let Some(from) = first else {
+    // From the first second recorded to the last, so that coverage reflects the demo's own run.
+    let edge = |sql: &str| -> anyhow::Result<Option<(i64, u64)>> {
+        let mut stmt = conn.prepare(sql)?;
+        let mut rows = stmt.query([])?;
+        Ok(match rows.next()? {
+            Some(r) => Some((r.get(0)?, r.get(1)?)),
+            None => None,
+        })
+    };
+    let first = edge(
+        "SELECT bucket, bit_or(seconds_mask) FROM rollup_1m
+         WHERE bucket = (SELECT min(bucket) FROM rollup_1m) GROUP BY bucket",
+    )?;
+    let last = edge(
+        "SELECT bucket, bit_or(seconds_mask) FROM rollup_1m
+         WHERE bucket = (SELECT max(bucket) FROM rollup_1m) GROUP BY bucket",
+    )?;
+    let (Some((b0, m0)), Some((b1, m1))) = (first, last) else {
         eprintln!("The ledger is empty: nothing was shipped before the demo stopped.");
         return Ok(());
     };
-    let to = chrono::Utc::now().timestamp();
+    let from = b0 + i64::from(m0.trailing_zeros());
+    let to = b1 + 64 - i64::from(m1.leading_zeros());
     let settings = demo_settings();
     let s = showback::showback(&conn, from, to, GroupBy::Tenant, None, i64::MIN, &settings)?;
     eprintln!(
