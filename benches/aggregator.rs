@@ -301,6 +301,8 @@ fn month_showback(dir: &std::path::Path) {
              FROM range({month}) a(hr), range(1, 7001) b(i);
          INSERT INTO rollup_tenant_1h SELECT {t0} + 3600 * hr, 'tenant-' || tn, 'batch', 'NVIDIA H100 80GB HBM3', 3600 * 175, 3600 * 25.0, 3600 * 25.0, 3600 * 7.5
              FROM range({month}) a(hr), range(40) b(tn);
+         INSERT INTO rollup_alloc_1d SELECT bucket - bucket % 86400, instance_id, holder_id, sum(samples), sum(sm_active_samples), sum(sm_active_sum)
+             FROM rollup_1h GROUP BY ALL;
          INSERT INTO rollup_gpu_1h SELECT {t0} + 3600 * hr, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3', 3600, 3600 * 7
              FROM range({month}) a(hr), range(1000) b(g);
          INSERT INTO fragmentation_1h SELECT {t0} + 3600 * hr, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3', 3600, 3600 * 7, 0.0, 0.0

@@ -277,6 +277,17 @@ async fn invariants_hold_on_random_fleets_and_ranges() {
         let conn = ledger.conn();
         let first = trace.iter().map(|s| s.timestamp).min().unwrap();
         let last = trace.iter().map(|s| s.timestamp).max().unwrap() + 1;
+        // Two whole days around the trace (it crosses midnight at T0): the day rollup, for the
+        // groupings that read it, equals raw.
+        for by in [GroupBy::Workload, GroupBy::Node] {
+            let sb = showback::showback(&conn, T0 - 86400, T0 + 86400, by, None, i64::MIN, &s).unwrap();
+            let total: f64 = sb.rows.iter().map(|r| r.figures.allocated_gpu_seconds).sum();
+            let used: f64 = sb.rows.iter().map(|r| r.figures.used_gpu_seconds).sum();
+            let (raw_rows, raw_capacity) = from_raw(&conn, T0 - 86400, T0 + 86400);
+            assert!(close(total, raw_rows.iter().map(|r| r.1).sum()), "seed {seed}: {by:?} days allocated");
+            assert!(close(used, raw_rows.iter().map(|r| r.2).sum()), "seed {seed}: {by:?} days used");
+            assert!(close(sb.totals.capacity_gpu_seconds, raw_capacity), "seed {seed}: days capacity");
+        }
         for case in 0..12 {
             // Random ranges, some aligned to hours or minutes, some not.
             let mut a = first - 300 + rng.below((last - first + 600) as u64) as i64;

@@ -247,6 +247,12 @@ async fn rollups_equal_raw_whatever_the_batching_order_and_duplicates() {
     }
     assert_same(
         &conn,
+        "rollup_alloc_1d",
+        "SELECT concat_ws('/', instance_id, holder_id, bucket), sum(samples), sum(sm_active_samples), sum(sm_active_sum) FROM rollup_alloc_1d GROUP BY ALL",
+        "SELECT concat_ws('/', instance_id, holder_id, ts - ts % 86400), count(*), count(sm_active), coalesce(sum(sm_active), 0) FROM samples_raw GROUP BY ALL",
+    );
+    assert_same(
+        &conn,
         "rollup_tenant_1h",
         "SELECT concat_ws('/', coalesce(tenant, '-'), coalesce(slo_class, '-'), gpu_model, bucket), sum(samples), sum(gpu_seconds), sum(sm_measured_gpu_seconds), sum(used_gpu_seconds) FROM rollup_tenant_1h GROUP BY ALL",
         "SELECT concat_ws('/', coalesce(h.tenant, '-'), coalesce(h.slo_class, '-'), i.gpu_model, ts - ts % 3600), count(*), sum(i.gpu_equivalents), coalesce(sum(CASE WHEN sm_active IS NOT NULL THEN i.gpu_equivalents END), 0), coalesce(sum(sm_active * i.gpu_equivalents), 0) FROM samples_raw JOIN instances i USING (instance_id) JOIN holders h USING (holder_id) GROUP BY ALL",

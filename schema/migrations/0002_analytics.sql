@@ -34,6 +34,21 @@ FROM (
 )
 GROUP BY ALL;
 
+-- Per allocation (instance + holder) per UTC day: what a month's per-workload or per-node
+-- showback reads (30 rows per allocation instead of 720 hourly ones).
+CREATE TABLE rollup_alloc_1d (
+    bucket             BIGINT  NOT NULL,
+    instance_id        INTEGER NOT NULL,
+    holder_id          INTEGER NOT NULL,
+    samples            BIGINT  NOT NULL,
+    sm_active_samples  BIGINT  NOT NULL,
+    sm_active_sum      DOUBLE  NOT NULL
+);
+INSERT INTO rollup_alloc_1d
+SELECT bucket - bucket % 86400, instance_id, holder_id, sum(samples)::BIGINT,
+       sum(sm_active_samples)::BIGINT, sum(sm_active_sum)
+FROM rollup_1h GROUP BY ALL;
+
 -- Per GPU, per UTC hour, as of the rollup_gpu_1h numbers it was computed from: free and
 -- stranded capacity in compute-slice-seconds (7 slices = one GPU). Rewritten whenever those
 -- numbers move.

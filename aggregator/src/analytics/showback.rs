@@ -2,9 +2,10 @@
 //! GPU model, SLO class) over `[from, to)`, and the fleet's capacity, unallocated and stranded
 //! GPU-seconds. Definitions: `schema/ANALYTICS.md`.
 //!
-//! The range is cut into whole hours (read from the hour rollups), whole minutes at its edges
-//! (the minute rollup) and single seconds at its very edges (raw samples, which exist only for
-//! the raw-retention window). Every piece is exact, so the sum is exact.
+//! The range is cut into whole UTC days (per-allocation day rollup, for groupings the hourly
+//! tenant rollup cannot answer), whole hours (the hour rollups), whole minutes at its edges (the
+//! minute rollup) and single seconds at its very edges (raw samples, which exist only for the
+//! raw-retention window). Every piece is exact, so the sum is exact.
 
 use std::collections::BTreeMap;
 
@@ -183,6 +184,7 @@ enum Level {
     Raw,
     Minute,
     Hour,
+    Day,
 }
 
 /// Cuts `[from, to)` into pieces answerable exactly by each table.
@@ -196,10 +198,17 @@ fn pieces(from: i64, to: i64) -> Vec<(Level, i64, i64)> {
         return out;
     }
     let (h0, h1) = (up(from, 3600), down(to, 3600));
+    let (d0, d1) = (up(from, 86400), down(to, 86400));
     out.push((Level::Raw, from, m0));
     if h0 < h1 {
         out.push((Level::Minute, m0, h0));
-        out.push((Level::Hour, h0, h1));
+        if d0 < d1 {
+            out.push((Level::Hour, h0, d0));
+            out.push((Level::Day, d0, d1));
+            out.push((Level::Hour, d1, h1));
+        } else {
+            out.push((Level::Hour, h0, h1));
+        }
         out.push((Level::Minute, h1, m1));
     } else {
         out.push((Level::Minute, m0, m1));
@@ -214,7 +223,7 @@ type Part = (Option<String>, Option<String>, String, f64, f64, f64);
 
 fn group_query(level: Level, by: GroupBy, scoped: bool) -> String {
     let tenant_filter = if scoped { "AND h.tenant = ?" } else { "" };
-    if level == Level::Hour
+    if matches!(level, Level::Hour | Level::Day)
         && let Some((k1, k2)) = by.tenant_rollup_keys()
     {
         let tenant_filter = if scoped { "AND tenant = ?" } else { "" };
@@ -236,7 +245,7 @@ fn group_query(level: Level, by: GroupBy, scoped: bool) -> String {
         ),
         // Summed per (instance, holder) before the dimensions are joined: a month of hourly
         // rows collapses to one row per allocation first (a month for 1,000 GPUs: 154 → 108 ms).
-        Level::Minute | Level::Hour => format!(
+        Level::Minute | Level::Hour | Level::Day => format!(
             "SELECT {k1}, {k2}, i.gpu_model, sum(r.samples * i.gpu_equivalents),
                     sum(r.sm_sum * i.gpu_equivalents), sum(r.sm_n * i.gpu_equivalents)
              FROM (SELECT instance_id, holder_id, sum(samples) AS samples,
@@ -245,7 +254,11 @@ fn group_query(level: Level, by: GroupBy, scoped: bool) -> String {
              JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
              WHERE h.tenant IS NOT NULL {tenant_filter}
              GROUP BY ALL",
-            if level == Level::Minute { "rollup_1m" } else { "rollup_1h" }
+            match level {
+                Level::Minute => "rollup_1m",
+                Level::Day => "rollup_alloc_1d",
+                _ => "rollup_1h",
+            }
         ),
     }
 }
@@ -328,7 +341,7 @@ pub fn showback(
         let sql = match level {
             Level::Raw => CAPACITY_RAW,
             Level::Minute => CAPACITY_MINUTE,
-            Level::Hour => CAPACITY_HOUR,
+            Level::Hour | Level::Day => CAPACITY_HOUR,
         };
         let mut stmt = conn.prepare_cached(sql)?;
         let rows = stmt.query_map(params![a, b], |r| {
@@ -351,7 +364,7 @@ pub fn showback(
     };
     let mut demand: Option<(DemandMix, super::facts::Dims)> = None;
     for &(level, a, b) in &pieces {
-        if level == Level::Hour {
+        if matches!(level, Level::Hour | Level::Day) {
             let mut stmt = conn.prepare_cached(
                 "SELECT gpu_model, sum(stranded_slice_seconds) FROM fragmentation_1h
                  WHERE bucket >= ? AND bucket < ? GROUP BY ALL",
@@ -411,9 +424,19 @@ mod tests {
             ]
         );
         assert_eq!(pieces(10, 50), [(Level::Raw, 10, 50)]);
+        let d = 86400;
+        assert_eq!(
+            pieces(d - 2 * h, 3 * d + h + 60),
+            [
+                (Level::Hour, d - 2 * h, d),
+                (Level::Day, d, 3 * d),
+                (Level::Hour, 3 * d, 3 * d + h),
+                (Level::Minute, 3 * d + h, 3 * d + h + 60)
+            ]
+        );
         assert_eq!(pieces(60, 180), [(Level::Minute, 60, 180)]);
         // Every piece joins the next.
-        for (from, to) in [(7, 99_999), (3599, 3601), (0, 61), (59, 7201)] {
+        for (from, to) in [(7, 99_999), (3599, 3601), (0, 61), (59, 7201), (5, 9 * 86400 + 7)] {
             let p = pieces(from, to);
             assert_eq!(p.first().unwrap().1, from);
             assert_eq!(p.last().unwrap().2, to);

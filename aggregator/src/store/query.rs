@@ -45,12 +45,13 @@ impl Readers {
 }
 
 /// The tables whose row counts the aggregator exports.
-pub const COUNTED_TABLES: [&str; 9] = [
+pub const COUNTED_TABLES: [&str; 10] = [
     "samples_raw",
     "rollup_1m",
     "rollup_1h",
     "rollup_tenant_1h",
     "rollup_gpu_1h",
+    "rollup_alloc_1d",
     "fragmentation_1h",
     "hoarding_episodes",
     "ingested_batches",

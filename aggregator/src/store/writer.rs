@@ -511,6 +511,11 @@ const RETENTION: &[(&str, &str, Window)] = &[
         Window::Rollup,
     ),
     (
+        "rollup_alloc_1d",
+        "DELETE FROM rollup_alloc_1d WHERE bucket + 86400 <= ?",
+        Window::Rollup,
+    ),
+    (
         "fragmentation_1h",
         "DELETE FROM fragmentation_1h WHERE bucket + 3600 <= ?",
         Window::Rollup,
@@ -564,6 +569,14 @@ const DELTA_1H: &str = "
            sum(nvlink_rx_bytes_sum)::UBIGINT AS nvlink_rx_bytes_sum
     FROM ingest_delta_1m GROUP BY ALL";
 
+/// The per-allocation day deltas, derived from the minute deltas.
+const DELTA_ALLOC_1D: &str = "
+    SELECT bucket - bucket % 86400 AS bucket, instance_id, holder_id,
+           sum(samples)::BIGINT AS samples,
+           sum(sm_active_samples)::BIGINT AS sm_active_samples,
+           sum(sm_active_sum) AS sm_active_sum
+    FROM ingest_delta_1m GROUP BY ALL";
+
 /// The tenant deltas, derived from the minute deltas.
 const DELTA_TENANT: &str = "
     SELECT d.bucket - d.bucket % 3600 AS bucket, h.tenant, h.slo_class, i.gpu_model,
@@ -605,6 +618,16 @@ fn rollup_statements() -> &'static [String] {
                  WHEN MATCHED THEN UPDATE SET {ROLLUP_MERGE}
                  WHEN NOT MATCHED THEN INSERT BY NAME",
                 range(3600)
+            ),
+            format!(
+                "MERGE INTO rollup_alloc_1d AS r USING ({DELTA_ALLOC_1D}) AS d
+                 ON {same_instance_row} AND {}
+                 WHEN MATCHED THEN UPDATE SET
+                    samples = r.samples + d.samples,
+                    sm_active_samples = r.sm_active_samples + d.sm_active_samples,
+                    sm_active_sum = r.sm_active_sum + d.sm_active_sum
+                 WHEN NOT MATCHED THEN INSERT BY NAME",
+                range(86400)
             ),
             format!(
                 "MERGE INTO rollup_tenant_1h AS r USING ({DELTA_TENANT}) AS d
