@@ -120,6 +120,25 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
         )
         .unwrap();
     assert_eq!(clusters, 2);
+    // Capacity travels too: the two clusters' observed GPU-seconds, each GPU-second once.
+    let observed: i64 = conn
+        .query_row(
+            &format!("SELECT sum(observed_seconds)::BIGINT FROM {}", glob("rollup_gpu_1h")),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let distinct_gpu_seconds: i64 = conn
+        .query_row(
+            &format!(
+                "SELECT count(*) FROM (SELECT DISTINCT cluster, gpu_uuid, ts FROM {})",
+                glob("samples_raw")
+            ),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(observed, distinct_gpu_seconds);
     // Partitions are UTC dates, and each file's rows belong to its partition.
     let misplaced: i64 = conn
         .query_row(

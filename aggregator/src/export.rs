@@ -78,6 +78,14 @@ fn selects(raw: bool) -> Vec<(&'static str, String)> {
          FROM rollup_tenant_1h WHERE bucket >= ? AND bucket < ?"
             .to_owned(),
     ));
+    // Capacity: the seconds each GPU was observed, per hour (showback's capacity and coverage).
+    out.push((
+        "rollup_gpu_1h",
+        "SELECT CAST(? AS VARCHAR) AS cluster, CAST(epoch_ms(bucket * 1000) AS DATE) AS date,
+                epoch_ms(bucket * 1000) AS bucket_start, * EXCLUDE (bucket)
+         FROM rollup_gpu_1h WHERE bucket >= ? AND bucket < ?"
+            .to_owned(),
+    ));
     if raw {
         out.push((
             "samples_raw",
