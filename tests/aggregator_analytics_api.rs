@@ -115,6 +115,12 @@ async fn analytics_over_http_with_scoped_tokens() {
     let (status, v) = get(&a, Some(VIEWER), &format!("/api/v1/fragmentation?{range}")).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["fleet"]["capacity_gpu_seconds"], 14400);
+    assert_eq!(v["nodes"][0]["node"], "n1");
+    assert_eq!(v["nodes"][0]["capacity_gpu_seconds"], 14400);
+    // GPU-A's checkerboard strands 0.5 of 7 slices for the whole two hours; cost at 3.6/GPU-hour.
+    let stranded = v["fleet"]["stranded_gpu_seconds"].as_f64().unwrap();
+    assert!((stranded - 0.5 / 7.0 * 7200.0).abs() < 1e-6, "{v}");
+    assert!((v["fleet"]["stranded_cost"].as_f64().unwrap() - stranded * 0.001).abs() < 1e-9);
     let (status, _) = get(&a, Some(TEAM_A), "/api/v1/fragmentation").await;
     assert_eq!(status, 403);
 

@@ -182,6 +182,7 @@ fn over_range(
     }
     let mut models: Vec<String> = Vec::new();
     let mut fleet = (0i64, 0.0, 0.0, 0.0);
+    let mut nodes: BTreeMap<String, (i64, f64, f64, f64)> = BTreeMap::new();
     let gpus: Vec<Value> = per_gpu
         .iter()
         .map(|(g, (observed, free, stranded))| {
@@ -189,10 +190,12 @@ fn over_range(
                 models.push(g.gpu_model.clone());
             }
             let cost = ge(*stranded) * price_per_gpu_second(settings, &g.gpu_model);
-            fleet.0 += observed;
-            fleet.1 += ge(*free);
-            fleet.2 += ge(*stranded);
-            fleet.3 += cost;
+            for t in [&mut fleet, nodes.entry(g.node.clone()).or_default()] {
+                t.0 += observed;
+                t.1 += ge(*free);
+                t.2 += ge(*stranded);
+                t.3 += cost;
+            }
             json!({
                 "node": g.node,
                 "gpu_uuid": g.gpu_uuid,
@@ -210,6 +213,13 @@ fn over_range(
         "to": to,
         "currency": settings.currency,
         "gpus": gpus,
+        "nodes": nodes.iter().map(|(node, n)| json!({
+            "node": node,
+            "capacity_gpu_seconds": n.0,
+            "free_gpu_seconds": n.1,
+            "stranded_gpu_seconds": n.2,
+            "stranded_cost": n.3,
+        })).collect::<Vec<_>>(),
         "fleet": {
             "capacity_gpu_seconds": fleet.0,
             "free_gpu_seconds": fleet.1,
