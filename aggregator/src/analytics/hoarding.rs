@@ -4,7 +4,7 @@
 //! [`runs`] is the definition, a pure function over one allocation's minute rows; the rest reads
 //! those rows for the GPUs whose data changed and replaces their episodes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use duckdb::{Connection, params};
 
@@ -201,9 +201,9 @@ pub fn recompute(
          WHERE r.bucket >= ? AND r.bucket >= s.from_bucket",
         [from],
     )?;
-    // (instance, holder) → (size, minutes); the newest second per GPU UUID.
-    let mut allocations: BTreeMap<(i32, i32), (f64, Vec<MinuteRow>)> = BTreeMap::new();
-    let mut newest: HashMap<&str, i64> = HashMap::new();
+    // (instance, holder) → (size, minutes); the newest second per GPU.
+    let mut allocations: HashMap<(i32, i32), (f64, Vec<MinuteRow>)> = HashMap::new();
+    let mut newest: HashMap<usize, i64> = HashMap::new();
     for f in facts {
         let Some(inst) = dims.instance(f.instance_id) else { continue };
         let minute = MinuteRow {
@@ -213,7 +213,7 @@ pub fn recompute(
             sm_sum: f.sm_sum,
         };
         if minute.mask != 0 {
-            let n = newest.entry(&dims.gpus[inst.gpu].gpu_uuid).or_insert(i64::MIN);
+            let n = newest.entry(inst.gpu).or_insert(i64::MIN);
             *n = (*n).max(minute.last_second());
         }
         if dims.is_allocated(f.holder_id) {
@@ -229,7 +229,7 @@ pub fn recompute(
         minutes.sort_by_key(|m| m.bucket);
         let gpu_newest = dims
             .instance(iid)
-            .and_then(|i| newest.get(dims.gpus[i.gpu].gpu_uuid.as_str()))
+            .and_then(|i| newest.get(&i.gpu))
             .copied()
             .unwrap_or(i64::MIN);
         for run in runs(&minutes, settings.idle_threshold, gpu_newest) {
