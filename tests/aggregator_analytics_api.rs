@@ -137,6 +137,42 @@ async fn analytics_over_http_with_scoped_tokens() {
     assert_eq!(a.value("gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}").await, Some(2.0));
 }
 
+/// Times made relative to the trace's start, and floats rounded, so the snapshot is stable.
+fn relative(v: &Value, t0: i64) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, x)| {
+                    let x = match (k.as_str(), x.as_i64()) {
+                        ("from" | "to" | "started_at" | "detected_at" | "ended_at" | "last_second", Some(t)) => {
+                            Value::from(format!("t0{:+}", t - t0))
+                        }
+                        _ => relative(x, t0),
+                    };
+                    (k.clone(), x)
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(|x| relative(x, t0)).collect()),
+        Value::Number(n) if n.is_f64() => {
+            Value::from((n.as_f64().unwrap() * 1e6).round() / 1e6)
+        }
+        x => x.clone(),
+    }
+}
+
+/// The JSON finance and reclaim tooling read, pinned: any change to a field or a figure shows up
+/// in review as a snapshot diff.
+#[tokio::test(flavor = "multi_thread")]
+async fn showback_and_hoarding_json_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, t0) = fed(dir.path()).await;
+    let (_, v) = get(&a, Some(VIEWER), &format!("/api/v1/showback?from={t0}&to={}&group_by=workload", t0 + 7200)).await;
+    insta::assert_json_snapshot!("showback_by_workload", relative(&v, t0));
+    let (_, v) = get(&a, Some(VIEWER), "/api/v1/hoarding?state=all").await;
+    insta::assert_json_snapshot!("hoarding_all", relative(&v, t0));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_name_the_parameter_and_tokens_are_required() {
     let dir = tempfile::tempdir().unwrap();
