@@ -135,6 +135,29 @@ async fn analytics_over_http_with_scoped_tokens() {
         .unwrap();
     assert!((idle - 1.0 / 7.0).abs() < 1e-9);
     assert_eq!(a.value("gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}").await, Some(2.0));
+
+    // The hoarder gets busy: its episode ends at the busy minute and its series is removed.
+    use common::traces::{held, mig, sample};
+    let busy: Vec<_> = (t0 + 7200..t0 + 7320)
+        .map(|t| sample(t, &mig("GPU-A", 7, 0), held("team-a", "team-a/notebook-1", gpuledger_schema::SloClass::Interactive), Some(0.9)))
+        .collect();
+    assert_eq!(a.ingest(NODE, &Batch::from_samples("n1", &busy)).await.0, 200);
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/analytics/evaluate", a.url()))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body = reqwest::get(format!("{}/metrics", a.url())).await.unwrap().text().await.unwrap();
+    assert!(!body.contains("workload=\"team-a/notebook-1\""), "a stale episode series: {body}");
+    let (_, v) = get(&a, Some(VIEWER), "/api/v1/hoarding?state=closed").await;
+    let ended = |w: &str| v["episodes"].as_array().unwrap().iter().find(|e| e["workload"] == w).unwrap()["ended_at"].clone();
+    assert_eq!(ended("team-a/notebook-1"), t0 + 7200);
+    // Only slot 0 reported after t0+7200: the GPU went on being observed without team-c's
+    // slice, so that allocation ended too, at the second after its last sample.
+    assert_eq!(ended("team-c/infer-0"), t0 + 7200);
+    assert!(!body.contains("gpuledger_hoarding_episode_idle_duration_seconds{"), "{body}");
 }
 
 /// Times made relative to the trace's start, and floats rounded, so the snapshot is stable.
