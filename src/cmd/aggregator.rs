@@ -343,3 +343,44 @@ pub fn export(args: ExportArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_from(toml: &str) -> anyhow::Result<Config> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("aggregator.toml");
+        std::fs::write(&path, toml)?;
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, "admin aaaaaaaaaaaaaaaaaaaa\n")?;
+        config(Args {
+            config: Some(path),
+            token_file: Some(tokens),
+            ..Args::default()
+        })
+    }
+
+    #[test]
+    fn analytics_settings_are_read_and_checked() {
+        let c = config_from(
+            "idle_threshold = 0.1\nhoarding_window = \"45m\"\ncurrency = \"EUR\"\n[prices]\n\"H100-80GB\" = 2.5\n[demand.\"H100-80GB\"]\n\"1g.10gb\" = 0.7\n\"3g.40gb\" = 0.3\n",
+        )
+        .unwrap();
+        assert_eq!(c.analytics.idle_threshold, 0.1);
+        assert_eq!(c.analytics.window.as_secs(), 45 * 60);
+        assert_eq!(c.analytics.currency, "EUR");
+        assert_eq!(c.analytics.prices["H100-80GB"], 2.5);
+        assert_eq!(c.analytics.demand["H100-80GB"]["3g.40gb"], 0.3);
+        for (toml, says) in [
+            ("idle_threshold = 1.5", "outside 0–1"),
+            ("[prices]\n\"H100-80GB\" = -1.0", "is not a price"),
+            ("[demand.\"B300\"]\n\"1g.10gb\" = 1.0", "not a GPU model"),
+            ("[demand.\"H100-80GB\"]\n\"5g.50gb\" = 1.0", "no such MIG profile"),
+            ("hoarding_window = \"soon\"", "hoarding_window"),
+        ] {
+            let e = format!("{:#}", config_from(toml).unwrap_err());
+            assert!(e.contains(says), "{toml}: {e}");
+        }
+    }
+}
