@@ -163,6 +163,9 @@ pub struct KubeletAttributor {
     config: KubeletConfig,
     state: Arc<RwLock<State>>,
     api: Option<Arc<RwLock<apiserver::Shared>>>,
+    /// Devices the kubelet assigns that match no instance here, as of the last `apply`; each is
+    /// logged once (a device-plugin MIG strategy or id form gpuledger does not map).
+    unmatched: std::sync::Mutex<(Vec<DeviceKey>, std::collections::HashSet<DeviceKey>)>,
 }
 
 async fn list(socket: PathBuf) -> Result<proto::ListPodResourcesResponse, String> {
@@ -240,7 +243,17 @@ impl KubeletAttributor {
             }
         });
         let api = config.apiserver.clone().map(apiserver::start);
-        KubeletAttributor { config, state, api }
+        KubeletAttributor {
+            config,
+            state,
+            api,
+            unmatched: Default::default(),
+        }
+    }
+
+    /// Devices the kubelet assigned at the last `apply` that no instance of this node matched.
+    pub fn unmatched(&self) -> Vec<DeviceKey> {
+        self.unmatched.lock().unwrap_or_else(|e| e.into_inner()).0.clone()
     }
 
     /// Whether `h` still holds its devices, as far as the API server's last list can tell: a
@@ -305,6 +318,7 @@ impl Attributor for KubeletAttributor {
         let api = self.api.as_ref().map(|a| a.read().unwrap_or_else(|e| e.into_inner()));
         let snapshot = api.as_ref().and_then(|a| a.snapshot.as_ref());
         let gpu_index = super::gpu_indices(readings);
+        let mut matched: std::collections::HashSet<DeviceKey> = std::collections::HashSet::new();
         for r in readings.iter_mut() {
             let index = gpu_index[&r.instance.gpu_uuid];
             let keys: Vec<DeviceKey> = match (&r.mig_uuid, r.instance.gpu_instance_id) {
@@ -318,9 +332,10 @@ impl Attributor for KubeletAttributor {
                     DeviceKey::Index(index),
                 ],
             };
-            let Some(holders) = keys.iter().find_map(|k| state.table.get(k)) else {
+            let Some((key, holders)) = keys.iter().find_map(|k| state.table.get_key_value(k)) else {
                 continue;
             };
+            matched.insert(key.clone());
             // Several pods on one device (time-slicing) are charged to the first live one by
             // name; splitting a shared GPU by process is the per-process view's job.
             let live = holders
@@ -331,12 +346,58 @@ impl Attributor for KubeletAttributor {
                 r.attribution = self.attribution(h, meta);
             }
         }
+        let mut unmatched: Vec<DeviceKey> =
+            state.table.keys().filter(|k| !matched.contains(*k)).cloned().collect();
+        unmatched.sort_by_key(|k| format!("{k:?}"));
+        let mut u = self.unmatched.lock().unwrap_or_else(|e| e.into_inner());
+        for k in &unmatched {
+            if u.1.insert(k.clone()) {
+                tracing::warn!(device = ?k, holders = ?state.table[k], "The kubelet assigns a device that matches no GPU or MIG instance on this node; its pods are not charged for it. Check the device plugin's MIG strategy and device ids.");
+            }
+        }
+        u.0 = unmatched;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuledger_schema::{Counters, Instance};
+
+    #[tokio::test]
+    async fn devices_that_match_no_instance_are_reported() {
+        let a = KubeletAttributor::start(KubeletConfig {
+            socket: "/nonexistent/kubelet.sock".into(),
+            poll_interval: Duration::from_secs(3600),
+            namespace_tenants: HashMap::new(),
+            namespace_classes: HashMap::new(),
+            apiserver: None,
+        });
+        let holder = |pod: &str| vec![Holder { namespace: "ml".into(), pod: pod.into() }];
+        {
+            let mut s = a.state.write().unwrap();
+            s.table.insert(DeviceKey::Uuid("GPU-1".into()), holder("a"));
+            // A MIG slice by GPU index and GPU instance id that this node does not have.
+            s.table.insert(DeviceKey::Instance(0, 9), holder("b"));
+        }
+        let mut readings = vec![Reading {
+            instance: Instance {
+                node: "n".into(),
+                gpu_uuid: "GPU-1".into(),
+                gpu_model: "m".into(),
+                mig_profile: None,
+                gpu_instance_id: None,
+                placement_start: None,
+                placement_size: None,
+            },
+            mig_uuid: None,
+            attribution: Attribution::default(),
+            counters: Counters::default(),
+        }];
+        a.apply(&mut readings);
+        assert_eq!(readings[0].attribution.workload.as_deref(), Some("ml/a"));
+        assert_eq!(a.unmatched(), [DeviceKey::Instance(0, 9)]);
+    }
 
     #[test]
     fn every_device_id_form_in_the_wild_is_read() {
