@@ -151,3 +151,31 @@ fn the_statefulset_config_map_is_accepted_up_to_the_missing_token_file() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_grafana_dashboard_queries_only_documented_metrics() {
+    let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).unwrap();
+    let documented: std::collections::BTreeSet<String> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `gpuledger_"))
+        .map(|l| format!("gpuledger_{}", l.split('`').next().unwrap()))
+        .collect();
+    let mut used = 0;
+    for expr in common::dashboard_exprs() {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("gpuledger_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            let family = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|f| documented.contains(*f)))
+                .unwrap_or(&name);
+            assert!(documented.contains(family), "{name} (in {expr}) is not in README.md's metric tables");
+            used += 1;
+        }
+    }
+    assert!(used > 10);
+}

@@ -104,4 +104,15 @@ async fn prometheus_scrapes_the_exporter_and_answers_queries() {
     assert_eq!(first["node"], "gpu-h100-02");
     assert_eq!(first["gpu_model"], "NVIDIA H100 80GB HBM3");
     assert_eq!(series[0]["value"][1], (40u64 << 30).to_string());
+
+    // Every query of the Grafana dashboard is valid PromQL for this Prometheus (the template
+    // variable as "All"), and the exporter's panels find data.
+    for expr in common::dashboard_exprs() {
+        let q = expr.replace("$tenant", ".*");
+        let r = query(port, &q).await;
+        assert!(r.is_some(), "the dashboard query does not run: {q}");
+        if q.contains("gpuledger_instance_") {
+            assert!(!r.unwrap().as_array().unwrap().is_empty(), "no data for {q}");
+        }
+    }
 }

@@ -334,3 +334,30 @@ pub fn assert_openmetrics_valid(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every PromQL expression of `deploy/grafana/gpuledger-dashboard.json`.
+pub fn dashboard_exprs() -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    match (k.as_str(), x.as_str()) {
+                        ("expr", Some(e)) => out.push(e.to_owned()),
+                        _ => walk(x, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/grafana/gpuledger-dashboard.json"
+    ))
+    .unwrap();
+    let mut out = Vec::new();
+    walk(&serde_json::from_str(&text).unwrap(), &mut out);
+    assert!(!out.is_empty());
+    out
+}
