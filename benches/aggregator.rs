@@ -15,7 +15,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuledger_aggregator::analytics::{self, showback::{self, GroupBy}};
+use gpuledger_aggregator::analytics::{
+    self,
+    showback::{self, GroupBy},
+};
 use gpuledger_aggregator::store::{self, Writer};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
@@ -356,8 +359,7 @@ fn month_showback(dir: &std::path::Path) {
     let settings = analytics::Settings::default();
     for by in [GroupBy::Tenant, GroupBy::Workload] {
         let run = || {
-            showback::showback(&conn, t0, t0 + 3600 * month, by, None, i64::MIN, &settings)
-                .unwrap()
+            showback::showback(&conn, t0, t0 + 3600 * month, by, None, i64::MIN, &settings).unwrap()
         };
         let rows = run().rows.len();
         let runs = 10;
@@ -411,7 +413,10 @@ fn hour_evaluation(dir: &std::path::Path) {
         }
         start.elapsed().as_secs_f64() * 1000.0 / runs as f64
     };
-    eprintln!("  baseline: one SQL scan of the hour's {} minute rows: {base:.1} ms", n * 60);
+    eprintln!(
+        "  baseline: one SQL scan of the hour's {} minute rows: {base:.1} ms",
+        n * 60
+    );
     let readers = store::query::Readers::new(&conn, None).unwrap();
     let (writer, _thread) = Writer::spawn(conn, 1_000, Arc::new(())).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -123,7 +123,10 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
     // Capacity travels too: the two clusters' observed GPU-seconds, each GPU-second once.
     let observed: i64 = conn
         .query_row(
-            &format!("SELECT sum(observed_seconds)::BIGINT FROM {}", glob("rollup_gpu_1h")),
+            &format!(
+                "SELECT sum(observed_seconds)::BIGINT FROM {}",
+                glob("rollup_gpu_1h")
+            ),
             [],
             |r| r.get(0),
         )

@@ -97,7 +97,10 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
             "gpuledger_hoarding_episode_idle_duration_seconds{tenant=\"t1\",workload=\"t1/w\",node=\"n1\",gpu=\"GPU-1\",gpu_instance=\"\",slo_class=\"batch\"}",
             180.0,
         ),
-        ("gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}", 1.0),
+        (
+            "gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}",
+            1.0,
+        ),
     ] {
         assert_eq!(a.value(line).await, Some(want), "{line}");
     }

@@ -84,7 +84,10 @@ async fn prometheus_and_alertmanager_deliver_the_idle_hoarding_alert() {
     let _alertmanager = Killed(
         Command::new("prometheus-alertmanager")
             .arg(format!("--config.file={}", am_config.display()))
-            .arg(format!("--storage.path={}", dir.path().join("am").display()))
+            .arg(format!(
+                "--storage.path={}",
+                dir.path().join("am").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
             .arg("--cluster.listen-address=")
             .stdout(Stdio::null())
@@ -123,7 +126,10 @@ async fn prometheus_and_alertmanager_deliver_the_idle_hoarding_alert() {
     let mut delivered: Vec<Value> = Vec::new();
     let hoarding = loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no idle-hoarding alert was delivered; got {delivered:?}");
+        assert!(
+            !left.is_zero(),
+            "no idle-hoarding alert was delivered; got {delivered:?}"
+        );
         let Ok(Some(payload)) = tokio::time::timeout(left, payloads.recv()).await else {
             panic!("no idle-hoarding alert was delivered; got {delivered:?}");
         };
@@ -151,7 +157,10 @@ async fn prometheus_and_alertmanager_deliver_the_idle_hoarding_alert() {
         "alerts/RUNBOOK.md#gpuledgeridlehoarding"
     );
     let summary = hoarding["annotations"]["summary"].as_str().unwrap();
-    assert!(summary.starts_with("team-a/team-a/notebook-1 has held n1 GPU GPU-A instance 7 idle for"), "{summary}");
+    assert!(
+        summary.starts_with("team-a/team-a/notebook-1 has held n1 GPU GPU-A instance 7 idle for"),
+        "{summary}"
+    );
     // Give Alertmanager a few more group intervals: the idle latency-critical replica (2 h idle)
     // must not be delivered as hoarding.
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -8,14 +8,14 @@ mod common;
 
 use std::sync::Arc;
 
+use common::traces::{self, Lcg};
 use duckdb::Connection;
 use gpuledger_aggregator::analytics::showback::{self, GroupBy};
 use gpuledger_aggregator::analytics::{self, EpisodeState, Settings};
 use gpuledger_aggregator::store::query::Readers;
 use gpuledger_aggregator::store::{self, Writer};
-use gpuledger_schema::wire::Batch;
-use common::traces::{self, Lcg};
 use gpuledger_schema::Sample;
+use gpuledger_schema::wire::Batch;
 
 const T0: i64 = 1_767_225_600; // 2026-01-01T00:00:00Z
 
@@ -77,7 +77,12 @@ fn settings() -> Settings {
 fn row<'a>(s: &'a showback::Showback, key: &[&str]) -> &'a showback::Figures {
     &s.rows
         .iter()
-        .find(|r| r.key.iter().map(|k| k.as_deref().unwrap_or("")).eq(key.iter().copied()))
+        .find(|r| {
+            r.key
+                .iter()
+                .map(|k| k.as_deref().unwrap_or(""))
+                .eq(key.iter().copied())
+        })
         .unwrap_or_else(|| panic!("no row {key:?} in {:?}", s.rows))
         .figures
 }
@@ -88,9 +93,13 @@ async fn known_trace_gives_exact_gpu_seconds_episodes_and_fragmentation() {
     let trace = known_trace();
     ledger.write(&trace, 3_000).await;
     let s = settings();
-    let report = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100).await.unwrap();
+    let report = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+        .await
+        .unwrap();
     assert_eq!(report.gpu_hours, 4, "2 GPUs × 2 hours");
-    let again = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100).await.unwrap();
+    let again = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+        .await
+        .unwrap();
     assert_eq!(again.gpu_hours, 0, "nothing is dirty once evaluated");
     let conn = ledger.conn();
     let seventh = 1.0 / 7.0;
@@ -105,7 +114,10 @@ async fn known_trace_gives_exact_gpu_seconds_episodes_and_fragmentation() {
     assert_close!(a.cost, a.allocated_gpu_seconds * 0.001);
     let b = row(&sb, &["team-b"]);
     let b_measured = (0..5400).filter(|t| (T0 + t) % 10 != 0).count() as f64;
-    assert_close!(b.allocated_gpu_seconds, 7200.0 * seventh + 5383.0 * seventh + 5400.0);
+    assert_close!(
+        b.allocated_gpu_seconds,
+        7200.0 * seventh + 5383.0 * seventh + 5400.0
+    );
     assert_close!(
         b.used_gpu_seconds,
         0.8 * 7200.0 * seventh + 0.5 * 5383.0 * seventh + 0.6 * b_measured
@@ -125,22 +137,54 @@ async fn known_trace_gives_exact_gpu_seconds_episodes_and_fragmentation() {
     assert_close!(t.stranded_gpu_seconds, 0.5 * seventh * 7200.0);
 
     // The same range from raw and minute pieces: a second later and earlier at both ends.
-    let edges = showback::showback(&conn, T0 + 1, T0 + 7199, GroupBy::Tenant, None, i64::MIN, &s).unwrap();
+    let edges = showback::showback(
+        &conn,
+        T0 + 1,
+        T0 + 7199,
+        GroupBy::Tenant,
+        None,
+        i64::MIN,
+        &s,
+    )
+    .unwrap();
     let c = row(&edges, &["team-c"]);
     assert_close!(c.allocated_gpu_seconds, 7198.0 * seventh);
     assert_close!(edges.totals.capacity_gpu_seconds, 2.0 * 7198.0);
     assert_close!(edges.totals.stranded_gpu_seconds, 0.5 * seventh * 7198.0);
     // Raw samples gone (raw_from after the edge) → a clear error naming the field.
-    let e = showback::showback(&conn, T0 + 1, T0 + 7200, GroupBy::Tenant, None, T0 + 60, &s).unwrap_err();
-    assert!(e.to_string().starts_with("from is not on a whole minute"), "{e}");
+    let e = showback::showback(&conn, T0 + 1, T0 + 7200, GroupBy::Tenant, None, T0 + 60, &s)
+        .unwrap_err();
+    assert!(
+        e.to_string().starts_with("from is not on a whole minute"),
+        "{e}"
+    );
 
     // Per workload, and a tenant-scoped reader sees only its rows.
-    let w = showback::showback(&conn, T0, T0 + 7200, GroupBy::Workload, Some("team-a"), i64::MIN, &s).unwrap();
+    let w = showback::showback(
+        &conn,
+        T0,
+        T0 + 7200,
+        GroupBy::Workload,
+        Some("team-a"),
+        i64::MIN,
+        &s,
+    )
+    .unwrap();
     assert_eq!(w.rows.len(), 2);
-    assert_close!(row(&w, &["team-a", "team-a/job-x"]).allocated_gpu_seconds, 1817.0 * seventh);
-    assert_eq!(w.totals.capacity_gpu_seconds, 0.0, "no fleet figures for a tenant");
-    let by_class = showback::showback(&conn, T0, T0 + 7200, GroupBy::SloClass, None, i64::MIN, &s).unwrap();
-    assert_close!(row(&by_class, &["latency_critical"]).allocated_gpu_seconds, 7200.0 * seventh);
+    assert_close!(
+        row(&w, &["team-a", "team-a/job-x"]).allocated_gpu_seconds,
+        1817.0 * seventh
+    );
+    assert_eq!(
+        w.totals.capacity_gpu_seconds, 0.0,
+        "no fleet figures for a tenant"
+    );
+    let by_class =
+        showback::showback(&conn, T0, T0 + 7200, GroupBy::SloClass, None, i64::MIN, &s).unwrap();
+    assert_close!(
+        row(&by_class, &["latency_critical"]).allocated_gpu_seconds,
+        7200.0 * seventh
+    );
 
     // Episodes: the hoarder (the blip does not break it), the idle latency-critical replica,
     // and team-a's job-x, which ended when the slice changed hands.
@@ -168,26 +212,53 @@ async fn known_trace_gives_exact_gpu_seconds_episodes_and_fragmentation() {
     assert_close!(hoarder.idle_gpu_seconds, (7200.0 - 1.0) * seventh);
     assert_close!(hoarder.mean_sm_active.unwrap(), 1.0 / 7200.0);
     assert_close!(hoarder.cost, hoarder.idle_gpu_seconds * 0.001);
-    let open = analytics::episodes(&conn, EpisodeState::Open, i64::MIN, i64::MAX, Some("team-a"), &s).unwrap();
+    let open = analytics::episodes(
+        &conn,
+        EpisodeState::Open,
+        i64::MIN,
+        i64::MAX,
+        Some("team-a"),
+        &s,
+    )
+    .unwrap();
     assert_eq!(open.len(), 1);
-    let closed = analytics::episodes(&conn, EpisodeState::Closed, T0 + 1817, i64::MAX, None, &s).unwrap();
-    assert!(closed.is_empty(), "job-x's episode ended at T0+1817: outside [T0+1817, …)");
+    let closed =
+        analytics::episodes(&conn, EpisodeState::Closed, T0 + 1817, i64::MAX, None, &s).unwrap();
+    assert!(
+        closed.is_empty(),
+        "job-x's episode ended at T0+1817: outside [T0+1817, …)"
+    );
 
     // Fragmentation at the last second: the checkerboard leaves slots 1, 3, 5, 7 and only 1g.
     let demand = analytics::demand_mix(&conn, &s, T0 + 7199).unwrap();
-    let gpus = analytics::fragmentation::at(&conn, &analytics::facts::Dims::load(&conn).unwrap(), T0 + 7199, 120, &demand).unwrap();
+    let gpus = analytics::fragmentation::at(
+        &conn,
+        &analytics::facts::Dims::load(&conn).unwrap(),
+        T0 + 7199,
+        120,
+        &demand,
+    )
+    .unwrap();
     assert_eq!(gpus.len(), 2);
     let a = gpus.iter().find(|g| g.gpu.gpu_uuid == "GPU-A").unwrap();
     assert_eq!(a.fragmentation.free_slots, [1, 3, 5, 7]);
     assert_eq!(a.fragmentation.largest_placeable_profile, Some("1g.10gb"));
     assert_close!(a.fragmentation.stranded_slices, 0.5);
     let b = gpus.iter().find(|g| g.gpu.gpu_uuid == "GPU-B").unwrap();
-    assert_eq!(b.fragmentation.largest_placeable_profile, Some("whole"), "unheld by then");
+    assert_eq!(
+        b.fragmentation.largest_placeable_profile,
+        Some("whole"),
+        "unheld by then"
+    );
 
     // The metrics' view: the newest minute, per tenant; the open episodes.
     let current = analytics::current(&conn, &s).unwrap();
     assert_eq!(current.newest, Some(T0 + 7199));
-    let team_c = current.tenants.iter().find(|(k, _)| k.0 == "team-c").unwrap();
+    let team_c = current
+        .tenants
+        .iter()
+        .find(|(k, _)| k.0 == "team-c")
+        .unwrap();
     assert_close!(team_c.1.0, seventh);
     assert_eq!(current.episodes.len(), 2);
     assert_eq!(current.nodes.len(), 1);
@@ -207,15 +278,24 @@ async fn late_data_recomputes_episodes() {
         .partition(|s| minute_50.contains(&s.timestamp) && s.instance.placement_start == Some(0));
     ledger.write(&early, 5_000).await;
     let s = settings();
-    analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100).await.unwrap();
+    analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+        .await
+        .unwrap();
     let conn = ledger.conn();
     let hoarder = |conn: &Connection| -> Vec<(i64, i64, Option<i64>)> {
-        analytics::episodes(conn, EpisodeState::All, i64::MIN, i64::MAX, Some("team-a"), &s)
-            .unwrap()
-            .into_iter()
-            .filter(|e| e.workload.as_deref() == Some("team-a/notebook-1"))
-            .map(|e| (e.started_at, e.detected_at, e.ended_at))
-            .collect()
+        analytics::episodes(
+            conn,
+            EpisodeState::All,
+            i64::MIN,
+            i64::MAX,
+            Some("team-a"),
+            &s,
+        )
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.workload.as_deref() == Some("team-a/notebook-1"))
+        .map(|e| (e.started_at, e.detected_at, e.ended_at))
+        .collect()
     };
     assert_eq!(
         hoarder(&conn),
@@ -225,11 +305,15 @@ async fn late_data_recomputes_episodes() {
         ]
     );
     ledger.write(&late, 5_000).await;
-    let r = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100).await.unwrap();
+    let r = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+        .await
+        .unwrap();
     assert_eq!(r.gpu_hours, 1, "only GPU-A's first hour changed");
     assert_eq!(hoarder(&conn), [(T0, T0 + 1800, None)]);
     // And a restart finds nothing left to do: the state is in the ledger.
-    let r = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100).await.unwrap();
+    let r = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+        .await
+        .unwrap();
     assert_eq!(r.gpu_hours, 0);
 }
 
@@ -273,20 +357,36 @@ async fn invariants_hold_on_random_fleets_and_ranges() {
         }
         ledger.write(&trace[..trace.len() / 3], 7_000).await;
         let s = settings();
-        analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100).await.unwrap();
+        analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+            .await
+            .unwrap();
         let conn = ledger.conn();
         let first = trace.iter().map(|s| s.timestamp).min().unwrap();
         let last = trace.iter().map(|s| s.timestamp).max().unwrap() + 1;
         // Two whole days around the trace (it crosses midnight at T0): the day rollup, for the
         // groupings that read it, equals raw.
         for by in [GroupBy::Workload, GroupBy::Node] {
-            let sb = showback::showback(&conn, T0 - 86400, T0 + 86400, by, None, i64::MIN, &s).unwrap();
-            let total: f64 = sb.rows.iter().map(|r| r.figures.allocated_gpu_seconds).sum();
+            let sb =
+                showback::showback(&conn, T0 - 86400, T0 + 86400, by, None, i64::MIN, &s).unwrap();
+            let total: f64 = sb
+                .rows
+                .iter()
+                .map(|r| r.figures.allocated_gpu_seconds)
+                .sum();
             let used: f64 = sb.rows.iter().map(|r| r.figures.used_gpu_seconds).sum();
             let (raw_rows, raw_capacity) = from_raw(&conn, T0 - 86400, T0 + 86400);
-            assert!(close(total, raw_rows.iter().map(|r| r.1).sum()), "seed {seed}: {by:?} days allocated");
-            assert!(close(used, raw_rows.iter().map(|r| r.2).sum()), "seed {seed}: {by:?} days used");
-            assert!(close(sb.totals.capacity_gpu_seconds, raw_capacity), "seed {seed}: days capacity");
+            assert!(
+                close(total, raw_rows.iter().map(|r| r.1).sum()),
+                "seed {seed}: {by:?} days allocated"
+            );
+            assert!(
+                close(used, raw_rows.iter().map(|r| r.2).sum()),
+                "seed {seed}: {by:?} days used"
+            );
+            assert!(
+                close(sb.totals.capacity_gpu_seconds, raw_capacity),
+                "seed {seed}: days capacity"
+            );
         }
         for case in 0..12 {
             // Random ranges, some aligned to hours or minutes, some not.
@@ -304,11 +404,20 @@ async fn invariants_hold_on_random_fleets_and_ranges() {
             let t = &sb.totals;
             let ctx = format!("seed {seed}, range [{a}, {b})");
             assert!(
-                close(t.allocated_gpu_seconds + t.unallocated_gpu_seconds, t.capacity_gpu_seconds),
+                close(
+                    t.allocated_gpu_seconds + t.unallocated_gpu_seconds,
+                    t.capacity_gpu_seconds
+                ),
                 "{ctx}: allocated + unallocated != capacity"
             );
-            assert!(t.unallocated_gpu_seconds >= -1e-6, "{ctx}: allocated > capacity");
-            assert!(t.stranded_gpu_seconds <= t.unallocated_gpu_seconds + 1e-6, "{ctx}: stranded > free");
+            assert!(
+                t.unallocated_gpu_seconds >= -1e-6,
+                "{ctx}: allocated > capacity"
+            );
+            assert!(
+                t.stranded_gpu_seconds <= t.unallocated_gpu_seconds + 1e-6,
+                "{ctx}: stranded > free"
+            );
             for r in &sb.rows {
                 assert!(
                     r.figures.used_gpu_seconds <= r.figures.allocated_gpu_seconds + 1e-6,
@@ -317,24 +426,44 @@ async fn invariants_hold_on_random_fleets_and_ranges() {
                 );
             }
             let (raw_rows, raw_capacity) = from_raw(&conn, a, b);
-            assert!(close(t.capacity_gpu_seconds, raw_capacity), "{ctx}: capacity {} != raw {raw_capacity}", t.capacity_gpu_seconds);
+            assert!(
+                close(t.capacity_gpu_seconds, raw_capacity),
+                "{ctx}: capacity {} != raw {raw_capacity}",
+                t.capacity_gpu_seconds
+            );
             assert_eq!(sb.rows.len(), raw_rows.len(), "{ctx}");
             for (r, (tenant, allocated, used)) in sb.rows.iter().zip(&raw_rows) {
                 assert_eq!(r.key[0].as_deref(), Some(tenant.as_str()), "{ctx}");
-                assert!(close(r.figures.allocated_gpu_seconds, *allocated), "{ctx}: {tenant} allocated");
-                assert!(close(r.figures.used_gpu_seconds, *used), "{ctx}: {tenant} used");
+                assert!(
+                    close(r.figures.allocated_gpu_seconds, *allocated),
+                    "{ctx}: {tenant} allocated"
+                );
+                assert!(
+                    close(r.figures.used_gpu_seconds, *used),
+                    "{ctx}: {tenant} used"
+                );
             }
             // Stranded from the stored hours = stranded computed second by second, under the
             // demand mix the (single) evaluation pass used: as of the end of the last hour.
             if case % 3 == 0 {
                 let pass_end = (last - 1) - (last - 1).rem_euclid(3600) + 3600;
                 let demand = analytics::demand_mix(&conn, &s, pass_end).unwrap();
-                let direct: f64 = analytics::fragmentation::over_range(&conn, &analytics::facts::Dims::load(&conn).unwrap(), a, b, &demand)
-                    .unwrap()
-                    .iter()
-                    .map(|h| h.stranded_slice_seconds / 7.0)
-                    .sum();
-                assert!(close(t.stranded_gpu_seconds, direct), "{ctx}: stranded {} != {direct}", t.stranded_gpu_seconds);
+                let direct: f64 = analytics::fragmentation::over_range(
+                    &conn,
+                    &analytics::facts::Dims::load(&conn).unwrap(),
+                    a,
+                    b,
+                    &demand,
+                )
+                .unwrap()
+                .iter()
+                .map(|h| h.stranded_slice_seconds / 7.0)
+                .sum();
+                assert!(
+                    close(t.stranded_gpu_seconds, direct),
+                    "{ctx}: stranded {} != {direct}",
+                    t.stranded_gpu_seconds
+                );
             }
         }
         // Stored GPU-hours agree with the capacity rollup.

@@ -173,7 +173,10 @@ fn the_grafana_dashboard_queries_only_documented_metrics() {
                 .iter()
                 .find_map(|s| name.strip_suffix(s).filter(|f| documented.contains(*f)))
                 .unwrap_or(&name);
-            assert!(documented.contains(family), "{name} (in {expr}) is not in README.md's metric tables");
+            assert!(
+                documented.contains(family),
+                "{name} (in {expr}) is not in README.md's metric tables"
+            );
             used += 1;
         }
     }

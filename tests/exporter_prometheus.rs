@@ -112,7 +112,10 @@ async fn prometheus_scrapes_the_exporter_and_answers_queries() {
         let r = query(port, &q).await;
         assert!(r.is_some(), "the dashboard query does not run: {q}");
         if q.contains("gpuledger_instance_") {
-            assert!(!r.unwrap().as_array().unwrap().is_empty(), "no data for {q}");
+            assert!(
+                !r.unwrap().as_array().unwrap().is_empty(),
+                "no data for {q}"
+            );
         }
     }
 }

@@ -272,7 +272,9 @@ async fn fake_apiserver(
         .route(
             "/api/v1/pods",
             axum::routing::get(
-                |State((pods, queries)): State<Shared>, headers: HeaderMap, RawQuery(q): RawQuery| async move {
+                |State((pods, queries)): State<Shared>,
+                 headers: HeaderMap,
+                 RawQuery(q): RawQuery| async move {
                     if headers.get("authorization").and_then(|v| v.to_str().ok())
                         != Some("Bearer sa-token-0123456789")
                     {
@@ -290,7 +292,13 @@ async fn fake_apiserver(
     port
 }
 
-fn api_pod(namespace: &str, name: &str, labels: serde_json::Value, priority: &str, phase: &str) -> serde_json::Value {
+fn api_pod(
+    namespace: &str,
+    name: &str,
+    labels: serde_json::Value,
+    priority: &str,
+    phase: &str,
+) -> serde_json::Value {
     serde_json::json!({
         "metadata": {"namespace": namespace, "name": name, "labels": labels},
         "spec": {"nodeName": "gpu-h100-02", "priorityClassName": priority},
@@ -356,28 +364,59 @@ async fn api_server_labels_set_tenant_and_class_and_finished_or_deleted_pods_are
     .await;
     // The deleted pod is dropped once a list asked for a refresh interval after the kubelet
     // first showed it lacks it.
-    let text = eventually("API server attribution", Duration::from_secs(30), async || {
-        let text = exporter.metrics("text/plain").await;
-        (text.contains("tenant=\"vision\"") && !text.contains("workload=\"ml/gone-0\"")).then_some(text)
-    })
+    let text = eventually(
+        "API server attribution",
+        Duration::from_secs(30),
+        async || {
+            let text = exporter.metrics("text/plain").await;
+            (text.contains("tenant=\"vision\"") && !text.contains("workload=\"ml/gone-0\""))
+                .then_some(text)
+        },
+    )
     .await;
     let line = |gpu: &str| line_for(&text, gpu, None).unwrap().to_owned();
-    assert!(line(&gpus[4]).contains("tenant=\"vision\",workload=\"ml/train-0\""), "{}", line(&gpus[4]));
+    assert!(
+        line(&gpus[4]).contains("tenant=\"vision\",workload=\"ml/train-0\""),
+        "{}",
+        line(&gpus[4])
+    );
     let api = line(&gpus[5]);
-    assert!(api.contains("tenant=\"serving\"") && api.contains("slo_class=\"latency_critical\""), "{api}");
+    assert!(
+        api.contains("tenant=\"serving\"") && api.contains("slo_class=\"latency_critical\""),
+        "{api}"
+    );
     // Neither is charged for the device (the simulator's own attribution stays; with NVML
     // there is none, and the device is unallocated).
-    assert!(!line(&gpus[6]).contains("workload=\"ml/done-0\""), "finished pod: {}", line(&gpus[6]));
-    assert!(!line(&gpus[7]).contains("workload=\"ml/gone-0\""), "deleted pod: {}", line(&gpus[7]));
-    assert!(text.contains("gpuledger_exporter_collector_success{collector=\"attribution_kubelet\"} 1"));
+    assert!(
+        !line(&gpus[6]).contains("workload=\"ml/done-0\""),
+        "finished pod: {}",
+        line(&gpus[6])
+    );
+    assert!(
+        !line(&gpus[7]).contains("workload=\"ml/gone-0\""),
+        "deleted pod: {}",
+        line(&gpus[7])
+    );
+    assert!(
+        text.contains("gpuledger_exporter_collector_success{collector=\"attribution_kubelet\"} 1")
+    );
     let q = queries.lock().unwrap()[0].clone();
-    assert_eq!(q, "fieldSelector=spec.nodeName%3Dgpu-h100-02&resourceVersion=0");
+    assert_eq!(
+        q,
+        "fieldSelector=spec.nodeName%3Dgpu-h100-02&resourceVersion=0"
+    );
 
     // The API server fails: the failure shows, the last list keeps working.
     std::fs::write(&token, "a-wrong-token-0123456789").unwrap();
-    eventually("a failing API server", Duration::from_secs(20), async || {
-        let text = exporter.metrics("text/plain").await;
-        (text.contains("collector=\"attribution_kubelet\"} 0") && text.contains("tenant=\"vision\"")).then_some(())
-    })
+    eventually(
+        "a failing API server",
+        Duration::from_secs(20),
+        async || {
+            let text = exporter.metrics("text/plain").await;
+            (text.contains("collector=\"attribution_kubelet\"} 0")
+                && text.contains("tenant=\"vision\""))
+            .then_some(())
+        },
+    )
     .await;
 }

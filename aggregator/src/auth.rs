@@ -69,7 +69,10 @@ impl Role {
     pub fn require_admin(&self) -> Result<(), ApiError> {
         match self {
             Role::Admin => Ok(()),
-            _ => Err(ApiError::forbidden("authorization", "this needs an admin token")),
+            _ => Err(ApiError::forbidden(
+                "authorization",
+                "this needs an admin token",
+            )),
         }
     }
 }

@@ -363,7 +363,9 @@ impl AggregatorMetrics {
                 gpu_instance,
                 slo_class,
             };
-            self.episode_idle_seconds.get_or_create(&l).set(e.idle_seconds);
+            self.episode_idle_seconds
+                .get_or_create(&l)
+                .set(e.idle_seconds);
             self.episode_gpu_equivalents
                 .get_or_create(&l)
                 .set(e.gpu_equivalents);

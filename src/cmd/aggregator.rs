@@ -165,7 +165,10 @@ fn config(args: Args) -> anyhow::Result<Config> {
                 "demand.{model:?}.{profile:?}: {} has no such MIG profile",
                 known.key
             );
-            anyhow::ensure!(w.is_finite() && *w >= 0.0, "demand.{model:?}.{profile:?} = {w} is not a weight");
+            anyhow::ensure!(
+                w.is_finite() && *w >= 0.0,
+                "demand.{model:?}.{profile:?} = {w} is not a weight"
+            );
         }
     }
     let analytics = AnalyticsSettings {
@@ -376,7 +379,10 @@ mod tests {
             ("idle_threshold = 1.5", "outside 0–1"),
             ("[prices]\n\"H100-80GB\" = -1.0", "is not a price"),
             ("[demand.\"B300\"]\n\"1g.10gb\" = 1.0", "not a GPU model"),
-            ("[demand.\"H100-80GB\"]\n\"5g.50gb\" = 1.0", "no such MIG profile"),
+            (
+                "[demand.\"H100-80GB\"]\n\"5g.50gb\" = 1.0",
+                "no such MIG profile",
+            ),
             ("hoarding_window = \"soon\"", "hoarding_window"),
         ] {
             let e = format!("{:#}", config_from(toml).unwrap_err());

@@ -82,7 +82,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let agg = tokio::spawn(gpuledger_aggregator::run(aggregator, stopped(agg_stop_rx)));
         // Let the aggregator open the ledger and listen before the exporters' first shipment.
         for _ in 0..100 {
-            if tokio::net::TcpStream::connect(args.aggregator_listen).await.is_ok() {
+            if tokio::net::TcpStream::connect(args.aggregator_listen)
+                .await
+                .is_ok()
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -182,10 +185,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Illustrative list prices per GPU-hour, so that the demo's showback has costs.
 fn demo_settings() -> Settings {
     Settings {
-        prices: [("A100-80GB", 1.79), ("H100-80GB", 2.49), ("H200-141GB", 3.39)]
-            .into_iter()
-            .map(|(m, p)| (m.to_owned(), p))
-            .collect(),
+        prices: [
+            ("A100-80GB", 1.79),
+            ("H100-80GB", 2.49),
+            ("H200-141GB", 3.39),
+        ]
+        .into_iter()
+        .map(|(m, p)| (m.to_owned(), p))
+        .collect(),
         ..Settings::default()
     }
 }

@@ -303,7 +303,8 @@ fn config(args: Args) -> anyhow::Result<ExporterConfig> {
         None => None,
         Some(url) => {
             let in_cluster = url == "in-cluster";
-            let sa = |f: &str| in_cluster.then(|| PathBuf::from(apiserver::SERVICE_ACCOUNT_DIR).join(f));
+            let sa =
+                |f: &str| in_cluster.then(|| PathBuf::from(apiserver::SERVICE_ACCOUNT_DIR).join(f));
             Some(apiserver::ApiServerConfig {
                 url: if in_cluster {
                     apiserver::ApiServerConfig::in_cluster_url().context(
@@ -312,8 +313,14 @@ fn config(args: Args) -> anyhow::Result<ExporterConfig> {
                 } else {
                     url
                 },
-                token_file: args.kube_token_file.or(file.kube_token_file).or_else(|| sa("token")),
-                ca_file: args.kube_ca_file.or(file.kube_ca_file).or_else(|| sa("ca.crt")),
+                token_file: args
+                    .kube_token_file
+                    .or(file.kube_token_file)
+                    .or_else(|| sa("token")),
+                ca_file: args
+                    .kube_ca_file
+                    .or(file.kube_ca_file)
+                    .or_else(|| sa("ca.crt")),
                 node: node.clone(),
                 refresh: duration(
                     "kube_refresh_interval",

@@ -6,7 +6,6 @@ use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
 pub const H100: &str = "NVIDIA H100 80GB HBM3";
 
-
 pub fn mig(gpu: &str, gi: u32, start: u32) -> Instance {
     Instance {
         node: "n1".into(),
@@ -63,19 +62,49 @@ pub fn known_trace(t0: i64) -> Vec<Sample> {
     for t in t0..t0 + 7200 {
         // The hoarder: idle for two hours but for one second at 100 % (minute 20).
         let blip = if t == t0 + 20 * 60 + 5 { 1.0 } else { 0.0 };
-        out.push(sample(t, &a0, held("team-a", "team-a/notebook-1", SloClass::Interactive), Some(blip)));
-        out.push(sample(t, &a2, held("team-b", "team-b/train-1", SloClass::Batch), Some(0.8)));
-        out.push(sample(t, &a4, held("team-c", "team-c/infer-0", SloClass::LatencyCritical), Some(0.01)));
+        out.push(sample(
+            t,
+            &a0,
+            held("team-a", "team-a/notebook-1", SloClass::Interactive),
+            Some(blip),
+        ));
+        out.push(sample(
+            t,
+            &a2,
+            held("team-b", "team-b/train-1", SloClass::Batch),
+            Some(0.8),
+        ));
+        out.push(sample(
+            t,
+            &a4,
+            held("team-c", "team-c/infer-0", SloClass::LatencyCritical),
+            Some(0.01),
+        ));
         // Changes tenant at t0 + 30 min + 17 s.
         if t < t0 + 1817 {
-            out.push(sample(t, &a6, held("team-a", "team-a/job-x", SloClass::Batch), Some(0.0)));
+            out.push(sample(
+                t,
+                &a6,
+                held("team-a", "team-a/job-x", SloClass::Batch),
+                Some(0.0),
+            ));
         } else {
-            out.push(sample(t, &a6, held("team-b", "team-b/job-y", SloClass::Batch), Some(0.5)));
+            out.push(sample(
+                t,
+                &a6,
+                held("team-b", "team-b/job-y", SloClass::Batch),
+                Some(0.5),
+            ));
         }
         // Busy, with every 10th second unmeasured; nobody holds it for the last 30 minutes.
         let sm = (t % 10 != 0).then_some(0.6);
         if t < t0 + 5400 {
-            out.push(sample(t, &b, held("team-b", "team-b/train-2", SloClass::Batch), sm));
+            out.push(sample(
+                t,
+                &b,
+                held("team-b", "team-b/train-2", SloClass::Batch),
+                sm,
+            ));
         } else {
             out.push(sample(t, &b, Attribution::default(), sm));
         }
@@ -166,4 +195,3 @@ pub fn random_trace(seed: u64, t0: i64, seconds: i64) -> Vec<Sample> {
     }
     out
 }
-

@@ -137,7 +137,11 @@ pub struct MinuteFact {
 
 /// Runs `sql`, which must select `bucket, instance_id, holder_id, seconds_mask,
 /// sm_active_samples, sm_active_sum` from `rollup_1m`, and returns its rows.
-pub fn minute_facts(conn: &Connection, sql: &str, params: impl Params) -> duckdb::Result<Vec<MinuteFact>> {
+pub fn minute_facts(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+) -> duckdb::Result<Vec<MinuteFact>> {
     let mut stmt = conn.prepare_cached(sql)?;
     let mut out = Vec::new();
     for batch in stmt.query_arrow(params)? {

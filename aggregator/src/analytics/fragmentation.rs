@@ -45,11 +45,17 @@ impl DemandMix {
              GROUP BY ALL",
         )?;
         let rows = stmt.query_map(params![from, to], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, i64>(2)?))
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
         })?;
         for row in rows {
             let (model_name, profile, n) = row?;
-            let Some(model) = mig::model(&model_name) else { continue };
+            let Some(model) = mig::model(&model_name) else {
+                continue;
+            };
             let profile = match profile {
                 Some(p) => p,
                 None => match model.profiles.last() {
@@ -268,7 +274,8 @@ pub fn at(
     let mut latest: BTreeMap<&GpuKey, (i64, &Vec<MinuteFact>)> = BTreeMap::new();
     for ((g, bucket), rows) in &minutes {
         let gpu = &dims.gpus[*g];
-        let union = rows.iter().fold(0, |m, r| m | r.mask) & range_mask(*bucket, at - max_age, at + 1);
+        let union =
+            rows.iter().fold(0, |m, r| m | r.mask) & range_mask(*bucket, at - max_age, at + 1);
         if union == 0 {
             continue;
         }
@@ -326,7 +333,10 @@ pub fn at(
 
 /// The GPU-hours whose capacity numbers moved since their fragmentation was stored, oldest
 /// first: (hour, gpu, observed_seconds, instance_seconds) as `rollup_gpu_1h` holds them now.
-pub fn dirty_hours(conn: &Connection, limit: usize) -> duckdb::Result<Vec<(i64, GpuKey, i64, i64)>> {
+pub fn dirty_hours(
+    conn: &Connection,
+    limit: usize,
+) -> duckdb::Result<Vec<(i64, GpuKey, i64, i64)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT g.bucket, g.node, g.gpu_uuid, g.gpu_model, g.observed_seconds, g.instance_seconds
          FROM rollup_gpu_1h g
@@ -405,7 +415,10 @@ mod tests {
     fn range_masks_cut_minutes_at_the_range_edges() {
         assert_eq!(range_mask(0, 0, 60), (1u64 << 60) - 1);
         assert_eq!(range_mask(60, 0, 60), 0);
-        assert_eq!(range_mask(0, 10, 20), ((1u64 << 20) - 1) & !((1u64 << 10) - 1));
+        assert_eq!(
+            range_mask(0, 10, 20),
+            ((1u64 << 20) - 1) & !((1u64 << 10) - 1)
+        );
         assert_eq!(range_mask(120, 0, 1_000), (1u64 << 60) - 1);
     }
 }

@@ -109,7 +109,11 @@ fn fit_count(p: &Profile, covered: u32, slices: u32) -> u32 {
 }
 
 /// The fragmentation of a GPU of `model` (`None`: a model without MIG tables) holding `present`.
-pub fn analyse(model: Option<&'static GpuModel>, present: &[Present], demand: &Demand) -> Fragmentation {
+pub fn analyse(
+    model: Option<&'static GpuModel>,
+    present: &[Present],
+    demand: &Demand,
+) -> Fragmentation {
     let whole = !present.is_empty() && present.iter().all(|i| i.profile.is_none());
     if model.is_none() || whole {
         // A whole GPU: free when nobody holds it, and then usable by any request.
@@ -135,9 +139,14 @@ pub fn analyse(model: Option<&'static GpuModel>, present: &[Present], demand: &D
             .map(|i| i.slices)
             .sum()
     };
-    let unheld_slices: u32 = present.iter().filter(|i| !i.allocated).map(|i| i.slices).sum();
+    let unheld_slices: u32 = present
+        .iter()
+        .filter(|i| !i.allocated)
+        .map(|i| i.slices)
+        .sum();
     let free_slices = uncovered_slices + unheld_slices;
-    let usable = |p: &Profile| fit_count(p, covered, uncovered_slices) * p.compute_slices + unheld(p);
+    let usable =
+        |p: &Profile| fit_count(p, covered, uncovered_slices) * p.compute_slices + unheld(p);
     let stranded_slices = demand
         .weights
         .iter()
@@ -150,7 +159,9 @@ pub fn analyse(model: Option<&'static GpuModel>, present: &[Present], demand: &D
         .max_by_key(|p| (p.compute_slices, p.fb_bytes))
         .map(|p| p.name);
     Fragmentation {
-        free_slots: (0..PLACEMENT_SLOTS).filter(|s| covered & (1 << s) == 0).collect(),
+        free_slots: (0..PLACEMENT_SLOTS)
+            .filter(|s| covered & (1 << s) == 0)
+            .collect(),
         free_slices,
         largest_placeable_profile: largest,
         stranded_slices,
@@ -173,7 +184,11 @@ pub struct Advice {
 
 /// Every set of placements that fits in the slots `covered` leaves and in `slices` compute
 /// slices, including the empty set (a few thousand at most: 8 slots).
-fn geometries(model: &'static GpuModel, covered: u32, slices: u32) -> Vec<Vec<(&'static Profile, u32)>> {
+fn geometries(
+    model: &'static GpuModel,
+    covered: u32,
+    slices: u32,
+) -> Vec<Vec<(&'static Profile, u32)>> {
     let options: Vec<(&'static Profile, u32)> = model
         .profiles
         .iter()
@@ -192,7 +207,13 @@ fn geometries(model: &'static GpuModel, covered: u32, slices: u32) -> Vec<Vec<(&
             let m = slot_mask(s, p.size);
             if covered & m == 0 && p.compute_slices <= slices {
                 current.push((p, s));
-                walk(&options[k + 1..], covered | m, slices - p.compute_slices, current, out);
+                walk(
+                    &options[k + 1..],
+                    covered | m,
+                    slices - p.compute_slices,
+                    current,
+                    out,
+                );
                 current.pop();
             }
         }
@@ -205,7 +226,10 @@ fn geometries(model: &'static GpuModel, covered: u32, slices: u32) -> Vec<Vec<(&
 /// re-partitioning only what nobody holds; then draining the whole GPU, proposed only if it
 /// strands strictly less. `None` when nothing beats the current geometry.
 pub fn advise(model: &'static GpuModel, present: &[Present], demand: &Demand) -> Option<Advice> {
-    if present.iter().any(|i| i.profile.is_none() || i.start.is_none()) {
+    if present
+        .iter()
+        .any(|i| i.profile.is_none() || i.start.is_none())
+    {
         return None;
     }
     let now = analyse(Some(model), present, demand).stranded_slices;
@@ -223,10 +247,9 @@ pub fn advise(model: &'static GpuModel, present: &[Present], demand: &Demand) ->
             }));
             let stranded = analyse(Some(model), &after, demand).stranded_slices;
             // Fewer new instances wins a tie: less to change.
-            if best
-                .as_ref()
-                .is_none_or(|(b, bg)| stranded < b - 1e-9 || (stranded < b + 1e-9 && g.len() < bg.len()))
-            {
+            if best.as_ref().is_none_or(|(b, bg)| {
+                stranded < b - 1e-9 || (stranded < b + 1e-9 && g.len() < bg.len())
+            }) {
                 best = Some((stranded, g));
             }
         }
@@ -268,12 +291,16 @@ pub fn advise(model: &'static GpuModel, present: &[Present], demand: &Demand) ->
         }
         best
     };
-    let unheld: Vec<usize> = (0..present.len()).filter(|&k| !present[k].allocated).collect();
+    let unheld: Vec<usize> = (0..present.len())
+        .filter(|&k| !present[k].allocated)
+        .collect();
     let advice = if drain_stranded < keep_stranded - 1e-9 && !held.is_empty() {
         Advice {
             create: drain_geometry.iter().map(|(p, s)| (p.name, *s)).collect(),
             destroy: (0..present.len()).collect(),
-            displace: (0..present.len()).filter(|&k| present[k].allocated).collect(),
+            displace: (0..present.len())
+                .filter(|&k| present[k].allocated)
+                .collect(),
             stranded_slices_after: drain_stranded,
         }
     } else {
@@ -300,7 +327,10 @@ pub fn advise(model: &'static GpuModel, present: &[Present], demand: &Demand) ->
 }
 
 /// The instance of `profile` on `model` (for callers holding names).
-pub fn profile_of(model: Option<&'static GpuModel>, name: Option<&str>) -> Option<&'static Profile> {
+pub fn profile_of(
+    model: Option<&'static GpuModel>,
+    name: Option<&str>,
+) -> Option<&'static Profile> {
     model?.profile(name?)
 }
 
@@ -349,7 +379,11 @@ mod tests {
         let f = analyse(Some(h100()), &present, &demand(&[("1g.10gb", 1.0)]));
         assert_eq!(f.stranded_slices, 0.0);
         // Half and half: half of the 3 slices is stranded in expectation.
-        let f = analyse(Some(h100()), &present, &demand(&[("1g.10gb", 1.0), ("3g.40gb", 1.0)]));
+        let f = analyse(
+            Some(h100()),
+            &present,
+            &demand(&[("1g.10gb", 1.0), ("3g.40gb", 1.0)]),
+        );
         assert_eq!(f.stranded_slices, 1.5);
     }
 
@@ -414,7 +448,10 @@ mod tests {
         let f = analyse(Some(h100()), &[whole(true)], &d);
         assert_eq!((f.free_slices, f.largest_placeable_profile), (0, None));
         let f = analyse(None, &[whole(false)], &d);
-        assert_eq!((f.free_slices, f.largest_placeable_profile), (7, Some("whole")));
+        assert_eq!(
+            (f.free_slices, f.largest_placeable_profile),
+            (7, Some("whole"))
+        );
         assert_eq!(f.stranded_slices, 0.0);
     }
 }

@@ -157,7 +157,8 @@ pub fn recompute(
     // is an episode already: its stored start says where to rescan from.
     let margin = |hour: i64| hour - window - 3600;
     let oldest = dirty.values().map(|&h| margin(h)).min().unwrap_or(0);
-    let mut scan: HashMap<String, i64> = dirty.iter().map(|(g, &h)| (g.clone(), margin(h))).collect();
+    let mut scan: HashMap<String, i64> =
+        dirty.iter().map(|(g, &h)| (g.clone(), margin(h))).collect();
     {
         let mut stmt = conn.prepare_cached(
             "SELECT i.gpu_uuid, e.started_at, e.ended_at FROM hoarding_episodes e
@@ -165,14 +166,20 @@ pub fn recompute(
              WHERE e.ended_at IS NULL OR e.ended_at >= ?",
         )?;
         let rows = stmt.query_map([oldest], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, Option<i64>>(2)?))
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Option<i64>>(2)?,
+            ))
         })?;
         for row in rows {
             let (gpu, started, ended) = row?;
             if let Some(&h) = dirty.get(&gpu)
                 && ended.is_none_or(|e| e >= margin(h))
             {
-                let s = scan.get_mut(&gpu).expect("every dirty GPU has a scan start");
+                let s = scan
+                    .get_mut(&gpu)
+                    .expect("every dirty GPU has a scan start");
                 *s = (*s).min(started);
             }
         }
@@ -205,7 +212,9 @@ pub fn recompute(
     let mut allocations: HashMap<(i32, i32), (f64, Vec<MinuteRow>)> = HashMap::new();
     let mut newest: HashMap<usize, i64> = HashMap::new();
     for f in facts {
-        let Some(inst) = dims.instance(f.instance_id) else { continue };
+        let Some(inst) = dims.instance(f.instance_id) else {
+            continue;
+        };
         let minute = MinuteRow {
             bucket: f.bucket,
             mask: f.mask,

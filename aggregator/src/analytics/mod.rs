@@ -120,7 +120,9 @@ pub async fn evaluate(
             .await
             .map_err(|e| StoreError::Io(format!("the analytics task failed: {e}")))?
             .map_err(StoreError::from_db)?;
-        let Some((hours, recomputed)) = computed else { break };
+        let Some((hours, recomputed)) = computed else {
+            break;
+        };
         total.gpu_hours += hours.len();
         total.gpus += recomputed.scans.len();
         total.episodes += recomputed.episodes.len();
@@ -155,7 +157,8 @@ fn compute_in_snapshot(conn: &Connection, settings: &Settings) -> duckdb::Result
     let last = dirty.iter().map(|d| d.0).max().unwrap_or(first) + 3600;
     let demand = demand_mix(conn, settings, last)?;
     let dims = facts::Dims::load(conn)?;
-    let wanted: HashSet<(i64, &fragmentation::GpuKey)> = dirty.iter().map(|d| (d.0, &d.1)).collect();
+    let wanted: HashSet<(i64, &fragmentation::GpuKey)> =
+        dirty.iter().map(|d| (d.0, &d.1)).collect();
     let mut computed: HashMap<(i64, fragmentation::GpuKey), fragmentation::GpuHour> =
         fragmentation::over_range(conn, &dims, first, last, &demand)?
             .into_iter()
@@ -247,7 +250,9 @@ pub fn current(conn: &Connection, settings: &Settings) -> duckdb::Result<Current
          GROUP BY ALL ORDER BY ALL",
     )?;
     out.tenants = stmt
-        .query_map([minute], |r| Ok(((r.get(0)?, r.get(1)?), (r.get(2)?, r.get(3)?))))?
+        .query_map([minute], |r| {
+            Ok(((r.get(0)?, r.get(1)?), (r.get(2)?, r.get(3)?)))
+        })?
         .collect::<Result<_, _>>()?;
     let mut stmt = conn.prepare_cached(
         "SELECT h.tenant, coalesce(h.workload, ''), i.node, i.gpu_uuid,
@@ -259,7 +264,14 @@ pub fn current(conn: &Connection, settings: &Settings) -> duckdb::Result<Current
     out.episodes = stmt
         .query_map([], |r| {
             Ok(OpenEpisode {
-                labels: [r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
+                labels: [
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ],
                 idle_seconds: r.get(6)?,
                 gpu_equivalents: r.get(7)?,
             })

@@ -166,7 +166,9 @@ pub struct Showback {
 #[derive(Debug, thiserror::Error)]
 pub enum ShowbackError {
     /// A range edge needs raw samples that retention has removed.
-    #[error("{field} is not on a whole minute and raw samples before {raw_from} are gone; round it to the minute")]
+    #[error(
+        "{field} is not on a whole minute and raw samples before {raw_from} are gone; round it to the minute"
+    )]
     RawGone {
         /// `from` or `to`.
         field: &'static str,
@@ -303,11 +305,22 @@ pub fn showback(
         let sql = group_query(level, by, tenant.is_some());
         let mut stmt = conn.prepare_cached(&sql)?;
         let map = |r: &duckdb::Row<'_>| -> duckdb::Result<Part> {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
         };
         let parts: Vec<Part> = match tenant {
-            Some(t) => stmt.query_map(params![a, b, t], map)?.collect::<Result<_, _>>()?,
-            None => stmt.query_map(params![a, b], map)?.collect::<Result<_, _>>()?,
+            Some(t) => stmt
+                .query_map(params![a, b, t], map)?
+                .collect::<Result<_, _>>()?,
+            None => stmt
+                .query_map(params![a, b], map)?
+                .collect::<Result<_, _>>()?,
         };
         for (k1, k2, model, allocated, used, measured) in parts {
             let price = price_per_gpu_second(settings, &model);
@@ -436,7 +449,13 @@ mod tests {
         );
         assert_eq!(pieces(60, 180), [(Level::Minute, 60, 180)]);
         // Every piece joins the next.
-        for (from, to) in [(7, 99_999), (3599, 3601), (0, 61), (59, 7201), (5, 9 * 86400 + 7)] {
+        for (from, to) in [
+            (7, 99_999),
+            (3599, 3601),
+            (0, 61),
+            (59, 7201),
+            (5, 9 * 86400 + 7),
+        ] {
             let p = pieces(from, to);
             assert_eq!(p.first().unwrap().1, from);
             assert_eq!(p.last().unwrap().2, to);

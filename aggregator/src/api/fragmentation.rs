@@ -36,7 +36,10 @@ pub async fn fragmentation(
     let settings = app.config.analytics.clone();
     if q.contains_key("from") || q.contains_key("to") {
         if q.contains_key("at") {
-            return Err(ApiError::bad_request("at", "give either at, or from and to"));
+            return Err(ApiError::bad_request(
+                "at",
+                "give either at, or from and to",
+            ));
         }
         let (from, to) = range_params(
             q.get("from").map(String::as_str),
@@ -73,7 +76,11 @@ fn demand_json(d: &fragmentation::DemandMix, models: &[String]) -> Value {
     json!(out)
 }
 
-fn at_instant(conn: &duckdb::Connection, at: i64, settings: &analytics::Settings) -> duckdb::Result<Value> {
+fn at_instant(
+    conn: &duckdb::Connection,
+    at: i64,
+    settings: &analytics::Settings,
+) -> duckdb::Result<Value> {
     let demand = analytics::demand_mix(conn, settings, at)?;
     let dims = analytics::facts::Dims::load(conn)?;
     let gpus = fragmentation::at(conn, &dims, at, MAX_AGE_SECS, &demand)?;
@@ -102,7 +109,9 @@ fn at_instant(conn: &duckdb::Connection, at: i64, settings: &analytics::Settings
             "instances": g.instances,
         }));
         if let Some(a) = &g.advice {
-            let pick = |ks: &[usize]| -> Vec<Value> { ks.iter().map(|&k| json!(g.instances[k])).collect() };
+            let pick = |ks: &[usize]| -> Vec<Value> {
+                ks.iter().map(|&k| json!(g.instances[k])).collect()
+            };
             advice.push(json!({
                 "node": g.gpu.node,
                 "gpu_uuid": g.gpu.gpu_uuid,
@@ -115,7 +124,9 @@ fn at_instant(conn: &duckdb::Connection, at: i64, settings: &analytics::Settings
             }));
         }
     }
-    let fleet = nodes.values().fold((0u64, 0.0, 0.0), |a, n| (a.0 + n.0, a.1 + n.1, a.2 + n.2));
+    let fleet = nodes
+        .values()
+        .fold((0u64, 0.0, 0.0), |a, n| (a.0 + n.0, a.1 + n.1, a.2 + n.2));
     Ok(json!({
         "at": at,
         "gpus": rows,
@@ -140,7 +151,10 @@ fn over_range(
     settings: &analytics::Settings,
 ) -> duckdb::Result<Value> {
     // Whole hours from the stored table; the edges second by second.
-    let (h0, h1) = (from + (3600 - from.rem_euclid(3600)) % 3600, to - to.rem_euclid(3600));
+    let (h0, h1) = (
+        from + (3600 - from.rem_euclid(3600)) % 3600,
+        to - to.rem_euclid(3600),
+    );
     let mut per_gpu: BTreeMap<fragmentation::GpuKey, (i64, f64, f64)> = BTreeMap::new();
     let mut add = |h: fragmentation::GpuHour| {
         let e = per_gpu.entry(h.gpu).or_default();
@@ -174,11 +188,15 @@ fn over_range(
         }
         for (a, b) in [(from, h0), (h1, to)] {
             if a < b {
-                fragmentation::over_range(conn, &dims, a, b, &demand)?.into_iter().for_each(&mut add);
+                fragmentation::over_range(conn, &dims, a, b, &demand)?
+                    .into_iter()
+                    .for_each(&mut add);
             }
         }
     } else {
-        fragmentation::over_range(conn, &dims, from, to, &demand)?.into_iter().for_each(&mut add);
+        fragmentation::over_range(conn, &dims, from, to, &demand)?
+            .into_iter()
+            .for_each(&mut add);
     }
     let mut models: Vec<String> = Vec::new();
     let mut fleet = (0i64, 0.0, 0.0, 0.0);

@@ -47,10 +47,13 @@ impl App {
                 .await?;
         let conn = self.readers.connect()?;
         let settings = self.config.analytics.clone();
-        let current = tokio::task::spawn_blocking(move || crate::analytics::current(&conn, &settings))
-            .await
-            .map_err(|e| crate::store::StoreError::Io(format!("the analytics task failed: {e}")))?
-            .map_err(crate::store::StoreError::from_db)?;
+        let current =
+            tokio::task::spawn_blocking(move || crate::analytics::current(&conn, &settings))
+                .await
+                .map_err(|e| {
+                    crate::store::StoreError::Io(format!("the analytics task failed: {e}"))
+                })?
+                .map_err(crate::store::StoreError::from_db)?;
         self.metrics.set_current(&current);
         if let Some(newest) = current.newest {
             use crate::store::writer::WriteObserver;
@@ -71,7 +74,10 @@ pub fn time_param(name: &'static str, value: Option<&str>) -> Result<Option<i64>
     value
         .map(|v| {
             gpuledger_schema::trace::parse_timestamp(v).map_err(|e| {
-                error::ApiError::bad_request(name, format!("{v:?} is not a time (RFC 3339 or Unix seconds): {e}"))
+                error::ApiError::bad_request(
+                    name,
+                    format!("{v:?} is not a time (RFC 3339 or Unix seconds): {e}"),
+                )
             })
         })
         .transpose()
@@ -88,7 +94,10 @@ pub fn range_params(
     let from = match time_param("from", from)? {
         Some(f) => f,
         None => {
-            let t = chrono::Utc.timestamp_opt(to, 0).single().unwrap_or_default();
+            let t = chrono::Utc
+                .timestamp_opt(to, 0)
+                .single()
+                .unwrap_or_default();
             chrono::Utc
                 .with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
                 .single()
@@ -96,12 +105,18 @@ pub fn range_params(
         }
     };
     if from >= to {
-        return Err(error::ApiError::bad_request("from", format!("from ({from}) must be before to ({to})")));
+        return Err(error::ApiError::bad_request(
+            "from",
+            format!("from ({from}) must be before to ({to})"),
+        ));
     }
     if to - from > max_secs {
         return Err(error::ApiError::bad_request(
             "from",
-            format!("the range is {} s; at most {max_secs} s (the rollup retention) is kept", to - from),
+            format!(
+                "the range is {} s; at most {max_secs} s (the rollup retention) is kept",
+                to - from
+            ),
         ));
     }
     Ok((from, to))
@@ -114,7 +129,10 @@ pub async fn evaluate_now(
     headers: HeaderMap,
 ) -> Result<axum::Json<serde_json::Value>, error::ApiError> {
     app.tokens.authenticate(&headers)?.require_admin()?;
-    let r = app.evaluate().await.map_err(|e| error::ApiError::internal(&e))?;
+    let r = app
+        .evaluate()
+        .await
+        .map_err(|e| error::ApiError::internal(&e))?;
     Ok(axum::Json(serde_json::json!({
         "gpu_hours": r.gpu_hours,
         "gpus": r.gpus,

@@ -17,7 +17,10 @@ pub fn only_params(q: &HashMap<String, String>, known: &[&str]) -> Result<(), Ap
     match q.keys().find(|k| !known.contains(&k.as_str())) {
         Some(k) => Err(ApiError::bad_request(
             k.clone(),
-            format!("unknown parameter; this endpoint takes {}", known.join(", ")),
+            format!(
+                "unknown parameter; this endpoint takes {}",
+                known.join(", ")
+            ),
         )),
         None => Ok(()),
     }
@@ -35,7 +38,10 @@ pub async fn showback(
     let by = match q.get("group_by").map(String::as_str) {
         None => GroupBy::Tenant,
         Some(s) => GroupBy::parse(s).ok_or_else(|| {
-            ApiError::bad_request("group_by", format!("{s:?} is not one of {}", GroupBy::NAMES))
+            ApiError::bad_request(
+                "group_by",
+                format!("{s:?} is not one of {}", GroupBy::NAMES),
+            )
         })?,
     };
     let retention = app.config.retention;

@@ -165,7 +165,8 @@ fn client(config: &ApiServerConfig) -> Result<reqwest::Client, String> {
             .map_err(|e| format!("{} is not a PEM certificate: {e}", ca.display()))?;
         b = b.add_root_certificate(cert);
     }
-    b.build().map_err(|e| format!("cannot build the HTTP client: {e}"))
+    b.build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
 }
 
 async fn list(client: &reqwest::Client, config: &ApiServerConfig) -> Result<Snapshot, String> {
@@ -200,7 +201,9 @@ async fn list(client: &reqwest::Client, config: &ApiServerConfig) -> Result<Snap
         .map_err(|e| format!("reading the pod list: {e}"))?;
     if !status.is_success() {
         let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
-        return Err(format!("the API server answered {status} to the pod list: {text}"));
+        return Err(format!(
+            "the API server answered {status} to the pod list: {text}"
+        ));
     }
     Ok(Snapshot {
         requested_at,

@@ -253,19 +253,32 @@ impl KubeletAttributor {
 
     /// Devices the kubelet assigned at the last `apply` that no instance of this node matched.
     pub fn unmatched(&self) -> Vec<DeviceKey> {
-        self.unmatched.lock().unwrap_or_else(|e| e.into_inner()).0.clone()
+        self.unmatched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone()
     }
 
     /// Whether `h` still holds its devices, as far as the API server's last list can tell: a
     /// finished pod does not; a pod the list lacks does not, if the kubelet showed it at least a
     /// refresh interval before that list was asked for (so that a pod created since is not
     /// mistaken for a deleted one). No list yet: the kubelet's word.
-    fn is_live(&self, h: &Holder, first_seen: Option<&Instant>, snapshot: Option<&apiserver::Snapshot>) -> bool {
+    fn is_live(
+        &self,
+        h: &Holder,
+        first_seen: Option<&Instant>,
+        snapshot: Option<&apiserver::Snapshot>,
+    ) -> bool {
         let Some(s) = snapshot else { return true };
         match s.pods.get(&(h.namespace.clone(), h.pod.clone())) {
             Some(meta) => !meta.is_finished(),
             None => {
-                let grace = self.config.apiserver.as_ref().map_or(Duration::ZERO, |a| a.refresh);
+                let grace = self
+                    .config
+                    .apiserver
+                    .as_ref()
+                    .map_or(Duration::ZERO, |a| a.refresh);
                 first_seen.is_none_or(|seen| *seen + grace >= s.requested_at)
             }
         }
@@ -273,11 +286,16 @@ impl KubeletAttributor {
 
     fn attribution(&self, h: &Holder, meta: Option<&apiserver::PodMeta>) -> Attribution {
         let api = self.config.apiserver.as_ref();
-        let from_meta = |key: Option<&String>, map: fn(&apiserver::PodMeta) -> &HashMap<String, String>| {
-            Some(map(meta?).get(key?)?.clone()).filter(|v| !v.is_empty())
-        };
+        let from_meta =
+            |key: Option<&String>, map: fn(&apiserver::PodMeta) -> &HashMap<String, String>| {
+                Some(map(meta?).get(key?)?.clone()).filter(|v| !v.is_empty())
+            };
         let tenant = from_meta(api.and_then(|a| a.tenant_label.as_ref()), |m| &m.labels)
-            .or_else(|| from_meta(api.and_then(|a| a.tenant_annotation.as_ref()), |m| &m.annotations))
+            .or_else(|| {
+                from_meta(api.and_then(|a| a.tenant_annotation.as_ref()), |m| {
+                    &m.annotations
+                })
+            })
             .or_else(|| self.config.namespace_tenants.get(&h.namespace).cloned())
             .unwrap_or_else(|| h.namespace.clone());
         let slo_class = from_meta(api.and_then(|a| a.class_label.as_ref()), |m| &m.labels)
@@ -304,7 +322,11 @@ impl Attributor for KubeletAttributor {
         if let Some(e) = &self.state.read().unwrap_or_else(|e| e.into_inner()).error {
             return Err(e.clone());
         }
-        match self.api.as_ref().map(|a| a.read().unwrap_or_else(|e| e.into_inner())) {
+        match self
+            .api
+            .as_ref()
+            .map(|a| a.read().unwrap_or_else(|e| e.into_inner()))
+        {
             Some(a) if a.error.is_some() => Err(a.error.clone().unwrap_or_default()),
             _ => Ok(()),
         }
@@ -315,7 +337,10 @@ impl Attributor for KubeletAttributor {
         if state.table.is_empty() {
             return;
         }
-        let api = self.api.as_ref().map(|a| a.read().unwrap_or_else(|e| e.into_inner()));
+        let api = self
+            .api
+            .as_ref()
+            .map(|a| a.read().unwrap_or_else(|e| e.into_inner()));
         let snapshot = api.as_ref().and_then(|a| a.snapshot.as_ref());
         let gpu_index = super::gpu_indices(readings);
         let mut matched: std::collections::HashSet<DeviceKey> = std::collections::HashSet::new();
@@ -332,7 +357,8 @@ impl Attributor for KubeletAttributor {
                     DeviceKey::Index(index),
                 ],
             };
-            let Some((key, holders)) = keys.iter().find_map(|k| state.table.get_key_value(k)) else {
+            let Some((key, holders)) = keys.iter().find_map(|k| state.table.get_key_value(k))
+            else {
                 continue;
             };
             matched.insert(key.clone());
@@ -346,8 +372,12 @@ impl Attributor for KubeletAttributor {
                 r.attribution = self.attribution(h, meta);
             }
         }
-        let mut unmatched: Vec<DeviceKey> =
-            state.table.keys().filter(|k| !matched.contains(*k)).cloned().collect();
+        let mut unmatched: Vec<DeviceKey> = state
+            .table
+            .keys()
+            .filter(|k| !matched.contains(*k))
+            .cloned()
+            .collect();
         unmatched.sort_by_key(|k| format!("{k:?}"));
         let mut u = self.unmatched.lock().unwrap_or_else(|e| e.into_inner());
         for k in &unmatched {
@@ -373,7 +403,12 @@ mod tests {
             namespace_classes: HashMap::new(),
             apiserver: None,
         });
-        let holder = |pod: &str| vec![Holder { namespace: "ml".into(), pod: pod.into() }];
+        let holder = |pod: &str| {
+            vec![Holder {
+                namespace: "ml".into(),
+                pod: pod.into(),
+            }]
+        };
         {
             let mut s = a.state.write().unwrap();
             s.table.insert(DeviceKey::Uuid("GPU-1".into()), holder("a"));
