@@ -48,14 +48,8 @@ async fn fed(dir: &std::path::Path) -> (Aggregator, i64) {
         let (status, body) = a.ingest(NODE, &Batch::from_samples("n1", chunk)).await;
         assert_eq!(status, 200, "{body}");
     }
-    let r = reqwest::Client::new()
-        .post(format!("{}/api/v1/analytics/evaluate", a.url()))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let report: Value = r.json().await.unwrap();
+    let (status, report) = a.evaluate(ADMIN_TOKEN).await;
+    assert_eq!(status, 200);
     assert_eq!(report["gpu_hours"], 4, "{report}");
     (a, t0)
 }
@@ -206,13 +200,7 @@ async fn analytics_over_http_with_scoped_tokens() {
         a.ingest(NODE, &Batch::from_samples("n1", &busy)).await.0,
         200
     );
-    let r = reqwest::Client::new()
-        .post(format!("{}/api/v1/analytics/evaluate", a.url()))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(a.evaluate(ADMIN_TOKEN).await.0, 200);
     let body = reqwest::get(format!("{}/metrics", a.url()))
         .await
         .unwrap()
@@ -371,13 +359,7 @@ async fn bad_requests_name_the_parameter_and_tokens_are_required() {
         "{v}"
     );
     // Admin actions need an admin token.
-    let r = reqwest::Client::new()
-        .post(format!("{}/api/v1/analytics/evaluate", a.url()))
-        .bearer_auth(VIEWER)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 403);
+    assert_eq!(a.evaluate(VIEWER).await.0, 403);
     // Raw data covers the edges here: a range cut at odd seconds is answered exactly.
     let (got, v) = get(
         &a,

@@ -42,13 +42,7 @@ async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
     assert_eq!(a.ingest(ADMIN_TOKEN, &batch).await.0, 200);
     assert_eq!(a.ingest(ADMIN_TOKEN, &batch).await.0, 200);
     assert_eq!(a.ingest("wrong-token-wrong-token", &batch).await.0, 401);
-    let r = reqwest::Client::new()
-        .post(format!("{}/api/v1/analytics/evaluate", a.url()))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(a.evaluate(ADMIN_TOKEN).await.0, 200);
     a
 }
 

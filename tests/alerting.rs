@@ -63,13 +63,7 @@ async fn prometheus_and_alertmanager_deliver_the_idle_hoarding_alert() {
             .await;
         assert_eq!(status, 200, "{body}");
     }
-    let r = reqwest::Client::new()
-        .post(format!("{}/api/v1/analytics/evaluate", aggregator.url()))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(aggregator.evaluate(ADMIN_TOKEN).await.0, 200);
 
     let (hook_port, mut payloads) = receiver().await;
     let am_port = free_port();

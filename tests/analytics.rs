@@ -237,6 +237,7 @@ async fn known_trace_gives_exact_gpu_seconds_episodes_and_fragmentation() {
         T0 + 7199,
         120,
         &demand,
+        true,
     )
     .unwrap();
     assert_eq!(gpus.len(), 2);

@@ -99,6 +99,17 @@ fn claim(cdi: &str, device_name: &str) -> ClaimResource {
     }
 }
 
+/// The node's GPU UUIDs in NVML order (the order the simulator lists them).
+fn gpu_uuids(readings: &[gpuledger_exporter::source::Reading]) -> Vec<String> {
+    let mut gpus: Vec<String> = Vec::new();
+    for r in readings {
+        if !gpus.contains(&r.instance.gpu_uuid) {
+            gpus.push(r.instance.gpu_uuid.clone());
+        }
+    }
+    gpus
+}
+
 /// The `/metrics` line of `gpuledger_instance_fb_total_bytes` for a GPU (and GPU instance).
 fn line_for<'a>(text: &'a str, gpu_uuid: &str, gi: Option<u32>) -> Option<&'a str> {
     let gpu = format!("gpu_uuid=\"{gpu_uuid}\"");
@@ -116,12 +127,7 @@ async fn every_device_id_form_is_attributed_to_its_pod() {
     // gpu-h100-02: GPU 0 [3g 2g 1g 1g], GPU 1 [4g 3g], GPU 2 [3g 3g], GPU 3 [2g 2g 2g 1g], GPUs 4–7 whole.
     let sim = Simulator::new(Fleet::builtin());
     let readings = sim.second(Some("gpu-h100-02"), 0).readings;
-    let mut gpus: Vec<String> = Vec::new();
-    for r in &readings {
-        if !gpus.contains(&r.instance.gpu_uuid) {
-            gpus.push(r.instance.gpu_uuid.clone());
-        }
-    }
+    let gpus = gpu_uuids(&readings);
     let mig0 = readings
         .iter()
         .find(|r| r.instance.gpu_uuid == gpus[0])
@@ -311,12 +317,7 @@ async fn api_server_labels_set_tenant_and_class_and_finished_or_deleted_pods_are
     // gpu-h100-02's whole GPUs 4–7.
     let sim = Simulator::new(Fleet::builtin());
     let readings = sim.second(Some("gpu-h100-02"), 0).readings;
-    let mut gpus: Vec<String> = Vec::new();
-    for r in &readings {
-        if !gpus.contains(&r.instance.gpu_uuid) {
-            gpus.push(r.instance.gpu_uuid.clone());
-        }
-    }
+    let gpus = gpu_uuids(&readings);
     let kubelet = FakeKubelet::default();
     *kubelet.pods.lock().unwrap() = ListPodResourcesResponse {
         pod_resources: vec![

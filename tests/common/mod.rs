@@ -214,6 +214,19 @@ impl Aggregator {
         terminate(&mut self.child)
     }
 
+    /// `POST /api/v1/analytics/evaluate` with a bearer token; returns the status and the JSON
+    /// answer (what was recomputed).
+    pub async fn evaluate(&self, token: &str) -> (u16, serde_json::Value) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/api/v1/analytics/evaluate", self.url()))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
     /// POSTs a batch with a bearer token; returns the status and the JSON answer.
     pub async fn ingest(
         &self,
