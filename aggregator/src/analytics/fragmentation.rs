@@ -93,7 +93,10 @@ fn present(dims: &Dims, f: &MinuteFact) -> Present {
         Some(p) => mig::compute_slices_of(p).unwrap_or(SLICES_PER_GPU),
     };
     Present {
-        profile: geometry::profile_of(i.model, i.mig_profile.as_deref()),
+        profile: i
+            .model
+            .zip(i.mig_profile.as_deref())
+            .and_then(|(m, p)| m.profile(p)),
         start: i.placement_start.and_then(|s| u32::try_from(s).ok()),
         slices,
         allocated,
@@ -263,12 +266,15 @@ pub struct GpuNow {
 
 /// Every GPU's geometry at `at`: for each GPU, the latest second at or before `at` (and within
 /// `max_age` seconds of it) in which it was observed. GPUs not observed then are left out.
+/// `with_advice`: also search for a better geometry per GPU (the API wants it; the metrics do
+/// not, and it is the costly part).
 pub fn at(
     conn: &Connection,
     dims: &Dims,
     at: i64,
     max_age: i64,
     demand: &DemandMix,
+    with_advice: bool,
 ) -> duckdb::Result<Vec<GpuNow>> {
     let minutes = minute_rows(conn, dims, at - max_age, at + 1)?;
     let mut latest: BTreeMap<&GpuKey, (i64, &Vec<MinuteFact>)> = BTreeMap::new();
@@ -306,7 +312,9 @@ pub fn at(
         });
         let present: Vec<Present> = here.iter().map(|(r, _)| present(dims, r)).collect();
         let fragmentation = geometry::analyse(model, &present, &d);
-        let advice = model.and_then(|m| geometry::advise(m, &present, &d));
+        let advice = model
+            .filter(|_| with_advice)
+            .and_then(|m| geometry::advise(m, &present, &d));
         out.push(GpuNow {
             gpu: gpu.clone(),
             observed_at: second,

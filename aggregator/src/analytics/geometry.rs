@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use gpuledger_schema::mig::{self, GpuModel, PLACEMENT_SLOTS, Profile, SLICES_PER_GPU};
+use gpuledger_schema::mig::{GpuModel, PLACEMENT_SLOTS, Profile, SLICES_PER_GPU};
 
 /// One instance present on a GPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -326,22 +326,10 @@ pub fn advise(model: &'static GpuModel, present: &[Present], demand: &Demand) ->
     (advice.stranded_slices_after < now - 1e-9 && !same).then_some(advice)
 }
 
-/// The instance of `profile` on `model` (for callers holding names).
-pub fn profile_of(
-    model: Option<&'static GpuModel>,
-    name: Option<&str>,
-) -> Option<&'static Profile> {
-    model?.profile(name?)
-}
-
-/// A model's MIG tables by NVML name or key.
-pub fn model_of(name: &str) -> Option<&'static GpuModel> {
-    mig::model(name)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuledger_schema::mig;
 
     fn h100() -> &'static GpuModel {
         mig::model("H100-80GB").unwrap()

@@ -83,7 +83,7 @@ fn at_instant(
 ) -> duckdb::Result<Value> {
     let demand = analytics::demand_mix(conn, settings, at)?;
     let dims = analytics::facts::Dims::load(conn)?;
-    let gpus = fragmentation::at(conn, &dims, at, MAX_AGE_SECS, &demand)?;
+    let gpus = fragmentation::at(conn, &dims, at, MAX_AGE_SECS, &demand, true)?;
     let mut nodes: BTreeMap<&str, (u64, f64, f64)> = BTreeMap::new();
     let mut models: Vec<String> = Vec::new();
     let mut rows = Vec::with_capacity(gpus.len());
