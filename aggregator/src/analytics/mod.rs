@@ -21,7 +21,7 @@ pub mod showback;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use duckdb::{Connection, params};
+use duckdb::{Connection, OptionalExt, params};
 
 use crate::store::query::Readers;
 use crate::store::{StoreError, Writer};
@@ -227,11 +227,7 @@ pub fn current(conn: &Connection, settings: &Settings) -> duckdb::Result<Current
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
-        .map(Some)
-        .or_else(|e| match e {
-            duckdb::Error::QueryReturnedNoRows => Ok(None),
-            e => Err(e),
-        })?;
+        .optional()?;
     let mut out = Current::default();
     let Some((bucket, mask)) = newest else {
         return Ok(out);
@@ -280,7 +276,7 @@ pub fn current(conn: &Connection, settings: &Settings) -> duckdb::Result<Current
     let demand = demand_mix(conn, settings, newest)?;
     let dims = facts::Dims::load(conn)?;
     let mut nodes: std::collections::BTreeMap<String, (f64, f64, f64)> = Default::default();
-    for g in fragmentation::at(conn, &dims, newest, 120, &demand)? {
+    for g in fragmentation::at(conn, &dims, newest, 120, &demand, false)? {
         let n = nodes.entry(g.gpu.node.clone()).or_default();
         let slices = f64::from(gpuledger_schema::mig::SLICES_PER_GPU);
         n.0 += 1.0;

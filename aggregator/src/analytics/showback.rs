@@ -293,10 +293,9 @@ pub fn showback(
     settings: &Settings,
 ) -> Result<Showback, ShowbackError> {
     let pieces = pieces(from, to);
-    for &(level, a, b) in &pieces {
+    for &(level, a, _) in &pieces {
         if level == Level::Raw && a < raw_from {
             let field = if a == from { "from" } else { "to" };
-            let _ = b;
             return Err(ShowbackError::RawGone { field, raw_from });
         }
     }

@@ -61,8 +61,7 @@ pub async fn showback(
     .map_err(|e| ApiError::internal(&e))?;
     let s = match result {
         Ok(s) => s,
-        Err(ShowbackError::RawGone { field, .. }) => {
-            let e = result.err().expect("an error");
+        Err(e @ ShowbackError::RawGone { field, .. }) => {
             return Err(ApiError::bad_request(field, e.to_string()));
         }
         Err(e) => return Err(ApiError::internal(&e)),
