@@ -813,6 +813,19 @@ impl MinuteDelta {
     }
 }
 
+/// Adds (observed GPU-seconds, instance-seconds) of one instance-hour to the group's GPU deltas.
+fn add_gpu_counts(
+    deltas: &mut HashMap<(i32, i64), (i64, i64)>,
+    key: (i32, i64),
+    counts: (i64, i64),
+) {
+    if counts.1 > 0 {
+        let d = deltas.entry(key).or_insert((0, 0));
+        d.0 += counts.0;
+        d.1 += counts.1;
+    }
+}
+
 /// The minute of a second, as (bucket start, second within it).
 fn minute_of(ts: i64) -> (i64, u32) {
     let bucket = ts.div_euclid(60) * 60;
@@ -1035,6 +1048,11 @@ impl WriterThread {
         for (k, &i) in new.iter().enumerate() {
             let mut stored = 0u64;
             for (s, &(iid, hid)) in batches[i].0.series.iter().zip(&ids[k]) {
+                let gpu_slot = self.dims.gpu_of[&iid];
+                // A series' seconds are nearly always in one hour: its GPU counts are summed
+                // here and added to the map once per hour, not once per sample.
+                let mut hour = i64::MIN;
+                let mut hour_counts = (0i64, 0i64);
                 for (j, &ts) in s.t.iter().enumerate() {
                     let (bucket, second) = minute_of(ts);
                     let bit = 1u64 << second;
@@ -1044,16 +1062,16 @@ impl WriterThread {
                     }
                     *seen |= bit;
                     stored += 1;
-                    let gpu = gpu_seen
-                        .entry((self.dims.gpu_of[&iid], bucket))
-                        .or_insert(0);
-                    let gpu_delta = gpu_deltas
-                        .entry((iid, ts - ts.rem_euclid(3600)))
-                        .or_insert((0, 0));
-                    gpu_delta.1 += 1;
+                    let this_hour = ts - ts.rem_euclid(3600);
+                    if this_hour != hour {
+                        add_gpu_counts(&mut gpu_deltas, (iid, hour), hour_counts);
+                        (hour, hour_counts) = (this_hour, (0, 0));
+                    }
+                    hour_counts.1 += 1;
+                    let gpu = gpu_seen.entry((gpu_slot, bucket)).or_insert(0);
                     if *gpu & bit == 0 {
                         *gpu |= bit;
-                        gpu_delta.0 += 1;
+                        hour_counts.0 += 1;
                     }
                     newest = Some(newest.map_or(ts, |n| n.max(ts)));
                     deltas
@@ -1064,6 +1082,7 @@ impl WriterThread {
                         raw.push(s, j, iid, hid);
                     }
                 }
+                add_gpu_counts(&mut gpu_deltas, (iid, hour), hour_counts);
             }
             outcomes[i].stored = stored;
         }
