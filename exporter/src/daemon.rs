@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use gpuledger_schema::Sample;
 use tokio::sync::{mpsc, watch};
 
+use crate::attribution::shares::{self, ProcFs};
 use crate::attribution::slurm::TenantField;
 use crate::attribution::{Attributor, KubeletAttributor, KubeletConfig, SlurmJobMap, StaticMap};
 use crate::metrics::Metrics;
@@ -85,6 +86,8 @@ pub struct ExporterConfig {
     pub ship: Option<ShipConfig>,
     /// Static attribution map.
     pub attribution_map: Option<PathBuf>,
+    /// The host's `/proc`, for the per-process view of shared instances.
+    pub proc_path: PathBuf,
     /// Slurm per-device job map.
     pub slurm: Option<SlurmConfig>,
     /// Kubernetes pod-resources attribution.
@@ -163,6 +166,7 @@ pub fn open_source(choice: &SourceChoice, node: &str) -> Result<Box<dyn Source>,
 struct Sampler {
     source: Box<dyn Source>,
     attributors: Vec<Box<dyn Attributor>>,
+    procfs: ProcFs,
     metrics: Arc<Metrics>,
     tx: Option<mpsc::Sender<Vec<Sample>>>,
     stop: Arc<AtomicBool>,
@@ -255,11 +259,25 @@ impl Sampler {
                 });
                 a.apply(&mut second.readings);
             }
-            self.metrics
-                .instances
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .update(&second.readings, &second.gpus);
+            let shares = shares::shares(
+                &second.readings,
+                &second.processes,
+                |pid| self.procfs.owner(pid),
+                |owner| {
+                    self.attributors
+                        .iter()
+                        .find_map(|a| a.owner_attribution(owner))
+                },
+            );
+            {
+                let mut m = self
+                    .metrics
+                    .instances
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                m.update(&second.readings, &second.gpus);
+                m.update_shares(&shares);
+            }
             self.metrics
                 .exporter
                 .samples_collected
@@ -349,6 +367,7 @@ pub async fn run(
     let sampler = Sampler {
         source,
         attributors,
+        procfs: ProcFs::new(&config.proc_path),
         metrics: metrics.clone(),
         tx,
         stop: stop.clone(),

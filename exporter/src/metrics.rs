@@ -47,8 +47,10 @@ pub struct InstanceLabels {
 
 impl InstanceLabels {
     fn of(r: &Reading) -> Self {
-        let i = &r.instance;
-        let a = &r.attribution;
+        Self::from_parts(&r.instance, &r.attribution)
+    }
+
+    fn from_parts(i: &gpuledger_schema::Instance, a: &gpuledger_schema::Attribution) -> Self {
         InstanceLabels {
             node: i.node.clone(),
             gpu_uuid: i.gpu_uuid.clone(),
@@ -132,6 +134,9 @@ pub struct InstanceMetrics {
     nvlink_rx: Tracked<InstanceLabels, Counter>,
     gpu_equivalents: Tracked<InstanceLabels, Ratio>,
     power: Tracked<GpuLabels, Ratio>,
+    share_memory: Tracked<InstanceLabels, Gauge>,
+    share_sm_active: Tracked<InstanceLabels, Ratio>,
+    share_processes: Tracked<InstanceLabels, Gauge>,
 }
 
 impl Default for InstanceMetrics {
@@ -207,6 +212,24 @@ impl InstanceMetrics {
                 "Board power draw of the physical GPU",
                 Some(Unit::Other("watts".into())),
             ),
+            share_memory: Tracked::register(
+                &mut r,
+                "gpuledger_share_memory_used",
+                "Framebuffer bytes the processes of one owner hold on a shared instance (NVML per-process memory, exact); tenant empty when the owner cannot be named",
+                Some(Unit::Bytes),
+            ),
+            share_sm_active: Tracked::register(
+                &mut r,
+                "gpuledger_share_sm_active",
+                "One owner's part of a shared instance's SM activity, split by NVML per-process SM utilisation; absent when not attributable",
+                Some(Unit::Other("ratio".into())),
+            ),
+            share_processes: Tracked::register(
+                &mut r,
+                "gpuledger_share_processes",
+                "Compute processes of one owner on an instance",
+                None,
+            ),
             registry: r,
         }
     }
@@ -272,6 +295,29 @@ impl InstanceMetrics {
         self.nvlink_tx.end_round();
         self.nvlink_rx.end_round();
         self.power.end_round();
+    }
+
+    /// Replaces the per-owner share series with one second's shares.
+    pub fn update_shares(&mut self, shares: &[crate::attribution::shares::Share]) {
+        for s in shares {
+            let l = InstanceLabels::from_parts(&s.instance, &s.attribution);
+            self.share_processes.with(&l, |g| {
+                g.set(i64::from(s.processes));
+            });
+            if let Some(b) = s.memory_used_bytes {
+                self.share_memory.with(&l, |g| {
+                    g.set(i64::try_from(b).unwrap_or(i64::MAX));
+                });
+            }
+            if let Some(v) = s.sm_active {
+                self.share_sm_active.with(&l, |g| {
+                    g.set(v);
+                });
+            }
+        }
+        self.share_memory.end_round();
+        self.share_sm_active.end_round();
+        self.share_processes.end_round();
     }
 
     /// The registry holding the instance families.

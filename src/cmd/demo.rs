@@ -109,6 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     request_timeout: Duration::from_secs(30),
                 }),
                 attribution_map: None,
+                proc_path: "/proc".into(),
                 slurm: None,
                 kubelet: None,
                 drain_timeout: Duration::from_secs(3),

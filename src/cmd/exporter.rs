@@ -65,7 +65,7 @@ pub struct Args {
     /// How often samples are sealed into a batch and shipped [default: 5s].
     #[arg(long)]
     ship_interval: Option<humantime::Duration>,
-    /// NVML collector to skip (mig, memory, gpm, power); repeatable.
+    /// NVML collector to skip (mig, memory, gpm, power, processes); repeatable.
     #[arg(long)]
     disable_collector: Vec<String>,
     /// Slurm per-device job map written by deploy/slurm's prolog (e.g. /run/gpuledger/slurm-jobs).
@@ -117,6 +117,10 @@ pub struct Args {
     /// A priority class's SLO class, as PRIORITYCLASS=CLASS; repeatable.
     #[arg(long)]
     kube_priority_class: Vec<String>,
+    /// The host's /proc, where GPU processes' cgroups name their pod or Slurm job
+    /// (in a container: the host's /proc mounted, e.g. /host/proc) [default: /proc].
+    #[arg(long)]
+    proc_path: Option<PathBuf>,
 }
 
 fn sources_help() -> String {
@@ -168,6 +172,7 @@ struct FileConfig {
     kube_class_label: Option<String>,
     #[serde(default)]
     kube_priority_class: HashMap<String, SloClass>,
+    proc_path: Option<PathBuf>,
 }
 
 /// `KEY=VALUE` pairs from repeated flags, over the config file's table.
@@ -381,6 +386,10 @@ fn config(args: Args) -> anyhow::Result<ExporterConfig> {
         node,
         ship,
         attribution_map: args.attribution_map.or(file.attribution_map),
+        proc_path: args
+            .proc_path
+            .or(file.proc_path)
+            .unwrap_or_else(|| "/proc".into()),
         drain_timeout: Duration::from_secs(5),
     })
 }

@@ -1,13 +1,16 @@
 //! Who holds each instance. The device is allocated whether or not a process runs on it, so
 //! attribution comes from the scheduler's allocation: a static map ([`static_map`]), the
-//! kubelet's pod-resources API ([`kubelet`]) or Slurm's per-device job map ([`slurm`]). Sources that know their tenant (sim, replay) bring it along;
-//! an attributor overrides it for the instances it maps.
+//! kubelet's pod-resources API ([`kubelet`]) or Slurm's per-device job map ([`slurm`]). Sources
+//! that know their tenant (sim, replay) bring it along; an attributor overrides it for the
+//! instances it maps. Several workloads sharing one instance (time-slicing, MPS) are told apart
+//! per process by [`shares`].
 //!
 //! Every attributor refreshes once a second before it is applied; its duration and success are
 //! exported like a collector's (`collector="attribution_<name>"`). A failing attributor keeps
 //! its last good state, so a hiccup does not unlabel the fleet.
 
 pub mod kubelet;
+pub mod shares;
 pub mod slurm;
 pub mod static_map;
 
@@ -25,6 +28,11 @@ pub trait Attributor: Send {
     fn refresh(&mut self) -> Result<(), String>;
     /// Sets the attribution of every reading it maps.
     fn apply(&self, readings: &mut [Reading]);
+    /// Names the owner of a process ([`shares`]): `None` when this attributor does not know it.
+    fn owner_attribution(&self, owner: &shares::Owner) -> Option<gpuledger_schema::Attribution> {
+        let _ = owner;
+        None
+    }
 }
 
 /// NVML index of each GPU in `readings`: sources list GPUs in NVML enumeration order, so the

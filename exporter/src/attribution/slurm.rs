@@ -173,6 +173,14 @@ impl Attributor for SlurmJobMap {
         Ok(())
     }
 
+    fn owner_attribution(&self, owner: &super::shares::Owner) -> Option<Attribution> {
+        let super::shares::Owner::SlurmJob { job_id } = owner else {
+            return None;
+        };
+        let job = self.jobs.values().find(|j| &j.job_id == job_id)?;
+        self.attribution(job)
+    }
+
     fn apply(&self, readings: &mut [Reading]) {
         if self.jobs.is_empty() {
             return;

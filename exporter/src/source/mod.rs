@@ -41,6 +41,23 @@ pub struct GpuReading {
     pub power_watts: Option<f64>,
 }
 
+/// One process on a GPU during one second, as the driver reports it: the raw material of the
+/// per-process view of shared GPUs ([`crate::attribution::shares`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessReading {
+    /// The GPU the process runs on.
+    pub gpu_uuid: String,
+    /// The MIG GPU instance it runs in; `None` on a whole GPU.
+    pub gpu_instance_id: Option<u32>,
+    /// Process id in the host's PID namespace (NVML reports host PIDs).
+    pub pid: u32,
+    /// Framebuffer bytes the process holds; `None` where the driver cannot tell.
+    pub used_memory_bytes: Option<u64>,
+    /// The process's SM utilisation over the second (NVML per-process utilisation / 100), 0–1;
+    /// `None` where the driver does not provide it (MIG instances, drivers without it).
+    pub sm_util: Option<f64>,
+}
+
 /// How one collector inside a source fared.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CollectorOutcome {
@@ -63,6 +80,8 @@ pub struct Second {
     pub gpus: Vec<GpuReading>,
     /// Sub-collectors the source ran, beyond the source as a whole.
     pub collectors: Vec<CollectorOutcome>,
+    /// The processes on the GPUs (NVML only; empty for sources that do not see processes).
+    pub processes: Vec<ProcessReading>,
 }
 
 impl Second {

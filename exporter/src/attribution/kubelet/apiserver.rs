@@ -60,6 +60,8 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 /// What gpuledger keeps of a pod.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PodMeta {
+    /// `metadata.uid`: how a process's cgroup names its pod.
+    pub uid: String,
     /// Labels.
     pub labels: HashMap<String, String>,
     /// Annotations.
@@ -108,6 +110,8 @@ struct Metadata {
     namespace: String,
     name: String,
     #[serde(default)]
+    uid: String,
+    #[serde(default)]
     labels: HashMap<String, String>,
     #[serde(default)]
     annotations: HashMap<String, String>,
@@ -136,6 +140,7 @@ pub fn parse_pod_list(body: &[u8]) -> Result<HashMap<(String, String), PodMeta>,
             (
                 (p.metadata.namespace, p.metadata.name),
                 PodMeta {
+                    uid: p.metadata.uid,
                     labels: p.metadata.labels,
                     annotations: p.metadata.annotations,
                     priority_class: p.spec.priority_class_name,

@@ -332,6 +332,26 @@ impl Attributor for KubeletAttributor {
         }
     }
 
+    /// A pod is named from its UID through the API server's list; without API-server access the
+    /// kubelet's pod-resources answer has no UIDs, and the pod stays unnamed.
+    fn owner_attribution(&self, owner: &super::shares::Owner) -> Option<Attribution> {
+        let super::shares::Owner::Pod { uid } = owner else {
+            return None;
+        };
+        let api = self.api.as_ref()?.read().unwrap_or_else(|e| e.into_inner());
+        let ((namespace, pod), meta) = api
+            .snapshot
+            .as_ref()?
+            .pods
+            .iter()
+            .find(|(_, m)| &m.uid == uid)?;
+        let holder = Holder {
+            namespace: namespace.clone(),
+            pod: pod.clone(),
+        };
+        Some(self.attribution(&holder, Some(meta)))
+    }
+
     fn apply(&self, readings: &mut [Reading]) {
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
         if state.table.is_empty() {

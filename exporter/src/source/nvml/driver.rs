@@ -68,6 +68,17 @@ pub struct Activity {
     pub nvlink_rx_bytes: Option<u64>,
 }
 
+/// A process using a GPU (NVML's running compute processes, MPS clients included).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Process {
+    /// Host PID.
+    pub pid: u32,
+    /// Framebuffer bytes held, when the driver tells.
+    pub used_memory: Option<u64>,
+    /// The MIG GPU instance the process runs in (MIG mode only).
+    pub gpu_instance_id: Option<u32>,
+}
+
 /// What went wrong in a driver call.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DriverError {
@@ -107,6 +118,11 @@ pub trait Driver: Send {
     ) -> Result<Option<Activity>, DriverError>;
     /// Board power in watts.
     fn power_watts(&mut self, gpu: u32) -> Result<f64, DriverError>;
+    /// The compute processes on GPU `gpu` (MPS clients included), one entry per PID.
+    fn processes(&mut self, gpu: u32) -> Result<Vec<Process>, DriverError>;
+    /// Per-process SM utilisation (0–1) on GPU `gpu` since the previous call; a process absent
+    /// from the map ran no kernels. `NotSupported` where the driver cannot tell (MIG mode).
+    fn process_sm(&mut self, gpu: u32) -> Result<HashMap<u32, f64>, DriverError>;
 }
 
 /// [`Driver`] over the real NVML. The library is loaded at run time, so this compiles and links
@@ -114,6 +130,9 @@ pub trait Driver: Send {
 pub struct NvmlDriver {
     nvml: &'static Nvml,
     previous: HashMap<(u32, Option<u32>), (GpmSample<'static>, Instant)>,
+    /// Per GPU, the newest per-process utilisation timestamp seen (µs), so each call reads only
+    /// the samples taken since.
+    process_seen: HashMap<u32, u64>,
 }
 
 const GPM_METRICS: [GpmMetricId; 6] = [
@@ -136,6 +155,7 @@ impl NvmlDriver {
         Ok(NvmlDriver {
             nvml: Box::leak(Box::new(nvml)),
             previous: HashMap::new(),
+            process_seen: HashMap::new(),
         })
     }
 
@@ -305,6 +325,64 @@ impl Driver for NvmlDriver {
 
     fn power_watts(&mut self, gpu: u32) -> Result<f64, DriverError> {
         Ok(f64::from(self.device(gpu)?.power_usage()?) / 1000.0)
+    }
+
+    fn processes(&mut self, gpu: u32) -> Result<Vec<Process>, DriverError> {
+        let d = self.device(gpu)?;
+        let mut by_pid: std::collections::BTreeMap<u32, Process> = Default::default();
+        // Under MPS the compute list shows the MPS server and the MPS list its clients; a PID
+        // in both is one process.
+        let mps = match d.mps_running_compute_processes() {
+            Ok(p) => p,
+            Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        for p in d.running_compute_processes()?.into_iter().chain(mps) {
+            let used_memory = match p.used_gpu_memory {
+                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
+                nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+            };
+            by_pid.entry(p.pid).or_insert(Process {
+                pid: p.pid,
+                used_memory,
+                gpu_instance_id: p.gpu_instance_id,
+            });
+        }
+        Ok(by_pid.into_values().collect())
+    }
+
+    fn process_sm(&mut self, gpu: u32) -> Result<HashMap<u32, f64>, DriverError> {
+        let d = self.device(gpu)?;
+        // Samples since the newest one already read, but never older than a second: the view is
+        // of the second just sampled, not of everything the driver has buffered.
+        let a_second_ago = (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros() as u64)
+            .saturating_sub(1_000_000);
+        let since = self
+            .process_seen
+            .get(&gpu)
+            .map_or(a_second_ago, |seen| (*seen).max(a_second_ago));
+        let samples = match d.process_utilization_stats(since) {
+            Ok(s) => s,
+            // No process ran a kernel since `since`.
+            Err(NvmlError::NotFound) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let mut sums: HashMap<u32, (f64, u32)> = HashMap::new();
+        for s in &samples {
+            let e = sums.entry(s.pid).or_default();
+            e.0 += f64::from(s.sm_util.min(100)) / 100.0;
+            e.1 += 1;
+        }
+        if let Some(newest) = samples.iter().map(|s| s.timestamp).max() {
+            self.process_seen.insert(gpu, newest);
+        }
+        Ok(sums
+            .into_iter()
+            .map(|(pid, (sum, n))| (pid, sum / f64::from(n)))
+            .collect())
     }
 }
 

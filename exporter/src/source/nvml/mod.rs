@@ -7,8 +7,13 @@
 //! MIG geometry (profile, GPU instance id, placement).
 //!
 //! Where GPM is unsupported (pre-Hopper GPUs, or a driver without it) the activity and NVLink
-//! series are left absent; no value is invented. Each of the four collectors below reports its
+//! series are left absent; no value is invented. Each of the collectors below reports its
 //! own duration and success; "not supported" is success with no data.
+//!
+//! The `processes` collector lists each GPU's compute processes (MPS clients included) with
+//! their memory and, on whole GPUs, their SM utilisation (`nvmlDeviceGetProcessUtilization`,
+//! samples of the last second): the input of the per-process view of shared GPUs
+//! ([`crate::attribution::shares`]).
 //!
 //! NVML reference: <https://docs.nvidia.com/deploy/nvml-api/> (GPM: `nvmlGpmSampleGet`,
 //! `nvmlGpmMigSampleGet`, `nvmlGpmMetricsGet`; MIG: `nvmlDeviceGetMigDeviceHandleByIndex`,
@@ -23,7 +28,7 @@ use gpuledger_schema::{Attribution, Counters, Instance};
 
 pub use driver::{Driver, DriverError, NvmlDriver};
 
-use super::{CollectorOutcome, GpuReading, Reading, Second, Source, SourceError};
+use super::{CollectorOutcome, GpuReading, ProcessReading, Reading, Second, Source, SourceError};
 
 /// The NVML collectors, each with what it reads. `--disable-collector` takes these names.
 pub const COLLECTORS: &[(&str, &str)] = &[
@@ -34,6 +39,10 @@ pub const COLLECTORS: &[(&str, &str)] = &[
         "SM, occupancy, tensor and DRAM activity; NVLink bytes",
     ),
     ("power", "board power draw"),
+    (
+        "processes",
+        "compute processes (MPS clients included): memory and SM utilisation per process",
+    ),
 ];
 
 #[derive(Default)]
@@ -102,7 +111,8 @@ impl<D: Driver> Source for NvmlSource<D> {
             .driver
             .devices()
             .map_err(|e| SourceError::Driver(format!("cannot list GPUs: {e}")))?;
-        let (mut mig, mut memory, mut gpm, mut power) = (
+        let (mut mig, mut memory, mut gpm, mut power, mut processes) = (
+            Tally::default(),
             Tally::default(),
             Tally::default(),
             Tally::default(),
@@ -181,6 +191,26 @@ impl<D: Driver> Source for NvmlSource<D> {
             } else {
                 None
             };
+            if self.enabled("processes")
+                && let Some(procs) = processes.run(|| self.driver.processes(device.index))
+            {
+                // NVML has no per-process utilisation in MIG mode: there the split is left to
+                // the shares view, which only attributes an instance's activity whole.
+                let sm = if device.mig_enabled || procs.is_empty() {
+                    None
+                } else {
+                    processes.run(|| self.driver.process_sm(device.index))
+                };
+                second
+                    .processes
+                    .extend(procs.into_iter().map(|p| ProcessReading {
+                        gpu_uuid: device.uuid.clone(),
+                        gpu_instance_id: p.gpu_instance_id.filter(|_| device.mig_enabled),
+                        pid: p.pid,
+                        used_memory_bytes: p.used_memory,
+                        sm_util: sm.as_ref().map(|m| m.get(&p.pid).copied().unwrap_or(0.0)),
+                    }));
+            }
             second.gpus.push(GpuReading {
                 node: self.node.clone(),
                 gpu_uuid: device.uuid,
@@ -193,6 +223,7 @@ impl<D: Driver> Source for NvmlSource<D> {
             ("memory", memory),
             ("gpm", gpm),
             ("power", power),
+            ("processes", processes),
         ] {
             if self.enabled(name) {
                 second.collectors.push(CollectorOutcome {
@@ -200,7 +231,8 @@ impl<D: Driver> Source for NvmlSource<D> {
                         "mig" => "nvml_mig",
                         "memory" => "nvml_memory",
                         "gpm" => "nvml_gpm",
-                        _ => "nvml_power",
+                        "power" => "nvml_power",
+                        _ => "nvml_processes",
                     },
                     duration: tally.duration,
                     success: !tally.failed,
@@ -227,8 +259,9 @@ fn counters(fb: Option<driver::Memory>, act: Option<driver::Activity>) -> Counte
 
 #[cfg(test)]
 mod tests {
-    use super::driver::{Activity, DeviceInfo, Memory, MigInfo};
+    use super::driver::{Activity, DeviceInfo, Memory, MigInfo, Process};
     use super::*;
+    use std::collections::HashMap;
 
     /// Stands in for the GPU: an H100 in MIG mode (3g + 2g + 1g + 1g, one MIG call failing on
     /// request), an A100 without GPM, and a whole H100 with NVLink traffic.
@@ -305,6 +338,22 @@ mod tests {
         fn power_watts(&mut self, _gpu: u32) -> Result<f64, DriverError> {
             Ok(350.5)
         }
+        fn processes(&mut self, gpu: u32) -> Result<Vec<Process>, DriverError> {
+            let p = |pid, used_memory, gpu_instance_id| Process {
+                pid,
+                used_memory,
+                gpu_instance_id,
+            };
+            Ok(match gpu {
+                0 => vec![p(30, Some(5 << 30), Some(2))],
+                2 => vec![p(10, Some(1 << 30), None), p(20, None, None)],
+                _ => vec![],
+            })
+        }
+        fn process_sm(&mut self, gpu: u32) -> Result<HashMap<u32, f64>, DriverError> {
+            assert_eq!(gpu, 2, "asked only of a whole GPU with processes");
+            Ok(HashMap::from([(10, 0.25)]))
+        }
     }
 
     fn source(fail_memory_of: Option<u32>, disabled: &[&str]) -> NvmlSource<FakeGpus> {
@@ -365,6 +414,37 @@ mod tests {
     }
 
     #[test]
+    fn processes_are_read_with_per_process_utilisation_where_the_driver_has_it() {
+        let mut s = source(None, &[]);
+        let second = s.collect(2).unwrap().unwrap();
+        let procs: Vec<(&str, Option<u32>, u32, Option<u64>, Option<f64>)> = second
+            .processes
+            .iter()
+            .map(|p| {
+                (
+                    p.gpu_uuid.as_str(),
+                    p.gpu_instance_id,
+                    p.pid,
+                    p.used_memory_bytes,
+                    p.sm_util,
+                )
+            })
+            .collect();
+        assert_eq!(
+            procs,
+            [
+                // MIG mode: the GPU instance is known, per-process utilisation is not.
+                ("GPU-h100-mig", Some(2), 30, Some(5 << 30), None),
+                ("GPU-h100-whole", None, 10, Some(1 << 30), Some(0.25)),
+                // Absent from the utilisation samples: ran no kernels.
+                ("GPU-h100-whole", None, 20, None, Some(0.0)),
+            ]
+        );
+        let mut off = source(None, &["processes"]);
+        assert!(off.collect(2).unwrap().unwrap().processes.is_empty());
+    }
+
+    #[test]
     fn pre_hopper_gpus_have_no_activity_series_and_that_is_not_a_failure() {
         let mut s = source(None, &[]);
         s.collect(1).unwrap();
@@ -410,7 +490,7 @@ mod tests {
                 .iter()
                 .all(|r| r.counters.sm_active.is_none())
         );
-        assert_eq!(second.collectors.len(), 2);
+        assert_eq!(second.collectors.len(), 3);
         assert!(
             NvmlSource::new(
                 FakeGpus {

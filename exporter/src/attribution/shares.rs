@@ -1,0 +1,389 @@
+//! Shared GPUs without MIG (time-slicing, MPS): who uses how much of an instance, per process.
+//!
+//! The ledger charges an instance to the workload the scheduler allocated it to; when several
+//! workloads share one instance, this view says what each of them uses. It is built each second
+//! from the driver's process list (NVML running compute processes, MPS clients included):
+//!
+//! 1. Each process's owner is read from `<proc>/<pid>/cgroup` ([`owner_from_cgroup`]): a
+//!    Kubernetes pod by UID (cgroupfs `pod<uid>` or systemd `kubepods-…-pod<uid>.slice`) or a
+//!    Slurm job (`job_<id>`, cgroup v1 and v2). The attributors name the owner
+//!    ([`super::Attributor::owner_attribution`]): the kubelet attributor through the API server's
+//!    pod UIDs, Slurm through its job map.
+//! 2. Processes are grouped by instance and by the owner's attribution into [`Share`]s.
+//!
+//! What each share says, and how exact it is:
+//! - **Memory**: the sum of the framebuffer bytes NVML reports for the share's processes; exact.
+//!   Absent when the driver cannot tell for one of them.
+//! - **SM activity**: the instance's SM activity split in proportion to NVML's per-process SM
+//!   utilisation (`nvmlDeviceGetProcessUtilization`), so the shares of an instance sum to its
+//!   activity. When the whole instance is used by one owner, that owner gets all of it, with or
+//!   without per-process figures. Otherwise, where the driver gives no per-process utilisation
+//!   (MIG mode, drivers without it) or reports none while the instance was active, the split is
+//!   **not attributable** and left absent: never guessed.
+//! - A process whose owner cannot be named (exited, not in a pod or job, a pod UID unknown
+//!   without API-server access) is counted in a share with no tenant: unattributed, not dropped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use gpuledger_schema::{Attribution, Instance};
+
+use crate::source::{ProcessReading, Reading};
+
+/// Who runs a process, as its cgroup tells.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// A Kubernetes pod, by UID (dashed form, as in `metadata.uid`).
+    Pod {
+        /// Pod UID.
+        uid: String,
+    },
+    /// A Slurm job.
+    SlurmJob {
+        /// Job id.
+        job_id: String,
+    },
+}
+
+/// Reads the owner from the text of `/proc/<pid>/cgroup` (cgroup v1 or v2).
+pub fn owner_from_cgroup(text: &str) -> Option<Owner> {
+    text.lines()
+        .filter_map(|line| line.splitn(3, ':').nth(2))
+        .flat_map(|path| path.split('/'))
+        .find_map(owner_from_segment)
+}
+
+fn owner_from_segment(segment: &str) -> Option<Owner> {
+    if let Some(id) = segment.strip_prefix("job_")
+        && !id.is_empty()
+        && id.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Some(Owner::SlurmJob {
+            job_id: id.to_owned(),
+        });
+    }
+    // cgroupfs: `pod<uid>`; systemd: `kubepods-<qos>-pod<uid with _ for ->.slice`.
+    let at = segment.rfind("pod")?;
+    if at > 0 && !segment[..at].ends_with('-') {
+        return None;
+    }
+    let uid = segment[at + 3..]
+        .trim_end_matches(".slice")
+        .replace('_', "-");
+    let is_uid = uid.len() == 36
+        && uid.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        });
+    is_uid.then(|| Owner::Pod {
+        uid: uid.to_ascii_lowercase(),
+    })
+}
+
+/// The host's `/proc` (or a fixture tree shaped like it, in tests).
+#[derive(Debug, Clone)]
+pub struct ProcFs {
+    root: PathBuf,
+}
+
+impl ProcFs {
+    /// `/proc`, or where the host's is mounted in a container (`/host/proc`).
+    pub fn new(root: impl Into<PathBuf>) -> ProcFs {
+        ProcFs { root: root.into() }
+    }
+
+    /// The owner of `pid`; `None` when the process is gone, invisible, or in no pod or job.
+    pub fn owner(&self, pid: u32) -> Option<Owner> {
+        let text = std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup")).ok()?;
+        owner_from_cgroup(&text)
+    }
+}
+
+/// One owner's use of one instance during one second.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Share {
+    /// The instance.
+    pub instance: Instance,
+    /// Who; no tenant = the processes' owner could not be named.
+    pub attribution: Attribution,
+    /// Processes counted.
+    pub processes: u32,
+    /// Framebuffer bytes the processes hold; `None` when the driver could not tell for one.
+    pub memory_used_bytes: Option<u64>,
+    /// The owner's part of the instance's SM activity, 0–1; `None` = not attributable.
+    pub sm_active: Option<f64>,
+}
+
+#[derive(Default)]
+struct Acc {
+    processes: u32,
+    memory: Option<u64>,
+    memory_known: bool,
+    sm_util: Option<f64>,
+}
+
+/// Groups the second's processes into shares per instance and owner. `owner_of` reads a PID's
+/// owner; `name` turns an owner into an attribution.
+pub fn shares(
+    readings: &[Reading],
+    processes: &[ProcessReading],
+    owner_of: impl Fn(u32) -> Option<Owner>,
+    name: impl Fn(&Owner) -> Option<Attribution>,
+) -> Vec<Share> {
+    let by_key: HashMap<(&str, Option<u32>), &Reading> = readings
+        .iter()
+        .map(|r| {
+            (
+                (r.instance.gpu_uuid.as_str(), r.instance.gpu_instance_id),
+                r,
+            )
+        })
+        .collect();
+    let mut groups: BTreeMap<(&str, Option<u32>), BTreeMap<Attribution, Acc>> = BTreeMap::new();
+    let mut per_util_known: HashMap<(&str, Option<u32>), bool> = HashMap::new();
+    for p in processes {
+        let key = (p.gpu_uuid.as_str(), p.gpu_instance_id);
+        // A process on an instance not read this second has nothing to be a share of.
+        if !by_key.contains_key(&key) {
+            continue;
+        }
+        let attribution = owner_of(p.pid).and_then(|o| name(&o)).unwrap_or_default();
+        let acc = groups
+            .entry(key)
+            .or_default()
+            .entry(attribution)
+            .or_insert_with(|| Acc {
+                memory_known: true,
+                ..Acc::default()
+            });
+        acc.processes += 1;
+        match p.used_memory_bytes {
+            Some(b) => acc.memory = Some(acc.memory.unwrap_or(0) + b),
+            None => acc.memory_known = false,
+        }
+        if let Some(u) = p.sm_util {
+            acc.sm_util = Some(acc.sm_util.unwrap_or(0.0) + u);
+        }
+        let known = per_util_known.entry(key).or_insert(true);
+        *known &= p.sm_util.is_some();
+    }
+    let mut out = Vec::new();
+    for (key, owners) in groups {
+        let reading = by_key[&key];
+        let active = reading.counters.sm_active;
+        let total: f64 = owners.values().filter_map(|a| a.sm_util).sum();
+        let split_known = per_util_known[&key];
+        let single = owners.len() == 1;
+        for (attribution, acc) in owners {
+            let sm_active = match active {
+                None => None,
+                Some(a) if single => Some(a),
+                Some(_) if !split_known => None,
+                Some(a) if total > 0.0 => Some(a * acc.sm_util.unwrap_or(0.0) / total),
+                Some(a) if a == 0.0 => Some(0.0),
+                Some(_) => None,
+            };
+            out.push(Share {
+                instance: reading.instance.clone(),
+                attribution,
+                processes: acc.processes,
+                memory_used_bytes: acc.memory.filter(|_| acc.memory_known),
+                sm_active,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_schema::Counters;
+
+    const UID: &str = "3e2c9f4a-6b1d-4c8e-9a7f-0123456789ab";
+
+    #[test]
+    fn owners_are_read_from_every_cgroup_layout() {
+        let pod = || {
+            Some(Owner::Pod {
+                uid: UID.to_owned(),
+            })
+        };
+        // cgroup v1, cgroupfs driver.
+        assert_eq!(
+            owner_from_cgroup(&format!(
+                "12:memory:/kubepods/burstable/pod{UID}/0f3a\n11:cpu,cpuacct:/kubepods/burstable/pod{UID}/0f3a\n"
+            )),
+            pod()
+        );
+        // cgroup v2, systemd driver (underscores in the UID).
+        let underscored = UID.replace('-', "_");
+        assert_eq!(
+            owner_from_cgroup(&format!(
+                "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{underscored}.slice/cri-containerd-0f3a.scope\n"
+            )),
+            pod()
+        );
+        // Guaranteed QoS pods sit right under kubepods.
+        assert_eq!(
+            owner_from_cgroup(&format!(
+                "0::/kubepods.slice/kubepods-pod{underscored}.slice/cri-containerd-0f3a.scope\n"
+            )),
+            pod()
+        );
+        // Slurm, cgroup v1 and v2.
+        let job = || {
+            Some(Owner::SlurmJob {
+                job_id: "4242".into(),
+            })
+        };
+        assert_eq!(
+            owner_from_cgroup("4:memory:/slurm/uid_1000/job_4242/step_0/task_0\n"),
+            job()
+        );
+        assert_eq!(
+            owner_from_cgroup("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n"),
+            job()
+        );
+        // Neither: a system service, a plain Docker container, a truncated UID.
+        assert_eq!(owner_from_cgroup("0::/system.slice/sshd.service\n"), None);
+        assert_eq!(owner_from_cgroup("0::/docker/0f3a9c\n"), None);
+        assert_eq!(owner_from_cgroup("0::/kubepods/pod3e2c9f4a\n"), None);
+        assert_eq!(owner_from_cgroup("0::/user.slice/ipod0000/job_x\n"), None);
+    }
+
+    fn whole_gpu(sm_active: Option<f64>) -> Reading {
+        Reading {
+            instance: Instance {
+                node: "n".into(),
+                gpu_uuid: "GPU-1".into(),
+                gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                mig_profile: None,
+                gpu_instance_id: None,
+                placement_start: None,
+                placement_size: None,
+            },
+            mig_uuid: None,
+            attribution: Attribution::default(),
+            counters: Counters {
+                sm_active,
+                ..Counters::default()
+            },
+        }
+    }
+
+    fn process(pid: u32, memory: Option<u64>, sm_util: Option<f64>) -> ProcessReading {
+        ProcessReading {
+            gpu_uuid: "GPU-1".into(),
+            gpu_instance_id: None,
+            pid,
+            used_memory_bytes: memory,
+            sm_util,
+        }
+    }
+
+    /// PIDs below 100 belong to job 1, below 200 to job 2, others to nobody.
+    fn split(
+        readings: &[Reading],
+        processes: &[ProcessReading],
+    ) -> Vec<(Option<String>, u32, Option<u64>, Option<f64>)> {
+        shares(
+            readings,
+            processes,
+            |pid| {
+                (pid < 200).then(|| Owner::SlurmJob {
+                    job_id: if pid < 100 { "1" } else { "2" }.into(),
+                })
+            },
+            |o| match o {
+                Owner::SlurmJob { job_id } => Some(Attribution {
+                    tenant: Some(format!("acct{job_id}")),
+                    workload: Some(job_id.clone()),
+                    slo_class: None,
+                }),
+                Owner::Pod { .. } => None,
+            },
+        )
+        .into_iter()
+        .map(|s| {
+            (
+                s.attribution.tenant,
+                s.processes,
+                s.memory_used_bytes,
+                s.sm_active,
+            )
+        })
+        .collect()
+    }
+
+    #[test]
+    fn memory_is_summed_exactly_and_activity_split_by_per_process_utilisation() {
+        let got = split(
+            &[whole_gpu(Some(0.8))],
+            &[
+                process(10, Some(1 << 30), Some(0.3)),
+                process(11, Some(2 << 30), Some(0.1)),
+                process(150, Some(4 << 30), Some(0.4)),
+                process(500, Some(1 << 20), Some(0.0)),
+            ],
+        );
+        assert_eq!(
+            got,
+            vec![
+                (None, 1, Some(1 << 20), Some(0.0)),
+                (
+                    Some("acct1".into()),
+                    2,
+                    Some(3 << 30),
+                    Some(0.8 * 0.4 / 0.8)
+                ),
+                (
+                    Some("acct2".into()),
+                    1,
+                    Some(4 << 30),
+                    Some(0.8 * 0.4 / 0.8)
+                ),
+            ]
+        );
+        let sum: f64 = got.iter().filter_map(|g| g.3).sum();
+        assert!(
+            (sum - 0.8).abs() < 1e-12,
+            "shares sum to the instance's activity"
+        );
+    }
+
+    #[test]
+    fn activity_without_per_process_figures_is_not_attributable_unless_one_owner_uses_it() {
+        // Two owners, no per-process utilisation (MIG mode, or a driver without it).
+        let got = split(
+            &[whole_gpu(Some(0.5))],
+            &[process(10, Some(1), None), process(150, None, None)],
+        );
+        assert_eq!(
+            got,
+            vec![
+                (Some("acct1".into()), 1, Some(1), None),
+                (Some("acct2".into()), 1, None, None),
+            ]
+        );
+        // One owner: it has all of the instance's activity.
+        let got = split(
+            &[whole_gpu(Some(0.5))],
+            &[process(10, Some(1), None), process(11, Some(2), None)],
+        );
+        assert_eq!(got, vec![(Some("acct1".into()), 2, Some(3), Some(0.5))]);
+        // The driver saw no kernels while the instance was busy: not attributable.
+        let got = split(
+            &[whole_gpu(Some(0.5))],
+            &[
+                process(10, Some(1), Some(0.0)),
+                process(150, Some(1), Some(0.0)),
+            ],
+        );
+        assert!(got.iter().all(|g| g.3.is_none()));
+        // A process on an instance not read this second is no share of anything.
+        let mut elsewhere = process(10, Some(1), Some(0.5));
+        elsewhere.gpu_uuid = "GPU-2".into();
+        assert!(split(&[whole_gpu(Some(0.5))], &[elsewhere]).is_empty());
+    }
+}
