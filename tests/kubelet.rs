@@ -421,3 +421,187 @@ async fn api_server_labels_set_tenant_and_class_and_finished_or_deleted_pods_are
     )
     .await;
 }
+
+/// A fixture of the host's `/proc` (it stands in for the processes of GPU workloads): one
+/// `<pid>/cgroup` per process.
+fn proc_fixture(dir: &std::path::Path, cgroups: &[(u32, String)]) {
+    for (pid, cgroup) in cgroups {
+        std::fs::create_dir_all(dir.join(pid.to_string())).unwrap();
+        std::fs::write(dir.join(pid.to_string()).join("cgroup"), cgroup).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
+    use gpuledger_exporter::attribution::kubelet::apiserver::ApiServerConfig;
+    use gpuledger_exporter::attribution::shares::{Owner, ProcFs, shares};
+    use gpuledger_exporter::attribution::{Attributor, KubeletAttributor, KubeletConfig};
+    use gpuledger_exporter::source::ProcessReading;
+
+    const TRAIN: &str = "0a1b2c3d-0000-4000-8000-00000000000a";
+    const API: &str = "0a1b2c3d-0000-4000-8000-00000000000b";
+    let sim = Simulator::new(Fleet::builtin());
+    let mut readings = sim.second(Some("gpu-h100-02"), 0).readings;
+    let gpus = gpu_uuids(&readings);
+    // Whole GPU 4, time-sliced into replicas (the NVIDIA device plugin's `::N` ids).
+    let shared = &gpus[4];
+    let kubelet = FakeKubelet::default();
+    *kubelet.pods.lock().unwrap() = ListPodResourcesResponse {
+        pod_resources: vec![
+            pod("ml", "train-0", &[&format!("{shared}::0")], vec![]),
+            pod("serving", "api-0", &[&format!("{shared}::1")], vec![]),
+        ],
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let _server = serve(kubelet.clone(), &socket);
+    let with_uid = |ns: &str, name: &str, uid: &str, labels| {
+        let mut p = api_pod(ns, name, labels, "", "Running");
+        p["metadata"]["uid"] = uid.into();
+        p
+    };
+    let pods = Arc::new(Mutex::new(serde_json::json!({"kind": "PodList", "items": [
+        with_uid("ml", "train-0", TRAIN, serde_json::json!({"gpuledger.io/tenant": "vision"})),
+        with_uid("serving", "api-0", API, serde_json::json!({})),
+    ]})));
+    let port = fake_apiserver(pods, Arc::new(Mutex::new(Vec::new()))).await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "sa-token-0123456789\n").unwrap();
+    let mut attributor = KubeletAttributor::start(KubeletConfig {
+        socket: socket.clone(),
+        poll_interval: Duration::from_millis(200),
+        namespace_tenants: Default::default(),
+        namespace_classes: Default::default(),
+        apiserver: Some(ApiServerConfig {
+            url: format!("http://127.0.0.1:{port}"),
+            token_file: Some(token),
+            ca_file: None,
+            node: "gpu-h100-02".into(),
+            refresh: Duration::from_millis(200),
+            tenant_label: Some("gpuledger.io/tenant".into()),
+            tenant_annotation: None,
+            class_label: None,
+            priority_classes: Default::default(),
+        }),
+    });
+    eventually(
+        "the kubelet and the API server",
+        Duration::from_secs(20),
+        async || attributor.refresh().ok(),
+    )
+    .await;
+
+    // Two processes of train-0 (systemd cgroup driver), one of api-0 (cgroupfs driver), and the
+    // MPS control daemon, which belongs to no pod.
+    let procfs = dir.path().join("proc");
+    let systemd = |uid: &str| {
+        format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-9f.scope\n",
+            uid.replace('-', "_")
+        )
+    };
+    proc_fixture(
+        &procfs,
+        &[
+            (101, systemd(TRAIN)),
+            (102, systemd(TRAIN)),
+            (
+                201,
+                format!("12:memory:/kubepods/besteffort/pod{API}/7c\n0::/\n"),
+            ),
+            (301, "0::/system.slice/nvidia-mps.service\n".into()),
+        ],
+    );
+    let process = |pid, gib: u64, sm| ProcessReading {
+        gpu_uuid: shared.clone(),
+        gpu_instance_id: None,
+        pid,
+        used_memory_bytes: Some(gib << 30),
+        sm_util: Some(sm),
+    };
+    let processes = [
+        process(101, 10, 0.30),
+        process(102, 6, 0.10),
+        process(201, 20, 0.20),
+        process(301, 1, 0.0),
+    ];
+    attributor.apply(&mut readings);
+    // The GPU was 60 % active over the second; the driver saw 0.3 + 0.1 of train-0's kernels and
+    // 0.2 of api-0's.
+    for r in readings
+        .iter_mut()
+        .filter(|r| &r.instance.gpu_uuid == shared)
+    {
+        r.counters.sm_active = Some(0.6);
+    }
+    let procfs = ProcFs::new(&procfs);
+    let got = shares(
+        &readings,
+        &processes,
+        |pid| procfs.owner(pid),
+        |o| attributor.owner_attribution(o),
+    );
+    let view: Vec<(Option<&str>, Option<&str>, u32, Option<u64>)> = got
+        .iter()
+        .map(|s| {
+            (
+                s.attribution.tenant.as_deref(),
+                s.attribution.workload.as_deref(),
+                s.processes,
+                s.memory_used_bytes,
+            )
+        })
+        .collect();
+    assert_eq!(
+        view,
+        [
+            (None, None, 1, Some(1 << 30)),
+            (Some("serving"), Some("serving/api-0"), 1, Some(20 << 30)),
+            (Some("vision"), Some("ml/train-0"), 2, Some(16 << 30)),
+        ]
+    );
+    let sm: Vec<f64> = got.iter().map(|s| s.sm_active.unwrap()).collect();
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    assert!(
+        close(sm[0], 0.0) && close(sm[1], 0.2) && close(sm[2], 0.4),
+        "{sm:?}"
+    );
+    assert!(
+        close(sm.iter().sum::<f64>(), 0.6),
+        "the shares sum to the GPU's activity"
+    );
+    // A pod known only by UID to the kubelet attributor, not to the API server: unnamed.
+    assert_eq!(
+        attributor.owner_attribution(&Owner::Pod {
+            uid: "0a1b2c3d-0000-4000-8000-0000000000ff".into()
+        }),
+        None
+    );
+
+    // Exposed per owner, and gone when the processes are.
+    let mut m = gpuledger_exporter::metrics::InstanceMetrics::new();
+    m.update(&readings, &[]);
+    m.update_shares(&got);
+    let text = gpuledger_exporter::metrics::render(
+        &[m.registry()],
+        gpuledger_schema::exposition::Format::Classic,
+    );
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("gpuledger_share_memory_used_bytes{")
+                && l.contains("workload=\"ml/train-0\"")
+        })
+        .unwrap_or_else(|| panic!("no share series in\n{text}"));
+    assert!(
+        line.contains(&format!("gpu_uuid=\"{shared}\""))
+            && line.ends_with(&format!(" {}", 16u64 << 30)),
+        "{line}"
+    );
+    m.update_shares(&[]);
+    let text = gpuledger_exporter::metrics::render(
+        &[m.registry()],
+        gpuledger_schema::exposition::Format::Classic,
+    );
+    assert!(!text.contains("gpuledger_share_"), "{text}");
+}

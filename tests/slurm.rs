@@ -81,7 +81,8 @@ fn the_prolog_maps_every_device_form_and_the_epilog_removes_only_its_job() {
             "0",
             "3",
             "GPU-9a8b7c6d-0000-4000-8000-000000000002",
-            "MIG-4f1c2b7e-0000-4000-8000-000000000001"
+            "MIG-4f1c2b7e-0000-4000-8000-000000000001",
+            "job-101"
         ]
     );
     assert_eq!(
@@ -100,7 +101,7 @@ fn the_prolog_maps_every_device_form_and_the_epilog_removes_only_its_job() {
         ],
     );
     run_script("gpuledger-epilog.sh", &dir, &[("SLURM_JOB_ID", "101")]);
-    assert_eq!(files(&dir), ["3"]);
+    assert_eq!(files(&dir), ["3", "job-102"]);
     assert!(
         std::fs::read_to_string(dir.join("3"))
             .unwrap()
@@ -195,4 +196,86 @@ async fn the_exporter_charges_a_mig_slice_to_the_jobs_account() {
         },
     )
     .await;
+}
+
+#[test]
+fn jobs_sharing_a_gpu_are_split_per_process_and_named_by_account() {
+    use gpuledger_exporter::attribution::Attributor;
+    use gpuledger_exporter::attribution::shares::{ProcFs, shares};
+    use gpuledger_exporter::attribution::slurm::{SlurmJobMap, TenantField};
+    use gpuledger_exporter::source::ProcessReading;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("jobs");
+    // Two jobs on GPU 4 of gpu-h100-02 (GRES shards): the second prolog takes the device file.
+    for (job, account) in [("501", "physics"), ("502", "chem")] {
+        run_script(
+            "gpuledger-prolog.sh",
+            &dir,
+            &[
+                ("SLURM_JOB_ID", job),
+                ("SLURM_JOB_ACCOUNT", account),
+                ("SLURM_JOB_GPUS", "4"),
+            ],
+        );
+    }
+    let mut map = SlurmJobMap::new(&dir, TenantField::Account, Default::default());
+    map.refresh().unwrap();
+    let sim = Simulator::new(Fleet::builtin());
+    let mut readings = sim.second(Some("gpu-h100-02"), 0).readings;
+    map.apply(&mut readings);
+    let gpu = readings
+        .iter_mut()
+        .find(|r| r.instance.mig_profile.is_none())
+        .unwrap();
+    // The ledger charges the device to the job holding its file; the processes say who uses it.
+    gpu.counters.sm_active = Some(0.5);
+    let uuid = gpu.instance.gpu_uuid.clone();
+    assert_eq!(gpu.attribution.tenant.as_deref(), Some("chem"));
+
+    // A fixture of the host's /proc (it stands in for the jobs' processes): cgroup v2 for job
+    // 501, v1 for job 502.
+    let procfs = tmp.path().join("proc");
+    for (pid, cgroup) in [
+        (
+            11,
+            "0::/system.slice/slurmstepd.scope/job_501/step_0/user/task_0\n",
+        ),
+        (12, "4:memory:/slurm/uid_1000/job_502/step_batch/task_0\n"),
+    ] {
+        std::fs::create_dir_all(procfs.join(pid.to_string())).unwrap();
+        std::fs::write(procfs.join(pid.to_string()).join("cgroup"), cgroup).unwrap();
+    }
+    let process = |pid, bytes, sm| ProcessReading {
+        gpu_uuid: uuid.clone(),
+        gpu_instance_id: None,
+        pid,
+        used_memory_bytes: Some(bytes),
+        sm_util: Some(sm),
+    };
+    let procfs = ProcFs::new(procfs);
+    let got = shares(
+        &readings,
+        &[process(11, 3 << 30, 0.75), process(12, 1 << 30, 0.25)],
+        |pid| procfs.owner(pid),
+        |o| map.owner_attribution(o),
+    );
+    let view: Vec<(&str, &str, Option<u64>, Option<f64>)> = got
+        .iter()
+        .map(|s| {
+            (
+                s.attribution.tenant.as_deref().unwrap(),
+                s.attribution.workload.as_deref().unwrap(),
+                s.memory_used_bytes,
+                s.sm_active,
+            )
+        })
+        .collect();
+    assert_eq!(
+        view,
+        [
+            ("chem", "502", Some(1 << 30), Some(0.125)),
+            ("physics", "501", Some(3 << 30), Some(0.375)),
+        ]
+    );
 }

@@ -5,9 +5,11 @@
 #
 # Writes one file per device into $GPULEDGER_JOBMAP_DIR (default /run/gpuledger/slurm-jobs),
 # named after the device as Slurm gives it: a GPU UUID (GPU-…), a MIG UUID (MIG-…) or a GPU index,
-# taken from SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES. Each file holds key=value lines: job_id,
-# user, account, partition, qos. Files are written under a temporary name and renamed, so the
-# exporter never reads half a file.
+# taken from SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES — and one more named job-<id>, which names the
+# job's processes on a GPU shared with other jobs (shards, oversubscription) even after another
+# job's prolog took the device's file. Each file holds key=value lines: job_id, user, account,
+# partition, qos. Files are written under a temporary name and renamed, so the exporter never
+# reads half a file.
 #
 # A failing prolog would drain the node, so this script reports problems on stderr and always
 # exits 0: a job is never held back by accounting.
@@ -30,6 +32,19 @@ if ! mkdir -p "$dir"; then
   exit 0
 fi
 
+# publish NAME: writes the job's record as $dir/NAME.
+publish() {
+  local tmp
+  tmp="$(mktemp "$dir/.$1.XXXXXX")" || {
+    echo "gpuledger-prolog: job $job: cannot write to $dir" >&2
+    return
+  }
+  printf 'job_id=%s\nuser=%s\naccount=%s\npartition=%s\nqos=%s\n' \
+    "$job" "${SLURM_JOB_USER:-}" "${SLURM_JOB_ACCOUNT:-}" "${SLURM_JOB_PARTITION:-}" "${SLURM_JOB_QOS:-}" >"$tmp"
+  chmod 0644 "$tmp"
+  mv -f "$tmp" "$dir/$1" || echo "gpuledger-prolog: job $job: cannot publish $dir/$1" >&2
+}
+
 IFS=',' read -r -a ids <<<"$devices"
 for id in "${ids[@]}"; do
   id="${id//[[:space:]]/}"
@@ -47,13 +62,10 @@ for id in "${ids[@]}"; do
     continue
     ;;
   esac
-  tmp="$(mktemp "$dir/.$id.XXXXXX")" || {
-    echo "gpuledger-prolog: job $job: cannot write to $dir" >&2
-    continue
-  }
-  printf 'job_id=%s\nuser=%s\naccount=%s\npartition=%s\nqos=%s\n' \
-    "$job" "${SLURM_JOB_USER:-}" "${SLURM_JOB_ACCOUNT:-}" "${SLURM_JOB_PARTITION:-}" "${SLURM_JOB_QOS:-}" >"$tmp"
-  chmod 0644 "$tmp"
-  mv -f "$tmp" "$dir/$id" || echo "gpuledger-prolog: job $job: cannot publish $dir/$id" >&2
+  publish "$id"
 done
+case "$job" in
+*[!0-9]*) echo "gpuledger-prolog: job id '$job' is not numeric; no job-<id> record" >&2 ;;
+*) publish "job-$job" ;;
+esac
 exit 0

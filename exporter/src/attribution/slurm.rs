@@ -4,7 +4,9 @@
 //! Each file in the directory is named after a device — a MIG UUID (`MIG-…`), a GPU UUID
 //! (`GPU-…`) or an NVML GPU index (`0`) — and holds `key=value` lines: `job_id`, `user`,
 //! `account`, `partition`, `qos`. The tenant is one of those fields (`account` by default); the
-//! workload is the job id; the SLO class comes from a QoS map (unmapped QoS: `batch`).
+//! workload is the job id; the SLO class comes from a QoS map (unmapped QoS: `batch`). One more
+//! file per job, `job-<id>`, matches no device: it names the job's processes on a GPU it shares
+//! with other jobs ([`super::shares`]), whose device file may be another job's.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
