@@ -5,10 +5,12 @@ mod common;
 
 use std::collections::BTreeSet;
 
+use gpuledger_exporter::attribution::shares::Share;
 use gpuledger_exporter::metrics::{InstanceMetrics, Metrics, ReasonLabels, render};
 use gpuledger_exporter::source::CollectorOutcome;
 use gpuledger_exporter::source::sim::{Fleet, Simulator};
 use gpuledger_schema::exposition::Format;
+use gpuledger_schema::{Attribution, SloClass};
 
 /// 2026-01-01T00:00:00Z.
 const T: i64 = 1_767_225_600;
@@ -25,6 +27,24 @@ fn fixture_metrics() -> std::sync::Arc<Metrics> {
             .unwrap()
             .update(&s.readings, &s.gpus);
     }
+    // One owner's share of a time-sliced GPU (the simulator has no processes).
+    let s = sim.second(Some("gpu-h100-02"), T);
+    let whole = s
+        .readings
+        .iter()
+        .rfind(|r| r.instance.mig_profile.is_none())
+        .unwrap();
+    metrics.instances.lock().unwrap().update_shares(&[Share {
+        instance: whole.instance.clone(),
+        attribution: Attribution {
+            tenant: Some("vision".into()),
+            workload: Some("ml/train-0".into()),
+            slo_class: Some(SloClass::Batch),
+        },
+        processes: 2,
+        memory_used_bytes: Some(16 << 30),
+        sm_active: Some(0.4),
+    }]);
     metrics.exporter.record_collector(&CollectorOutcome {
         collector: "sim",
         duration: std::time::Duration::from_millis(1),
