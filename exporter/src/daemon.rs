@@ -410,3 +410,109 @@ pub async fn run(
     let _ = server.await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::{ProcessReading, Reading, Second, SourceError};
+    use gpuledger_schema::exposition::Format;
+    use gpuledger_schema::{Attribution, Counters, Instance};
+
+    /// Stands in for NVML on a time-sliced GPU: one recorded second of one whole GPU with two
+    /// processes.
+    struct SharedGpuSecond {
+        done: bool,
+    }
+
+    impl Source for SharedGpuSecond {
+        fn name(&self) -> &'static str {
+            "test"
+        }
+        fn collect(&mut self, _now: i64) -> Result<Option<Second>, SourceError> {
+            if std::mem::replace(&mut self.done, true) {
+                return Ok(None);
+            }
+            let process = |pid, sm| ProcessReading {
+                gpu_uuid: "GPU-1".into(),
+                gpu_instance_id: None,
+                pid,
+                used_memory_bytes: Some(1 << 30),
+                sm_util: Some(sm),
+            };
+            Ok(Some(Second {
+                timestamp: 100,
+                readings: vec![Reading {
+                    instance: Instance {
+                        node: "n".into(),
+                        gpu_uuid: "GPU-1".into(),
+                        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                        mig_profile: None,
+                        gpu_instance_id: None,
+                        placement_start: None,
+                        placement_size: None,
+                    },
+                    mig_uuid: None,
+                    attribution: Attribution::default(),
+                    counters: Counters {
+                        sm_active: Some(0.5),
+                        ..Counters::default()
+                    },
+                }],
+                processes: vec![process(11, 0.3), process(12, 0.1)],
+                ..Second::default()
+            }))
+        }
+        fn is_recorded(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn each_second_the_sampler_exports_shares_named_by_the_attributors() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = dir.path().join("jobs");
+        std::fs::create_dir_all(&jobs).unwrap();
+        std::fs::write(jobs.join("job-7"), "job_id=7\naccount=physics\n").unwrap();
+        std::fs::write(jobs.join("job-8"), "job_id=8\naccount=chem\n").unwrap();
+        let proc = dir.path().join("proc");
+        for (pid, job) in [(11, 7), (12, 8)] {
+            std::fs::create_dir_all(proc.join(pid.to_string())).unwrap();
+            std::fs::write(
+                proc.join(pid.to_string()).join("cgroup"),
+                format!("0::/system.slice/slurmstepd.scope/job_{job}/step_0\n"),
+            )
+            .unwrap();
+        }
+        let metrics = Metrics::new();
+        Sampler {
+            source: Box::new(SharedGpuSecond { done: false }),
+            attributors: vec![Box::new(SlurmJobMap::new(
+                &jobs,
+                TenantField::Account,
+                Default::default(),
+            ))],
+            procfs: ProcFs::new(&proc),
+            metrics: metrics.clone(),
+            tx: None,
+            stop: Arc::new(AtomicBool::new(false)),
+            speed: Speed::Max,
+        }
+        .run();
+        let text = metrics.render(Format::Classic);
+        let share = |tenant: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("gpuledger_share_sm_active_ratio{")
+                        && l.contains(&format!("tenant=\"{tenant}\""))
+                })
+                .unwrap_or_else(|| panic!("no share of {tenant} in\n{text}"))
+                .rsplit_once(' ')
+                .unwrap()
+                .1
+                .parse::<f64>()
+                .unwrap()
+        };
+        assert!((share("physics") - 0.375).abs() < 1e-9);
+        assert!((share("chem") - 0.125).abs() < 1e-9);
+    }
+}
