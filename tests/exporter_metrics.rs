@@ -61,6 +61,13 @@ fn fixture_metrics() -> std::sync::Arc<Metrics> {
         reason: "unreachable",
     });
     metrics
+        .exporter
+        .record_devices(&gpuledger_exporter::attribution::kubelet::DeviceCounts {
+            assigned: 3,
+            allocatable: 8,
+            unmatched: 1,
+        });
+    metrics
 }
 
 /// Family blocks keep their order; the samples inside a family are sorted (the client library

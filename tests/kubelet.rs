@@ -18,6 +18,20 @@ use tonic::{Request, Response, Status};
 #[derive(Clone, Default)]
 struct FakeKubelet {
     pods: Arc<Mutex<ListPodResourcesResponse>>,
+    allocatable: Arc<Mutex<AllocatableResourcesResponse>>,
+    /// Answer every call as the kubelet's rate limiter does.
+    throttled: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FakeKubelet {
+    fn throttle(&self) -> Result<(), Status> {
+        if self.throttled.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Status::resource_exhausted(
+                "rejected by rate limit: pod resources rate limit exceeded",
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[tonic::async_trait]
@@ -26,13 +40,15 @@ impl PodResourcesLister for FakeKubelet {
         &self,
         _: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        self.throttle()?;
         Ok(Response::new(self.pods.lock().unwrap().clone()))
     }
     async fn get_allocatable_resources(
         &self,
         _: Request<AllocatableResourcesRequest>,
     ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Ok(Response::new(AllocatableResourcesResponse::default()))
+        self.throttle()?;
+        Ok(Response::new(self.allocatable.lock().unwrap().clone()))
     }
     async fn get(
         &self,
@@ -167,6 +183,26 @@ async fn every_device_id_form_is_attributed_to_its_pod() {
             ),
         ],
     };
+    // Allocatable: every MIG device of GPU 0 and whole GPUs 4–7 in two time-slicing replicas,
+    // plus one MIG device this node does not have (a device-plugin misconfiguration).
+    let mut allocatable: Vec<String> = readings
+        .iter()
+        .filter(|r| r.instance.gpu_uuid == gpus[0])
+        .map(|r| r.mig_uuid.clone().unwrap())
+        .collect();
+    let mig0_count = allocatable.len() as u64;
+    for g in &gpus[4..8] {
+        allocatable.extend([format!("{g}::0"), format!("{g}::1")]);
+    }
+    allocatable.push("MIG-00000000-0000-4000-8000-0000000000ff".into());
+    *kubelet.allocatable.lock().unwrap() = AllocatableResourcesResponse {
+        devices: vec![ContainerDevices {
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: allocatable,
+            topology: None,
+        }],
+        ..Default::default()
+    };
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let server = serve(kubelet.clone(), &socket);
@@ -223,6 +259,16 @@ async fn every_device_id_form_is_attributed_to_its_pod() {
     assert!(
         text.contains("gpuledger_exporter_collector_success{collector=\"attribution_kubelet\"} 1")
     );
+    // Six devices assigned; GPU 0's slices, four GPUs and the stray MIG device allocatable; the
+    // stray one matches nothing.
+    for (state, n) in [
+        ("assigned", 6),
+        ("allocatable", mig0_count + 4 + 1),
+        ("unmatched", 1),
+    ] {
+        let series = format!("gpuledger_exporter_kubelet_devices{{state=\"{state}\"}} {n}\n");
+        assert!(text.contains(&series), "no {series} in\n{text}");
+    }
 
     // The kubelet goes away: the failure shows, the last known allocations stay.
     server.abort();
@@ -604,4 +650,32 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
         gpuledger_schema::exposition::Format::Classic,
     );
     assert!(!text.contains("gpuledger_share_"), "{text}");
+}
+
+/// Regression: a throttled kubelet (gRPC ResourceExhausted) was not recognised, because the check
+/// looked for the code's name in its human description, so the poller never backed off.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_throttled_kubelet_is_recognised_so_the_poller_backs_off() {
+    use gpuledger_exporter::attribution::kubelet::poll;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let kubelet = FakeKubelet::default();
+    let _server = serve(kubelet.clone(), &socket);
+    let ok = eventually("the fake kubelet", Duration::from_secs(10), async || {
+        poll(socket.clone()).await.ok()
+    })
+    .await;
+    assert!(ok.allocatable.is_some());
+    kubelet
+        .throttled
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let e = poll(socket.clone()).await.unwrap_err();
+    assert!(e.throttled, "{e:?}");
+    assert!(e.message.contains("rate limit"), "{e:?}");
+    // An absent socket is a plain failure, not throttling.
+    let e = poll(dir.path().join("absent.sock")).await.unwrap_err();
+    assert!(
+        !e.throttled && e.message.contains("does not exist"),
+        "{e:?}"
+    );
 }

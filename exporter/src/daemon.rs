@@ -193,6 +193,7 @@ impl Sampler {
         let started = Instant::now();
         let mut first_trace_second: Option<i64> = None;
         let mut failing = false;
+        let mut attributor_failing = vec![false; self.attributors.len()];
         loop {
             if !recorded {
                 let now = unix_now();
@@ -241,12 +242,20 @@ impl Sampler {
                     return;
                 }
             }
-            for a in &mut self.attributors {
+            for (a, failing) in self.attributors.iter_mut().zip(&mut attributor_failing) {
                 let started = Instant::now();
                 let refreshed = a.refresh();
-                if let Err(e) = &refreshed {
-                    tracing::warn!(attributor = a.name(), error = %e, "Attribution could not refresh; keeping its last state.");
+                // Once per failure streak: a kubelet that is away for an hour is one warning.
+                match (&refreshed, *failing) {
+                    (Err(e), false) => {
+                        tracing::warn!(attributor = a.name(), error = %e, "Attribution could not refresh; keeping its last state until it can.")
+                    }
+                    (Ok(()), true) => {
+                        tracing::info!(attributor = a.name(), "Attribution refreshes again.")
+                    }
+                    _ => {}
                 }
+                *failing = refreshed.is_err();
                 let collector = match a.name() {
                     "slurm" => "attribution_slurm",
                     "kubelet" => "attribution_kubelet",
@@ -258,6 +267,9 @@ impl Sampler {
                     success: refreshed.is_ok(),
                 });
                 a.apply(&mut second.readings);
+                if let Some(counts) = a.device_counts() {
+                    self.metrics.exporter.record_devices(&counts);
+                }
             }
             let shares = shares::shares(
                 &second.readings,

@@ -363,6 +363,15 @@ pub struct ExporterMetrics {
     pub spool_batches: Gauge,
     /// Bytes waiting in the spool.
     pub spool_bytes: Gauge,
+    /// Devices the kubelet knows, by state (`assigned`, `allocatable`, `unmatched`).
+    pub kubelet_devices: Family<StateLabels, Gauge>,
+}
+
+/// Labels naming a bounded state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// One of a fixed set of states.
+    pub state: &'static str,
 }
 
 impl Default for ExporterMetrics {
@@ -387,6 +396,7 @@ impl ExporterMetrics {
             ship_failures: Family::default(),
             spool_batches: Gauge::default(),
             spool_bytes: Gauge::default(),
+            kubelet_devices: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -436,7 +446,21 @@ impl ExporterMetrics {
             Unit::Bytes,
             m.spool_bytes.clone(),
         );
+        r.register("gpuledger_exporter_kubelet_devices", "GPU devices the kubelet knows: assigned to pods (List), allocatable (GetAllocatableResources), or unmatched (assigned or allocatable, but no instance on this node has that id: a device-plugin MIG strategy or id form gpuledger does not map)", m.kubelet_devices.clone());
         ExporterMetrics { registry: r, ..m }
+    }
+
+    /// Records an attributor's device counts.
+    pub fn record_devices(&self, counts: &crate::attribution::kubelet::DeviceCounts) {
+        for (state, n) in [
+            ("assigned", counts.assigned),
+            ("allocatable", counts.allocatable),
+            ("unmatched", counts.unmatched),
+        ] {
+            self.kubelet_devices
+                .get_or_create(&StateLabels { state })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Records one collector run.

@@ -28,6 +28,11 @@ pub trait Attributor: Send {
     fn refresh(&mut self) -> Result<(), String>;
     /// Sets the attribution of every reading it maps.
     fn apply(&self, readings: &mut [Reading]);
+    /// How many devices the attributor's scheduler knows, for `/metrics`; `None` when it does
+    /// not count them.
+    fn device_counts(&self) -> Option<kubelet::DeviceCounts> {
+        None
+    }
     /// Names the owner of a process ([`shares`]): `None` when this attributor does not know it.
     fn owner_attribution(&self, owner: &shares::Owner) -> Option<gpuledger_schema::Attribution> {
         let _ = owner;

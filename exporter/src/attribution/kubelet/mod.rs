@@ -104,6 +104,18 @@ pub struct Holder {
     pub pod: String,
 }
 
+/// Whether a device-plugin resource is an NVIDIA GPU or MIG resource (`nvidia.com/gpu`,
+/// `nvidia.com/mig-1g.10gb`, `nvidia.com/gpu.shared`): other plugins' ids (a NIC's `0`) must not
+/// be read as GPU indices.
+pub fn is_gpu_resource(resource_name: &str) -> bool {
+    resource_name.starts_with("nvidia.com/")
+}
+
+/// Whether a DRA driver is NVIDIA's (`gpu.nvidia.com`).
+fn is_gpu_driver(driver_name: &str) -> bool {
+    driver_name.ends_with("nvidia.com")
+}
+
 /// Builds the device → holders table from a `List` answer.
 pub fn device_table(response: &proto::ListPodResourcesResponse) -> HashMap<DeviceKey, Vec<Holder>> {
     let mut table: HashMap<DeviceKey, Vec<Holder>> = HashMap::new();
@@ -116,11 +128,14 @@ pub fn device_table(response: &proto::ListPodResourcesResponse) -> HashMap<Devic
             let plugin = c
                 .devices
                 .iter()
+                .filter(|d| is_gpu_resource(&d.resource_name))
                 .flat_map(|d| d.device_ids.iter().filter_map(|id| parse_device_id(id)));
-            let dra = c
-                .dynamic_resources
-                .iter()
-                .flat_map(|r| r.claim_resources.iter().filter_map(parse_claim_device));
+            let dra = c.dynamic_resources.iter().flat_map(|r| {
+                r.claim_resources
+                    .iter()
+                    .filter(|c| is_gpu_driver(&c.driver_name))
+                    .filter_map(parse_claim_device)
+            });
             for key in plugin.chain(dra) {
                 let holders = table.entry(key).or_default();
                 if !holders.contains(&holder) {
@@ -133,6 +148,36 @@ pub fn device_table(response: &proto::ListPodResourcesResponse) -> HashMap<Devic
         holders.sort();
     }
     table
+}
+
+/// Builds the device → id count table from a `GetAllocatableResources` answer: every GPU
+/// device the kubelet can hand out, with how many ids name it (time-slicing replicas `::N` name
+/// one GPU several times).
+pub fn allocatable_table(
+    response: &proto::AllocatableResourcesResponse,
+) -> HashMap<DeviceKey, u32> {
+    let mut table = HashMap::new();
+    for d in response
+        .devices
+        .iter()
+        .filter(|d| is_gpu_resource(&d.resource_name))
+    {
+        for key in d.device_ids.iter().filter_map(|id| parse_device_id(id)) {
+            *table.entry(key).or_default() += 1;
+        }
+    }
+    table
+}
+
+/// How many devices the kubelet knows, as of the last `apply`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounts {
+    /// Devices assigned to pods (`List`).
+    pub assigned: u64,
+    /// Devices the kubelet can allocate (`GetAllocatableResources`); 0 from a kubelet without it.
+    pub allocatable: u64,
+    /// Assigned or allocatable devices that match no instance on this node.
+    pub unmatched: u64,
 }
 
 /// Kubelet attribution settings.
@@ -153,6 +198,8 @@ pub struct KubeletConfig {
 #[derive(Default)]
 struct State {
     table: HashMap<DeviceKey, Vec<Holder>>,
+    /// Allocatable devices (id count each); empty until known.
+    allocatable: HashMap<DeviceKey, u32>,
     /// When each holder in the table was first listed by the kubelet.
     first_seen: HashMap<Holder, Instant>,
     error: Option<String>,
@@ -163,17 +210,52 @@ pub struct KubeletAttributor {
     config: KubeletConfig,
     state: Arc<RwLock<State>>,
     api: Option<Arc<RwLock<apiserver::Shared>>>,
-    /// Devices the kubelet assigns that match no instance here, as of the last `apply`; each is
-    /// logged once (a device-plugin MIG strategy or id form gpuledger does not map).
+    /// Devices the kubelet assigns or can allocate that match no instance here, as of the last
+    /// `apply`; each is logged once (a device-plugin MIG strategy or id form gpuledger does not
+    /// map).
     unmatched: std::sync::Mutex<(Vec<DeviceKey>, std::collections::HashSet<DeviceKey>)>,
+    counts: std::sync::Mutex<DeviceCounts>,
 }
 
-async fn list(socket: PathBuf) -> Result<proto::ListPodResourcesResponse, String> {
+/// A failed poll of the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollError {
+    /// What went wrong, as a sentence fragment.
+    pub message: String,
+    /// The kubelet's rate limiter refused the call (`ResourceExhausted`): back off.
+    pub throttled: bool,
+}
+
+impl PollError {
+    fn of(call: &str, s: &tonic::Status) -> PollError {
+        PollError {
+            message: format!("kubelet {call} failed: {} ({})", s.message(), s.code()),
+            throttled: s.code() == tonic::Code::ResourceExhausted,
+        }
+    }
+}
+
+/// One poll's answers.
+#[derive(Debug, Clone)]
+pub struct Polled {
+    /// `List`.
+    pub pods: proto::ListPodResourcesResponse,
+    /// `GetAllocatableResources`; `None` from a kubelet that does not serve it (before 1.23).
+    pub allocatable: Option<proto::AllocatableResourcesResponse>,
+}
+
+/// Asks the kubelet at `socket` for its pods' devices (`List`) and its allocatable devices
+/// (`GetAllocatableResources`), over one fresh connection.
+pub async fn poll(socket: PathBuf) -> Result<Polled, PollError> {
+    let fail = |message: String| PollError {
+        message,
+        throttled: false,
+    };
     if !socket.exists() {
-        return Err(format!(
+        return Err(fail(format!(
             "the kubelet pod-resources socket {} does not exist",
             socket.display()
-        ));
+        )));
     }
     // The URI is a placeholder: the connector below dials the unix socket.
     let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
@@ -188,13 +270,22 @@ async fn list(socket: PathBuf) -> Result<proto::ListPodResourcesResponse, String
             }
         }))
         .await
-        .map_err(|e| format!("cannot connect to the kubelet: {e}"))?;
+        .map_err(|e| fail(format!("cannot connect to the kubelet: {e}")))?;
     let mut client = proto::pod_resources_lister_client::PodResourcesListerClient::new(channel);
-    client
+    let pods = client
         .list(proto::ListPodResourcesRequest {})
         .await
-        .map(tonic::Response::into_inner)
-        .map_err(|s| format!("kubelet List failed: {} ({})", s.message(), s.code()))
+        .map_err(|s| PollError::of("List", &s))?
+        .into_inner();
+    let allocatable = match client
+        .get_allocatable_resources(proto::AllocatableResourcesRequest {})
+        .await
+    {
+        Ok(r) => Some(r.into_inner()),
+        Err(s) if s.code() == tonic::Code::Unimplemented => None,
+        Err(s) => return Err(PollError::of("GetAllocatableResources", &s)),
+    };
+    Ok(Polled { pods, allocatable })
 }
 
 impl KubeletAttributor {
@@ -210,9 +301,9 @@ impl KubeletAttributor {
             let mut failing = false;
             loop {
                 let mut wait = interval;
-                match list(socket.clone()).await {
-                    Ok(response) => {
-                        let table = device_table(&response);
+                match poll(socket.clone()).await {
+                    Ok(polled) => {
+                        let table = device_table(&polled.pods);
                         if failing {
                             tracing::info!("The kubelet answers again.");
                         }
@@ -226,17 +317,22 @@ impl KubeletAttributor {
                         }
                         s.first_seen = first_seen;
                         s.table = table;
+                        s.allocatable = polled
+                            .allocatable
+                            .as_ref()
+                            .map(allocatable_table)
+                            .unwrap_or_default();
                         s.error = None;
                     }
                     Err(e) => {
                         if !failing {
-                            tracing::warn!(error = %e, "Cannot read pod resources from the kubelet; keeping the last known allocations.");
+                            tracing::warn!(error = %e.message, "Cannot read pod resources from the kubelet; keeping the last known allocations.");
                         }
-                        if e.contains("ResourceExhausted") || e.contains("resource exhausted") {
+                        if e.throttled {
                             wait = interval * 4; // the kubelet's rate limiter: back off
                         }
                         failing = true;
-                        shared.write().unwrap_or_else(|e| e.into_inner()).error = Some(e);
+                        shared.write().unwrap_or_else(|e| e.into_inner()).error = Some(e.message);
                     }
                 }
                 tokio::time::sleep(wait).await;
@@ -248,10 +344,12 @@ impl KubeletAttributor {
             state,
             api,
             unmatched: Default::default(),
+            counts: Default::default(),
         }
     }
 
-    /// Devices the kubelet assigned at the last `apply` that no instance of this node matched.
+    /// Devices the kubelet assigned or can allocate, at the last `apply`, that no instance of
+    /// this node matched.
     pub fn unmatched(&self) -> Vec<DeviceKey> {
         self.unmatched
             .lock()
@@ -354,16 +452,14 @@ impl Attributor for KubeletAttributor {
 
     fn apply(&self, readings: &mut [Reading]) {
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
-        if state.table.is_empty() {
-            return;
-        }
         let api = self
             .api
             .as_ref()
             .map(|a| a.read().unwrap_or_else(|e| e.into_inner()));
         let snapshot = api.as_ref().and_then(|a| a.snapshot.as_ref());
         let gpu_index = super::gpu_indices(readings);
-        let mut matched: std::collections::HashSet<DeviceKey> = std::collections::HashSet::new();
+        // Every name an instance of this node goes by.
+        let mut local: std::collections::HashSet<DeviceKey> = std::collections::HashSet::new();
         for r in readings.iter_mut() {
             let index = gpu_index[&r.instance.gpu_uuid];
             let keys: Vec<DeviceKey> = match (&r.mig_uuid, r.instance.gpu_instance_id) {
@@ -377,13 +473,11 @@ impl Attributor for KubeletAttributor {
                     DeviceKey::Index(index),
                 ],
             };
-            let Some((key, holders)) = keys.iter().find_map(|k| state.table.get_key_value(k))
-            else {
-                continue;
-            };
-            matched.insert(key.clone());
+            let holders = keys.iter().find_map(|k| state.table.get(k));
+            local.extend(keys);
+            let Some(holders) = holders else { continue };
             // Several pods on one device (time-slicing) are charged to the first live one by
-            // name; splitting a shared GPU by process is the per-process view's job.
+            // name; what each of them uses is the per-process view's job (`shares`).
             let live = holders
                 .iter()
                 .find(|h| self.is_live(h, state.first_seen.get(*h), snapshot));
@@ -395,17 +489,35 @@ impl Attributor for KubeletAttributor {
         let mut unmatched: Vec<DeviceKey> = state
             .table
             .keys()
-            .filter(|k| !matched.contains(*k))
+            .chain(state.allocatable.keys())
+            .filter(|k| !local.contains(*k))
             .cloned()
             .collect();
         unmatched.sort_by_key(|k| format!("{k:?}"));
+        unmatched.dedup();
+        *self.counts.lock().unwrap_or_else(|e| e.into_inner()) = DeviceCounts {
+            assigned: state.table.len() as u64,
+            allocatable: state.allocatable.len() as u64,
+            unmatched: unmatched.len() as u64,
+        };
         let mut u = self.unmatched.lock().unwrap_or_else(|e| e.into_inner());
         for k in &unmatched {
             if u.1.insert(k.clone()) {
-                tracing::warn!(device = ?k, holders = ?state.table[k], "The kubelet assigns a device that matches no GPU or MIG instance on this node; its pods are not charged for it. Check the device plugin's MIG strategy and device ids.");
+                match state.table.get(k) {
+                    Some(holders) => {
+                        tracing::warn!(device = ?k, holders = ?holders, "The kubelet assigns a device that matches no GPU or MIG instance on this node; its pods are not charged for it. Check the device plugin's MIG strategy and device ids.")
+                    }
+                    None => {
+                        tracing::warn!(device = ?k, "The kubelet can allocate a device that matches no GPU or MIG instance on this node; a pod given it would not be charged. Check the device plugin's MIG strategy and device ids.")
+                    }
+                }
             }
         }
         u.0 = unmatched;
+    }
+
+    fn device_counts(&self) -> Option<DeviceCounts> {
+        Some(*self.counts.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -434,6 +546,10 @@ mod tests {
             s.table.insert(DeviceKey::Uuid("GPU-1".into()), holder("a"));
             // A MIG slice by GPU index and GPU instance id that this node does not have.
             s.table.insert(DeviceKey::Instance(0, 9), holder("b"));
+            // Allocatable: GPU-1 as two time-slicing replicas, and a MIG device not here.
+            s.allocatable.insert(DeviceKey::Uuid("GPU-1".into()), 2);
+            s.allocatable
+                .insert(DeviceKey::Uuid("MIG-elsewhere".into()), 1);
         }
         let mut readings = vec![Reading {
             instance: Instance {
@@ -451,7 +567,64 @@ mod tests {
         }];
         a.apply(&mut readings);
         assert_eq!(readings[0].attribution.workload.as_deref(), Some("ml/a"));
-        assert_eq!(a.unmatched(), [DeviceKey::Instance(0, 9)]);
+        assert_eq!(
+            a.unmatched(),
+            [
+                DeviceKey::Instance(0, 9),
+                DeviceKey::Uuid("MIG-elsewhere".into())
+            ]
+        );
+        assert_eq!(
+            a.device_counts(),
+            Some(DeviceCounts {
+                assigned: 2,
+                allocatable: 2,
+                unmatched: 2
+            })
+        );
+    }
+
+    #[test]
+    fn only_nvidia_resources_are_read_as_gpus() {
+        let devices = |resource: &str, ids: &[&str]| proto::ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: ids.iter().map(|i| i.to_string()).collect(),
+            topology: None,
+        };
+        let response = proto::ListPodResourcesResponse {
+            pod_resources: vec![proto::PodResources {
+                name: "p".into(),
+                namespace: "ml".into(),
+                containers: vec![proto::ContainerResources {
+                    name: "main".into(),
+                    devices: vec![
+                        devices("nvidia.com/gpu", &["1"]),
+                        // An RDMA NIC's device "0" is not GPU 0.
+                        devices("rdma/hca_shared_devices_a", &["0"]),
+                    ],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let table = device_table(&response);
+        assert_eq!(table.keys().collect::<Vec<_>>(), [&DeviceKey::Index(1)]);
+        let allocatable = allocatable_table(&proto::AllocatableResourcesResponse {
+            devices: vec![
+                devices("nvidia.com/gpu", &["GPU-a::0", "GPU-a::1", "GPU-b::0"]),
+                devices("nvidia.com/mig-1g.10gb", &["MIG-c"]),
+                devices("amd.com/gpu", &["0"]),
+            ],
+            ..Default::default()
+        });
+        assert_eq!(
+            allocatable,
+            HashMap::from([
+                (DeviceKey::Uuid("GPU-a".into()), 2),
+                (DeviceKey::Uuid("GPU-b".into()), 1),
+                (DeviceKey::Uuid("MIG-c".into()), 1),
+            ])
+        );
     }
 
     #[test]
