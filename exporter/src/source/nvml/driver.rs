@@ -75,8 +75,6 @@ pub struct Process {
     pub pid: u32,
     /// Framebuffer bytes held, when the driver tells.
     pub used_memory: Option<u64>,
-    /// The MIG GPU instance the process runs in (MIG mode only).
-    pub gpu_instance_id: Option<u32>,
 }
 
 /// What went wrong in a driver call.
@@ -118,8 +116,10 @@ pub trait Driver: Send {
     ) -> Result<Option<Activity>, DriverError>;
     /// Board power in watts.
     fn power_watts(&mut self, gpu: u32) -> Result<f64, DriverError>;
-    /// The compute processes on GPU `gpu` (MPS clients included), one entry per PID.
-    fn processes(&mut self, gpu: u32) -> Result<Vec<Process>, DriverError>;
+    /// The compute processes on GPU `gpu`, or on its MIG device `mig` (MPS clients included), one
+    /// entry per PID. In MIG mode the parent GPU answers only privileged callers, so the exporter
+    /// asks each MIG device.
+    fn processes(&mut self, gpu: u32, mig: Option<u32>) -> Result<Vec<Process>, DriverError>;
     /// Per-process SM utilisation (0–1) on GPU `gpu` since the previous call; a process absent
     /// from the map ran no kernels. `NotSupported` where the driver cannot tell (MIG mode).
     fn process_sm(&mut self, gpu: u32) -> Result<HashMap<u32, f64>, DriverError>;
@@ -327,8 +327,12 @@ impl Driver for NvmlDriver {
         Ok(f64::from(self.device(gpu)?.power_usage()?) / 1000.0)
     }
 
-    fn processes(&mut self, gpu: u32) -> Result<Vec<Process>, DriverError> {
+    fn processes(&mut self, gpu: u32, mig: Option<u32>) -> Result<Vec<Process>, DriverError> {
         let d = self.device(gpu)?;
+        let d = match mig {
+            Some(i) => d.mig_device_by_index(i)?,
+            None => d,
+        };
         let mut by_pid: std::collections::BTreeMap<u32, Process> = Default::default();
         // Under MPS the compute list shows the MPS server and the MPS list its clients; a PID
         // in both is one process.
@@ -345,7 +349,6 @@ impl Driver for NvmlDriver {
             by_pid.entry(p.pid).or_insert(Process {
                 pid: p.pid,
                 used_memory,
-                gpu_instance_id: p.gpu_instance_id,
             });
         }
         Ok(by_pid.into_values().collect())

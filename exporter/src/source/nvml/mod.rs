@@ -13,7 +13,10 @@
 //! The `processes` collector lists each GPU's compute processes (MPS clients included) with
 //! their memory and, on whole GPUs, their SM utilisation (`nvmlDeviceGetProcessUtilization`,
 //! samples of the last second): the input of the per-process view of shared GPUs
-//! ([`crate::attribution::shares`]).
+//! ([`crate::attribution::shares`]). In MIG mode each MIG device is asked (the parent GPU
+//! answers only privileged callers), and NVML has no per-process utilisation there.
+//!
+//! A failing collector is logged once per failure streak, and once more when it recovers.
 //!
 //! NVML reference: <https://docs.nvidia.com/deploy/nvml-api/> (GPM: `nvmlGpmSampleGet`,
 //! `nvmlGpmMigSampleGet`, `nvmlGpmMetricsGet`; MIG: `nvmlDeviceGetMigDeviceHandleByIndex`,
@@ -48,7 +51,8 @@ pub const COLLECTORS: &[(&str, &str)] = &[
 #[derive(Default)]
 struct Tally {
     duration: Duration,
-    failed: bool,
+    /// The first failure this second.
+    error: Option<String>,
 }
 
 impl Tally {
@@ -60,10 +64,7 @@ impl Tally {
             Ok(v) => Some(v),
             Err(DriverError::NotSupported) => None,
             Err(DriverError::Failed(e)) => {
-                if !self.failed {
-                    tracing::warn!(error = %e, "An NVML call failed; its counters are absent this second.");
-                }
-                self.failed = true;
+                self.error.get_or_insert(e);
                 None
             }
         }
@@ -73,6 +74,8 @@ impl Tally {
 /// The NVML source over any [`Driver`].
 pub struct NvmlSource<D: Driver> {
     driver: D,
+    /// Collectors failing as of the last second: each failure streak is logged once.
+    failing: BTreeSet<&'static str>,
     node: String,
     disabled: BTreeSet<String>,
 }
@@ -91,6 +94,7 @@ impl<D: Driver> NvmlSource<D> {
         }
         Ok(NvmlSource {
             driver,
+            failing: BTreeSet::new(),
             node: node.to_owned(),
             disabled: disabled.iter().cloned().collect(),
         })
@@ -154,6 +158,21 @@ impl<D: Driver> Source for NvmlSource<D> {
                     } else {
                         None
                     };
+                    if self.enabled("processes")
+                        && let Some(procs) =
+                            processes.run(|| self.driver.processes(device.index, Some(m.index)))
+                    {
+                        // NVML has no per-process utilisation in MIG mode.
+                        second
+                            .processes
+                            .extend(procs.into_iter().map(|p| ProcessReading {
+                                gpu_uuid: device.uuid.clone(),
+                                gpu_instance_id: Some(m.gpu_instance_id),
+                                pid: p.pid,
+                                used_memory_bytes: p.used_memory,
+                                sm_util: None,
+                            }));
+                    }
                     second.readings.push(Reading {
                         instance: Instance {
                             mig_profile: Some(m.profile),
@@ -191,12 +210,11 @@ impl<D: Driver> Source for NvmlSource<D> {
             } else {
                 None
             };
-            if self.enabled("processes")
-                && let Some(procs) = processes.run(|| self.driver.processes(device.index))
+            if !device.mig_enabled
+                && self.enabled("processes")
+                && let Some(procs) = processes.run(|| self.driver.processes(device.index, None))
             {
-                // NVML has no per-process utilisation in MIG mode: there the split is left to
-                // the shares view, which only attributes an instance's activity whole.
-                let sm = if device.mig_enabled || procs.is_empty() {
+                let sm = if procs.is_empty() {
                     None
                 } else {
                     processes.run(|| self.driver.process_sm(device.index))
@@ -205,7 +223,7 @@ impl<D: Driver> Source for NvmlSource<D> {
                     .processes
                     .extend(procs.into_iter().map(|p| ProcessReading {
                         gpu_uuid: device.uuid.clone(),
-                        gpu_instance_id: p.gpu_instance_id.filter(|_| device.mig_enabled),
+                        gpu_instance_id: None,
                         pid: p.pid,
                         used_memory_bytes: p.used_memory,
                         sm_util: sm.as_ref().map(|m| m.get(&p.pid).copied().unwrap_or(0.0)),
@@ -226,16 +244,28 @@ impl<D: Driver> Source for NvmlSource<D> {
             ("processes", processes),
         ] {
             if self.enabled(name) {
+                let collector = match name {
+                    "mig" => "nvml_mig",
+                    "memory" => "nvml_memory",
+                    "gpm" => "nvml_gpm",
+                    "power" => "nvml_power",
+                    _ => "nvml_processes",
+                };
+                match (&tally.error, self.failing.contains(collector)) {
+                    (Some(e), false) => {
+                        tracing::warn!(collector, error = %e, "An NVML collector fails; its counters are absent until it recovers.");
+                        self.failing.insert(collector);
+                    }
+                    (None, true) => {
+                        tracing::info!(collector, "The NVML collector works again.");
+                        self.failing.remove(collector);
+                    }
+                    _ => {}
+                }
                 second.collectors.push(CollectorOutcome {
-                    collector: match name {
-                        "mig" => "nvml_mig",
-                        "memory" => "nvml_memory",
-                        "gpm" => "nvml_gpm",
-                        "power" => "nvml_power",
-                        _ => "nvml_processes",
-                    },
+                    collector,
                     duration: tally.duration,
-                    success: !tally.failed,
+                    success: tally.error.is_none(),
                 });
             }
         }
@@ -338,15 +368,13 @@ mod tests {
         fn power_watts(&mut self, _gpu: u32) -> Result<f64, DriverError> {
             Ok(350.5)
         }
-        fn processes(&mut self, gpu: u32) -> Result<Vec<Process>, DriverError> {
-            let p = |pid, used_memory, gpu_instance_id| Process {
-                pid,
-                used_memory,
-                gpu_instance_id,
-            };
-            Ok(match gpu {
-                0 => vec![p(30, Some(5 << 30), Some(2))],
-                2 => vec![p(10, Some(1 << 30), None), p(20, None, None)],
+        fn processes(&mut self, gpu: u32, mig: Option<u32>) -> Result<Vec<Process>, DriverError> {
+            let p = |pid, used_memory| Process { pid, used_memory };
+            Ok(match (gpu, mig) {
+                (0, None) => panic!("a MIG-mode GPU's processes are asked of its MIG devices"),
+                // MIG device 0 is GPU instance 2.
+                (0, Some(0)) => vec![p(30, Some(5 << 30))],
+                (2, None) => vec![p(10, Some(1 << 30)), p(20, None)],
                 _ => vec![],
             })
         }
