@@ -104,8 +104,7 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap().to_owned())
         .collect();
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
     let documented: BTreeSet<String> = readme
         .lines()
         .filter_map(|l| {

@@ -90,7 +90,7 @@ async fn prometheus_and_alertmanager_deliver_the_idle_hoarding_alert() {
             .expect("alertmanager starts"),
     );
 
-    let alerts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("alerts");
+    let alerts = common::root().join("alerts");
     let prom_port = free_port();
     let prom_config = dir.path().join("prometheus.yml");
     std::fs::write(

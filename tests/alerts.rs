@@ -9,7 +9,7 @@ use std::process::Command;
 use common::require_tool;
 
 fn alerts_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("alerts")
+    common::root().join("alerts")
 }
 
 fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {

@@ -4,12 +4,11 @@ mod common;
 
 use gpuledger_exporter::attribution::StaticMap;
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
 #[test]
 fn the_example_attribution_map_loads() {
     StaticMap::load(std::path::Path::new(&format!(
-        "{ROOT}/deploy/config/attribution.toml"
+        "{}/deploy/config/attribution.toml",
+        common::root().display()
     )))
     .unwrap();
 }
@@ -22,7 +21,7 @@ fn the_example_exporter_config_is_accepted_up_to_the_missing_token() {
         .args([
             "exporter",
             "--config",
-            &format!("{ROOT}/deploy/config/exporter.toml"),
+            &format!("{}/deploy/config/exporter.toml", common::root().display()),
             "--source",
             "sim",
             "--node",
@@ -80,7 +79,11 @@ fn nvml_without_a_driver_exits_with_one_sentence() {
 /// A file embedded in a manifest's ConfigMap (`  <name>: |` and its indented lines), written to
 /// `dir`.
 fn config_map_file(dir: &std::path::Path, manifest: &str, name: &str) -> std::path::PathBuf {
-    let yaml = std::fs::read_to_string(format!("{ROOT}/deploy/kubernetes/{manifest}")).unwrap();
+    let yaml = std::fs::read_to_string(format!(
+        "{}/deploy/kubernetes/{manifest}",
+        common::root().display()
+    ))
+    .unwrap();
     let key = format!("  {name}: |\n");
     let start = yaml.find(&key).expect("the ConfigMap holds the file") + key.len();
     let text: String = yaml[start..]
@@ -119,7 +122,7 @@ fn the_example_aggregator_config_and_token_file_are_accepted() {
         .args([
             "aggregator",
             "--config",
-            &format!("{ROOT}/deploy/config/aggregator.toml"),
+            &format!("{}/deploy/config/aggregator.toml", common::root().display()),
         ])
         .output()
         .unwrap();
@@ -130,7 +133,8 @@ fn the_example_aggregator_config_and_token_file_are_accepted() {
         "{stderr}"
     );
     gpuledger_aggregator::auth::Tokens::from_file(std::path::Path::new(&format!(
-        "{ROOT}/deploy/config/aggregator-tokens.example"
+        "{}/deploy/config/aggregator-tokens.example",
+        common::root().display()
     )))
     .unwrap();
 }
@@ -154,7 +158,8 @@ fn the_statefulset_config_map_is_accepted_up_to_the_missing_token_file() {
 
 #[test]
 fn the_grafana_dashboard_queries_only_documented_metrics() {
-    let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(format!("{}/README.md", common::root().display())).unwrap();
     let documented: std::collections::BTreeSet<String> = readme
         .lines()
         .filter_map(|l| l.strip_prefix("| `gpuledger_"))

@@ -124,8 +124,7 @@ fn the_readme_metric_reference_lists_exactly_the_exported_families() {
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap().to_owned())
         .collect();
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
     let documented: BTreeSet<String> = readme
         .lines()
         .filter_map(|l| l.strip_prefix("| `gpuledger_"))

@@ -11,14 +11,15 @@ use std::time::Duration;
 use common::{Exporter, eventually, require_tool};
 use gpuledger_exporter::source::sim::{Fleet, Simulator};
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
 fn run_script(script: &str, dir: &Path, env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = Command::new("bash");
-    cmd.arg(format!("{ROOT}/deploy/slurm/{script}"))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap())
-        .env("GPULEDGER_JOBMAP_DIR", dir);
+    cmd.arg(format!(
+        "{}/deploy/slurm/{script}",
+        common::root().display()
+    ))
+    .env_clear()
+    .env("PATH", std::env::var("PATH").unwrap())
+    .env("GPULEDGER_JOBMAP_DIR", dir);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -46,8 +47,14 @@ fn files(dir: &Path) -> Vec<String> {
 fn the_scripts_are_shellcheck_clean() {
     require_tool("shellcheck");
     let out = Command::new("shellcheck")
-        .arg(format!("{ROOT}/deploy/slurm/gpuledger-prolog.sh"))
-        .arg(format!("{ROOT}/deploy/slurm/gpuledger-epilog.sh"))
+        .arg(format!(
+            "{}/deploy/slurm/gpuledger-prolog.sh",
+            common::root().display()
+        ))
+        .arg(format!(
+            "{}/deploy/slurm/gpuledger-epilog.sh",
+            common::root().display()
+        ))
         .output()
         .unwrap();
     assert!(

@@ -25,6 +25,14 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, failing the test after `timeout`.
+/// The repository root, read when the test runs: a test binary reused from another checkout
+/// sharing the target directory must not look at that checkout's files.
+pub fn root() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .expect("cargo test sets CARGO_MANIFEST_DIR")
+        .into()
+}
+
 pub async fn eventually<T>(
     what: &str,
     timeout: Duration,
@@ -364,11 +372,8 @@ pub fn dashboard_exprs() -> Vec<String> {
             _ => {}
         }
     }
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/deploy/grafana/gpuledger-dashboard.json"
-    ))
-    .unwrap();
+    let text =
+        std::fs::read_to_string(root().join("deploy/grafana/gpuledger-dashboard.json")).unwrap();
     let mut out = Vec::new();
     walk(&serde_json::from_str(&text).unwrap(), &mut out);
     assert!(!out.is_empty());
