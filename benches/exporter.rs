@@ -54,6 +54,59 @@ fn proc_stat(pid: u32) -> (u64, u64) {
     (ticks, rss_kib)
 }
 
+/// The per-process view's cost per second on a heavily time-sliced node: 8 whole GPUs with 16
+/// processes each (8 pods of 2 processes per GPU), owners read from a fixture `/proc`, named by a
+/// fixed table (standing in for the API server's pod list), shares computed and exported.
+fn shares_cycle() -> Duration {
+    use gpuledger_exporter::attribution::shares::{Owner, ProcFs, shares};
+    use gpuledger_exporter::metrics::InstanceMetrics;
+    use gpuledger_exporter::source::ProcessReading;
+    use gpuledger_schema::Attribution;
+
+    let sim = gpuledger_exporter::source::sim::Simulator::new(Fleet::builtin());
+    let readings: Vec<_> = sim
+        .second(Some("gpu-h100-02"), 1_767_225_600)
+        .readings
+        .into_iter()
+        .filter(|r| r.instance.mig_profile.is_none())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut processes = Vec::new();
+    for (g, r) in readings.iter().enumerate() {
+        for k in 0..16u32 {
+            let pid = 10_000 + g as u32 * 100 + k;
+            let uid = format!("00000000-0000-4000-8000-{:012x}", g as u32 * 8 + k / 2);
+            let cgroup = format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{pid:x}.scope\n",
+                uid.replace('-', "_")
+            );
+            std::fs::create_dir_all(dir.path().join(pid.to_string())).unwrap();
+            std::fs::write(dir.path().join(pid.to_string()).join("cgroup"), cgroup).unwrap();
+            processes.push(ProcessReading {
+                gpu_uuid: r.instance.gpu_uuid.clone(),
+                gpu_instance_id: None,
+                pid,
+                used_memory_bytes: Some(1 << 30),
+                sm_util: Some(f64::from(k) / 100.0),
+            });
+        }
+    }
+    let procfs = ProcFs::new(dir.path());
+    let name = |o: &Owner| match o {
+        Owner::Pod { uid } => Some(Attribution {
+            tenant: Some("team".into()),
+            workload: Some(format!("ns/pod-{}", &uid[24..])),
+            slo_class: None,
+        }),
+        Owner::SlurmJob { .. } => None,
+    };
+    let mut m = InstanceMetrics::new();
+    measure(500, || {
+        let got = shares(&readings, &processes, |pid| procfs.owner(pid), name);
+        m.update_shares(black_box(&got));
+    })
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!("benches/exporter.rs: run with `cargo bench --bench exporter`");
@@ -100,6 +153,8 @@ fn main() {
         black_box(Batch::from_samples(NODE, black_box(&five_seconds)).encode());
     });
 
+    let shares_cycle = shares_cycle();
+
     println!("full node: 56 instances (8 × H100, 7 × 1g.10gb each), sim source");
     println!(
         "baseline (serde_json of one second's batch): {:>9.1} µs CPU",
@@ -110,6 +165,10 @@ fn main() {
         ("scrape render, OpenMetrics", scrape_om),
         ("scrape render, classic text", scrape_classic),
         ("seal a 5 s batch (group + JSON + gzip)", seal),
+        (
+            "shared GPUs: 8 whole GPUs × 16 processes, owners from /proc, shares to /metrics",
+            shares_cycle,
+        ),
     ] {
         println!(
             "{what:<45} {:>9.1} µs CPU  = {:>5.1}× baseline",
