@@ -98,7 +98,7 @@ fn shares_cycle() -> Duration {
             workload: Some(format!("ns/pod-{}", &uid[24..])),
             slo_class: None,
         }),
-        Owner::SlurmJob { .. } => None,
+        _ => None,
     };
     let mut m = InstanceMetrics::new();
     measure(500, || {

@@ -21,6 +21,8 @@ struct FakeKubelet {
     allocatable: Arc<Mutex<AllocatableResourcesResponse>>,
     /// Answer every call as the kubelet's rate limiter does.
     throttled: Arc<std::sync::atomic::AtomicBool>,
+    /// Answer `GetAllocatableResources` as a 1.21–1.22 kubelet with the feature gate off does.
+    allocatable_disabled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FakeKubelet {
@@ -48,6 +50,14 @@ impl PodResourcesLister for FakeKubelet {
         _: Request<AllocatableResourcesRequest>,
     ) -> Result<Response<AllocatableResourcesResponse>, Status> {
         self.throttle()?;
+        if self
+            .allocatable_disabled
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(Status::unknown(
+                "Pod Resources API GetAllocatableResources disabled",
+            ));
+        }
         Ok(Response::new(self.allocatable.lock().unwrap().clone()))
     }
     async fn get(
@@ -666,6 +676,12 @@ async fn a_throttled_kubelet_is_recognised_so_the_poller_backs_off() {
     })
     .await;
     assert!(ok.allocatable.is_some());
+    // A kubelet with GetAllocatableResources disabled still gives its allocations.
+    kubelet
+        .allocatable_disabled
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let polled = poll(socket.clone()).await.unwrap();
+    assert!(polled.allocatable.is_none() && !polled.throttled);
     kubelet
         .throttled
         .store(true, std::sync::atomic::Ordering::Relaxed);

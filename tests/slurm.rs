@@ -115,10 +115,11 @@ fn the_prolog_maps_every_device_form_and_the_epilog_removes_only_its_job() {
             .starts_with("job_id=102\n")
     );
 
-    // A CPU-only job writes nothing; outside Slurm the scripts say so and succeed.
+    // A job with no GPU named (a CPU job, or GPU shards the prolog does not see) writes only its
+    // job record; outside Slurm the scripts say so and succeed.
     let empty = tmp.path().join("empty");
     run_script("gpuledger-prolog.sh", &empty, &[("SLURM_JOB_ID", "103")]);
-    assert!(files(&empty).is_empty());
+    assert_eq!(files(&empty), ["job-103"]);
     let out = run_script("gpuledger-epilog.sh", &dir, &[]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("SLURM_JOB_ID is not set"));
 }

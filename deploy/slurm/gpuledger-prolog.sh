@@ -5,10 +5,10 @@
 #
 # Writes one file per device into $GPULEDGER_JOBMAP_DIR (default /run/gpuledger/slurm-jobs),
 # named after the device as Slurm gives it: a GPU UUID (GPU-…), a MIG UUID (MIG-…) or a GPU index,
-# taken from SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES — and one more named job-<id>, which names the
-# job's processes on a GPU shared with other jobs (shards, oversubscription) even after another
-# job's prolog took the device's file. Each file holds key=value lines: job_id, user, account,
-# partition, qos. Files are written under a temporary name and renamed, so the exporter never
+# taken from SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES — and, for every job, one more named
+# job-<id>, which names the job's processes on a GPU shared with other jobs (shards,
+# oversubscription) even after another job's prolog took the device's file. Each file holds
+# key=value lines: job_id, user, account, partition, qos. Files are written under a temporary name and renamed, so the exporter never
 # reads half a file.
 #
 # A failing prolog would drain the node, so this script reports problems on stderr and always
@@ -23,9 +23,6 @@ if [ -z "$job" ]; then
 fi
 
 devices="${SLURM_JOB_GPUS:-},${CUDA_VISIBLE_DEVICES:-}"
-if [ "$devices" = "," ]; then
-  exit 0 # not a GPU job
-fi
 
 if ! mkdir -p "$dir"; then
   echo "gpuledger-prolog: cannot create $dir" >&2
@@ -64,6 +61,8 @@ for id in "${ids[@]}"; do
   esac
   publish "$id"
 done
+# Every job gets its record, GPUs named or not: a job on GPU shards may see neither variable set
+# in the prolog, and its processes are still to be named.
 case "$job" in
 *[!0-9]*) echo "gpuledger-prolog: job id '$job' is not numeric; no job-<id> record" >&2 ;;
 *) publish "job-$job" ;;

@@ -117,8 +117,8 @@ pub struct Args {
     /// A priority class's SLO class, as PRIORITYCLASS=CLASS; repeatable.
     #[arg(long)]
     kube_priority_class: Vec<String>,
-    /// The host's /proc, where GPU processes' cgroups name their pod or Slurm job
-    /// (in a container: the host's /proc mounted, e.g. /host/proc) [default: /proc].
+    /// Where GPU processes' cgroups are read to name their pod or Slurm job: the /proc of the
+    /// exporter's PID namespace, which must be the host's (hostPID in Kubernetes) [default: /proc].
     #[arg(long)]
     proc_path: Option<PathBuf>,
 }

@@ -43,14 +43,17 @@ pub enum Owner {
         /// Job id.
         job_id: String,
     },
+    /// The MPS server (`nvidia-cuda-mps-server`): it runs its clients' kernels, so utilisation
+    /// the driver reports against it belongs to clients it does not name.
+    MpsServer,
 }
 
-/// Reads the owner from the text of `/proc/<pid>/cgroup` (cgroup v1 or v2).
+/// Reads the owner from the text of `/proc/<pid>/cgroup` (cgroup v1 or v2). The innermost
+/// owner wins: a Slurm job inside a slurmd pod (Slinky, soperator) is the job's.
 pub fn owner_from_cgroup(text: &str) -> Option<Owner> {
     text.lines()
         .filter_map(|line| line.splitn(3, ':').nth(2))
-        .flat_map(|path| path.split('/'))
-        .find_map(owner_from_segment)
+        .find_map(|path| path.split('/').rev().find_map(owner_from_segment))
 }
 
 fn owner_from_segment(segment: &str) -> Option<Owner> {
@@ -80,6 +83,9 @@ fn owner_from_segment(segment: &str) -> Option<Owner> {
     })
 }
 
+/// The MPS server's process name.
+const MPS_SERVER: &str = "nvidia-cuda-mps-server";
+
 /// The host's `/proc` (or a fixture tree shaped like it, in tests).
 #[derive(Debug, Clone)]
 pub struct ProcFs {
@@ -94,8 +100,11 @@ impl ProcFs {
 
     /// The owner of `pid`; `None` when the process is gone, invisible, or in no pod or job.
     pub fn owner(&self, pid: u32) -> Option<Owner> {
-        let text = std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup")).ok()?;
-        owner_from_cgroup(&text)
+        let dir = self.root.join(pid.to_string());
+        if std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim() == MPS_SERVER) {
+            return Some(Owner::MpsServer);
+        }
+        owner_from_cgroup(&std::fs::read_to_string(dir.join("cgroup")).ok()?)
     }
 }
 
@@ -147,7 +156,8 @@ pub fn shares(
         if !by_key.contains_key(&key) {
             continue;
         }
-        let attribution = owner_of(p.pid).and_then(|o| name(&o)).unwrap_or_default();
+        let owner = owner_of(p.pid);
+        let attribution = owner.as_ref().and_then(&name).unwrap_or_default();
         let acc = groups
             .entry(key)
             .or_default()
@@ -164,8 +174,10 @@ pub fn shares(
         if let Some(u) = p.sm_util {
             acc.sm_util = Some(acc.sm_util.unwrap_or(0.0) + u);
         }
+        // Kernels counted against the MPS server are its clients': the split cannot say whose.
+        let mps_busy = owner == Some(Owner::MpsServer) && p.sm_util.is_some_and(|u| u > 0.0);
         let known = per_util_known.entry(key).or_insert(true);
-        *known &= p.sm_util.is_some();
+        *known &= p.sm_util.is_some() && !mps_busy;
     }
     let mut out = Vec::new();
     for (key, owners) in groups {
@@ -250,6 +262,49 @@ mod tests {
         assert_eq!(owner_from_cgroup("0::/docker/0f3a9c\n"), None);
         assert_eq!(owner_from_cgroup("0::/kubepods/pod3e2c9f4a\n"), None);
         assert_eq!(owner_from_cgroup("0::/user.slice/ipod0000/job_x\n"), None);
+        // Slurm inside a slurmd pod (Slinky, soperator): the innermost owner, the job, wins.
+        assert_eq!(
+            owner_from_cgroup(&format!(
+                "0::/kubepods.slice/kubepods-pod{underscored}.slice/cri-containerd-1.scope/system.slice/slurmstepd.scope/job_4242/step_0\n"
+            )),
+            job()
+        );
+        // Seen from another cgroup namespace, paths climb out with `..` first.
+        assert_eq!(
+            owner_from_cgroup(&format!(
+                "0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod{underscored}.slice/cri-containerd-0f3a.scope\n"
+            )),
+            pod()
+        );
+    }
+
+    #[test]
+    fn the_mps_server_is_told_apart_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        for (pid, comm, cgroup) in [
+            (
+                7,
+                "nvidia-cuda-mps-server\n",
+                "0::/system.slice/nvidia-mps.service\n",
+            ),
+            (
+                8,
+                "python\n",
+                "0::/system.slice/slurmstepd.scope/job_9/step_0\n",
+            ),
+        ] {
+            let d = dir.path().join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("comm"), comm).unwrap();
+            std::fs::write(d.join("cgroup"), cgroup).unwrap();
+        }
+        let procfs = ProcFs::new(dir.path());
+        assert_eq!(procfs.owner(7), Some(Owner::MpsServer));
+        assert_eq!(
+            procfs.owner(8),
+            Some(Owner::SlurmJob { job_id: "9".into() })
+        );
+        assert_eq!(procfs.owner(99), None, "a process that exited");
     }
 
     fn whole_gpu(sm_active: Option<f64>) -> Reading {
@@ -301,7 +356,7 @@ mod tests {
                     workload: Some(job_id.clone()),
                     slo_class: None,
                 }),
-                Owner::Pod { .. } => None,
+                _ => None,
             },
         )
         .into_iter()
@@ -381,6 +436,40 @@ mod tests {
             ],
         );
         assert!(got.iter().all(|g| g.3.is_none()));
+        // Utilisation reported against the MPS server belongs to clients it does not name.
+        let mps = |pid| {
+            if pid == 999 {
+                Some(Owner::MpsServer)
+            } else {
+                Some(Owner::SlurmJob {
+                    job_id: if pid < 100 { "1" } else { "2" }.into(),
+                })
+            }
+        };
+        let named = |o: &Owner| match o {
+            Owner::SlurmJob { job_id } => Some(Attribution {
+                tenant: Some(format!("acct{job_id}")),
+                ..Attribution::default()
+            }),
+            _ => None,
+        };
+        let with_server = |server_util| {
+            shares(
+                &[whole_gpu(Some(0.5))],
+                &[
+                    process(10, Some(1), Some(0.1)),
+                    process(150, Some(1), Some(0.1)),
+                    process(999, Some(1), Some(server_util)),
+                ],
+                mps,
+                named,
+            )
+        };
+        assert!(with_server(0.3).iter().all(|s| s.sm_active.is_none()));
+        let idle_server = with_server(0.0);
+        assert_eq!(idle_server[0].attribution.tenant, None, "the server itself");
+        assert_eq!(idle_server[0].sm_active, Some(0.0));
+        assert!((idle_server[1].sm_active.unwrap() - 0.25).abs() < 1e-12);
         // A process on an instance not read this second is no share of anything.
         let mut elsewhere = process(10, Some(1), Some(0.5));
         elsewhere.gpu_uuid = "GPU-2".into();

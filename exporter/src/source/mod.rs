@@ -49,7 +49,8 @@ pub struct ProcessReading {
     pub gpu_uuid: String,
     /// The MIG GPU instance it runs in; `None` on a whole GPU.
     pub gpu_instance_id: Option<u32>,
-    /// Process id in the host's PID namespace (NVML reports host PIDs).
+    /// Process id in the exporter's PID namespace: the driver translates PIDs and leaves out
+    /// processes outside it, so a containerised exporter needs the host's (`hostPID`).
     pub pid: u32,
     /// Framebuffer bytes the process holds; `None` where the driver cannot tell.
     pub used_memory_bytes: Option<u64>,

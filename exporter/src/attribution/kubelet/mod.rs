@@ -104,16 +104,19 @@ pub struct Holder {
     pub pod: String,
 }
 
-/// Whether a device-plugin resource is an NVIDIA GPU or MIG resource (`nvidia.com/gpu`,
-/// `nvidia.com/mig-1g.10gb`, `nvidia.com/gpu.shared`): other plugins' ids (a NIC's `0`) must not
-/// be read as GPU indices.
+/// Whether a device-plugin resource is an NVIDIA GPU or MIG resource: `nvidia.com/gpu`, its
+/// renames `nvidia.com/gpu.<name>` (`gpu.shared` for time-slicing), and `nvidia.com/mig-<profile>`.
+/// Other plugins' ids must not be read as GPU indices: the Network Operator's RDMA devices
+/// (`nvidia.com/rdma_shared_device_a`) are numbered `0`, `1`, … too.
 pub fn is_gpu_resource(resource_name: &str) -> bool {
-    resource_name.starts_with("nvidia.com/")
+    resource_name == "nvidia.com/gpu"
+        || resource_name.starts_with("nvidia.com/gpu.")
+        || resource_name.starts_with("nvidia.com/mig-")
 }
 
-/// Whether a DRA driver is NVIDIA's (`gpu.nvidia.com`).
+/// Whether a DRA driver is NVIDIA's GPU driver (not, say, `compute-domain.nvidia.com`).
 fn is_gpu_driver(driver_name: &str) -> bool {
-    driver_name.ends_with("nvidia.com")
+    driver_name == "gpu.nvidia.com"
 }
 
 /// Builds the device → holders table from a `List` answer.
@@ -240,8 +243,11 @@ impl PollError {
 pub struct Polled {
     /// `List`.
     pub pods: proto::ListPodResourcesResponse,
-    /// `GetAllocatableResources`; `None` from a kubelet that does not serve it (before 1.23).
+    /// `GetAllocatableResources`; `None` when the kubelet did not answer it (before 1.23, the
+    /// feature gate off, or a failure): the allocations from `List` stand regardless.
     pub allocatable: Option<proto::AllocatableResourcesResponse>,
+    /// The kubelet's rate limiter refused `GetAllocatableResources`: back off.
+    pub throttled: bool,
 }
 
 /// Asks the kubelet at `socket` for its pods' devices (`List`) and its allocatable devices
@@ -277,15 +283,20 @@ pub async fn poll(socket: PathBuf) -> Result<Polled, PollError> {
         .await
         .map_err(|s| PollError::of("List", &s))?
         .into_inner();
-    let allocatable = match client
+    // Kubelets 1.21–1.22 with the feature gate off answer `Unknown` ("disabled"), older ones
+    // `Unimplemented`: no allocatable view, but the List answer is good.
+    let (allocatable, throttled) = match client
         .get_allocatable_resources(proto::AllocatableResourcesRequest {})
         .await
     {
-        Ok(r) => Some(r.into_inner()),
-        Err(s) if s.code() == tonic::Code::Unimplemented => None,
-        Err(s) => return Err(PollError::of("GetAllocatableResources", &s)),
+        Ok(r) => (Some(r.into_inner()), false),
+        Err(s) => (None, s.code() == tonic::Code::ResourceExhausted),
     };
-    Ok(Polled { pods, allocatable })
+    Ok(Polled {
+        pods,
+        allocatable,
+        throttled,
+    })
 }
 
 impl KubeletAttributor {
@@ -303,6 +314,9 @@ impl KubeletAttributor {
                 let mut wait = interval;
                 match poll(socket.clone()).await {
                     Ok(polled) => {
+                        if polled.throttled {
+                            wait = interval * 4; // the kubelet's rate limiter: back off
+                        }
                         let table = device_table(&polled.pods);
                         if failing {
                             tracing::info!("The kubelet answers again.");
@@ -600,6 +614,7 @@ mod tests {
                     devices: vec![
                         devices("nvidia.com/gpu", &["1"]),
                         // An RDMA NIC's device "0" is not GPU 0.
+                        devices("nvidia.com/rdma_shared_device_a", &["0"]),
                         devices("rdma/hca_shared_devices_a", &["0"]),
                     ],
                     ..Default::default()
@@ -613,6 +628,7 @@ mod tests {
             devices: vec![
                 devices("nvidia.com/gpu", &["GPU-a::0", "GPU-a::1", "GPU-b::0"]),
                 devices("nvidia.com/mig-1g.10gb", &["MIG-c"]),
+                devices("nvidia.com/gpu.shared", &["GPU-d::0"]),
                 devices("amd.com/gpu", &["0"]),
             ],
             ..Default::default()
@@ -623,6 +639,7 @@ mod tests {
                 (DeviceKey::Uuid("GPU-a".into()), 2),
                 (DeviceKey::Uuid("GPU-b".into()), 1),
                 (DeviceKey::Uuid("MIG-c".into()), 1),
+                (DeviceKey::Uuid("GPU-d".into()), 1),
             ])
         );
     }

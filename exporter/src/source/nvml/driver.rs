@@ -208,6 +208,18 @@ pub fn profile_from_mig_name(name: &str) -> Option<&str> {
     gpuledger_schema::mig::compute_slices_of(profile).map(|_| profile)
 }
 
+/// Runs a list call again when the list grew between nvml-wrapper's count and fill calls (a
+/// process started, a sample was taken): `InsufficientSize` then means "ask again", not failure.
+fn retry_on_growth<T>(mut call: impl FnMut() -> Result<T, NvmlError>) -> Result<T, NvmlError> {
+    for _ in 0..2 {
+        match call() {
+            Err(NvmlError::InsufficientSize(_)) => continue,
+            other => return other,
+        }
+    }
+    call()
+}
+
 impl Driver for NvmlDriver {
     fn devices(&mut self) -> Result<Vec<DeviceInfo>, DriverError> {
         let count = self.nvml.device_count()?;
@@ -336,12 +348,13 @@ impl Driver for NvmlDriver {
         let mut by_pid: std::collections::BTreeMap<u32, Process> = Default::default();
         // Under MPS the compute list shows the MPS server and the MPS list its clients; a PID
         // in both is one process.
-        let mps = match d.mps_running_compute_processes() {
+        let mps = match retry_on_growth(|| d.mps_running_compute_processes()) {
             Ok(p) => p,
             Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => Vec::new(),
             Err(e) => return Err(e.into()),
         };
-        for p in d.running_compute_processes()?.into_iter().chain(mps) {
+        let compute = retry_on_growth(|| d.running_compute_processes())?;
+        for p in compute.into_iter().chain(mps) {
             let used_memory = match p.used_gpu_memory {
                 nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
                 nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
@@ -367,7 +380,7 @@ impl Driver for NvmlDriver {
             .process_seen
             .get(&gpu)
             .map_or(a_second_ago, |seen| (*seen).max(a_second_ago));
-        let samples = match d.process_utilization_stats(since) {
+        let samples = match retry_on_growth(|| d.process_utilization_stats(since)) {
             Ok(s) => s,
             // No process ran a kernel since `since`.
             Err(NvmlError::NotFound) => Vec::new(),
