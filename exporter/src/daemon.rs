@@ -464,6 +464,7 @@ mod tests {
                         placement_size: None,
                     },
                     mig_uuid: None,
+                    gpu_index: None,
                     attribution: Attribution::default(),
                     counters: Counters {
                         sm_active: Some(0.5),

@@ -525,6 +525,7 @@ mod tests {
                 placement_size: Some(1),
             },
             mig_uuid: None,
+            gpu_index: None,
             attribution: Attribution {
                 tenant: tenant.map(Into::into),
                 workload: None,

@@ -40,13 +40,15 @@ pub trait Attributor: Send {
     }
 }
 
-/// NVML index of each GPU in `readings`: sources list GPUs in NVML enumeration order, so the
-/// index is the position of a GPU's first reading.
+/// NVML index of each GPU in `readings`: the index the source gives, else the GPU's position
+/// (sources list GPUs in NVML enumeration order).
 pub fn gpu_indices(readings: &[Reading]) -> std::collections::HashMap<String, u32> {
     let mut indices = std::collections::HashMap::new();
     for r in readings {
         let next = indices.len() as u32;
-        indices.entry(r.instance.gpu_uuid.clone()).or_insert(next);
+        indices
+            .entry(r.instance.gpu_uuid.clone())
+            .or_insert(r.gpu_index.unwrap_or(next));
     }
     indices
 }

@@ -319,6 +319,7 @@ mod tests {
                 placement_size: None,
             },
             mig_uuid: None,
+            gpu_index: None,
             attribution: Attribution::default(),
             counters: Counters {
                 sm_active,

@@ -227,6 +227,7 @@ mod tests {
                 placement_size: None,
             },
             mig_uuid: mig.map(Into::into),
+            gpu_index: None,
             attribution: Attribution::default(),
             counters: Counters::default(),
         }

@@ -172,6 +172,7 @@ mod tests {
                 placement_size: None,
             },
             mig_uuid: mig_uuid.map(Into::into),
+            gpu_index: None,
             attribution: Attribution::default(),
             counters: Counters::default(),
         }

@@ -22,6 +22,10 @@ pub struct Reading {
     pub instance: Instance,
     /// The MIG device UUID (`MIG-…`), when the source knows it; attribution maps key on it.
     pub mig_uuid: Option<String>,
+    /// The GPU's NVML index, when the source knows it (NVML). Schedulers name devices by index
+    /// (GKE `nvidia0`, Slurm `SLURM_JOB_GPUS`); without it the index is the GPU's position
+    /// among the second's readings, which a GPU with no readings that second would shift.
+    pub gpu_index: Option<u32>,
     /// Who holds it, as far as the source knows (sim and replay know; NVML does not).
     pub attribution: Attribution,
     /// Its counters.

@@ -59,6 +59,7 @@ fn reading(s: Sample) -> Reading {
     Reading {
         instance: s.instance,
         mig_uuid: None,
+        gpu_index: None,
         attribution: s.attribution,
         counters: s.counters,
     }

@@ -576,6 +576,7 @@ mod tests {
                 placement_size: None,
             },
             mig_uuid: None,
+            gpu_index: None,
             attribution: Attribution::default(),
             counters: Counters::default(),
         }];

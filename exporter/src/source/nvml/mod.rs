@@ -182,6 +182,7 @@ impl<D: Driver> Source for NvmlSource<D> {
                             ..base.clone()
                         },
                         mig_uuid: Some(m.uuid),
+                        gpu_index: Some(device.index),
                         attribution: Attribution::default(),
                         counters: counters(fb, act),
                     });
@@ -201,6 +202,7 @@ impl<D: Driver> Source for NvmlSource<D> {
                 second.readings.push(Reading {
                     instance: base,
                     mig_uuid: None,
+                    gpu_index: Some(device.index),
                     attribution: Attribution::default(),
                     counters: counters(fb, act),
                 });
@@ -470,6 +472,19 @@ mod tests {
         );
         let mut off = source(None, &["processes"]);
         assert!(off.collect(2).unwrap().unwrap().processes.is_empty());
+    }
+
+    /// Regression: GPU indices were positions among the second's readings, so a MIG GPU whose
+    /// instances could not be listed shifted every later GPU's index, and devices that schedulers
+    /// name by index (GKE `nvidia2`, Slurm `SLURM_JOB_GPUS=2`) were charged to the wrong GPU.
+    #[test]
+    fn a_gpu_without_readings_does_not_shift_the_indices_of_later_gpus() {
+        let mut s = source(None, &["mig"]);
+        let second = s.collect(2).unwrap().unwrap();
+        let indices = crate::attribution::gpu_indices(&second.readings);
+        assert_eq!(indices.get("GPU-h100-mig"), None);
+        assert_eq!(indices["GPU-a100"], 1);
+        assert_eq!(indices["GPU-h100-whole"], 2);
     }
 
     #[test]

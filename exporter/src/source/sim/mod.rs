@@ -351,6 +351,7 @@ impl Simulator {
                 second.readings.push(Reading {
                     instance: inst.instance.clone(),
                     mig_uuid: inst.mig_uuid.clone(),
+                    gpu_index: None,
                     attribution,
                     counters,
                 });
