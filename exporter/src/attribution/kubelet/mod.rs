@@ -1,9 +1,12 @@
 //! Kubernetes: who holds each device, from the kubelet's pod-resources gRPC API v1 (`List`) over
-//! its unix socket (default `/var/lib/kubelet/pod-resources/kubelet.sock`).
+//! its unix socket (default `/var/lib/kubelet/pod-resources/kubelet.sock`), and which devices it
+//! can hand out (`GetAllocatableResources`).
 //!
-//! A background task polls `List` every `poll_interval` (5 s by default: far inside the
+//! A background task polls both every `poll_interval` (5 s by default: far inside the
 //! endpoint's rate limit, and it backs off on `ResourceExhausted`) and publishes a device → pod
-//! table; the sampler applies the latest table each second. Each poll opens a fresh connection,
+//! table; the sampler applies the latest table each second. Devices assigned or allocatable that
+//! match no instance on the node are logged once and counted ([`DeviceCounts`]). Only NVIDIA GPU
+//! resources are read ([`is_gpu_resource`]). Each poll opens a fresh connection,
 //! so a kubelet restart (which recreates the socket) heals by itself; an absent socket or a failed
 //! poll is logged once per failure streak, keeps the last good table, and shows as
 //! `gpuledger_exporter_collector_success{collector="attribution_kubelet"} 0`.
