@@ -334,11 +334,14 @@ impl KubeletAttributor {
                         }
                         s.first_seen = first_seen;
                         s.table = table;
-                        s.allocatable = polled
-                            .allocatable
-                            .as_ref()
-                            .map(allocatable_table)
-                            .unwrap_or_default();
+                        // A throttled GetAllocatableResources keeps the last answer.
+                        if !polled.throttled {
+                            s.allocatable = polled
+                                .allocatable
+                                .as_ref()
+                                .map(allocatable_table)
+                                .unwrap_or_default();
+                        }
                         s.error = None;
                     }
                     Err(e) => {
