@@ -60,13 +60,14 @@ fn fixture_metrics() -> std::sync::Arc<Metrics> {
     let _ = metrics.exporter.ship_failures.get_or_create(&ReasonLabels {
         reason: "unreachable",
     });
-    metrics
-        .exporter
-        .record_devices(&gpuledger_exporter::attribution::kubelet::DeviceCounts {
+    metrics.exporter.record_devices(
+        "kubelet",
+        &gpuledger_exporter::attribution::DeviceCounts {
             assigned: 3,
-            allocatable: 8,
+            allocatable: Some(8),
             unmatched: 1,
-        });
+        },
+    );
     metrics
 }
 

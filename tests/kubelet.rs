@@ -276,7 +276,9 @@ async fn every_device_id_form_is_attributed_to_its_pod() {
         ("allocatable", mig0_count + 4 + 1),
         ("unmatched", 1),
     ] {
-        let series = format!("gpuledger_exporter_kubelet_devices{{state=\"{state}\"}} {n}\n");
+        let series = format!(
+            "gpuledger_exporter_attribution_devices{{attributor=\"kubelet\",state=\"{state}\"}} {n}\n"
+        );
         assert!(text.contains(&series), "no {series} in\n{text}");
     }
 

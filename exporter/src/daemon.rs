@@ -268,7 +268,7 @@ impl Sampler {
                 });
                 a.apply(&mut second.readings);
                 if let Some(counts) = a.device_counts() {
-                    self.metrics.exporter.record_devices(&counts);
+                    self.metrics.exporter.record_devices(a.name(), &counts);
                 }
             }
             let shares = shares::shares(

@@ -363,14 +363,17 @@ pub struct ExporterMetrics {
     pub spool_batches: Gauge,
     /// Bytes waiting in the spool.
     pub spool_bytes: Gauge,
-    /// Devices the kubelet knows, by state (`assigned`, `allocatable`, `unmatched`).
-    pub kubelet_devices: Family<StateLabels, Gauge>,
+    /// Devices the attributors' schedulers name, by attributor and state (`assigned`,
+    /// `allocatable`, `unmatched`).
+    pub attribution_devices: Family<DeviceLabels, Gauge>,
 }
 
-/// Labels naming a bounded state.
+/// Labels of an attributor's device count.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabels {
-    /// One of a fixed set of states.
+pub struct DeviceLabels {
+    /// The attributor (`kubelet`, `slurm`).
+    pub attributor: &'static str,
+    /// One of `assigned`, `allocatable`, `unmatched`.
     pub state: &'static str,
 }
 
@@ -396,7 +399,7 @@ impl ExporterMetrics {
             ship_failures: Family::default(),
             spool_batches: Gauge::default(),
             spool_bytes: Gauge::default(),
-            kubelet_devices: Family::default(),
+            attribution_devices: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -446,20 +449,26 @@ impl ExporterMetrics {
             Unit::Bytes,
             m.spool_bytes.clone(),
         );
-        r.register("gpuledger_exporter_kubelet_devices", "GPU devices the kubelet knows: assigned to pods (List), allocatable (GetAllocatableResources), or unmatched (assigned or allocatable, but no instance on this node has that id: a device-plugin MIG strategy or id form gpuledger does not map)", m.kubelet_devices.clone());
+        r.register("gpuledger_exporter_attribution_devices", "GPU devices an attributor's scheduler names: assigned to workloads, allocatable (kubelet GetAllocatableResources), or unmatched (no instance on this node has that id, so its holder is not charged)", m.attribution_devices.clone());
         ExporterMetrics { registry: r, ..m }
     }
 
     /// Records an attributor's device counts.
-    pub fn record_devices(&self, counts: &crate::attribution::kubelet::DeviceCounts) {
+    pub fn record_devices(
+        &self,
+        attributor: &'static str,
+        counts: &crate::attribution::DeviceCounts,
+    ) {
         for (state, n) in [
-            ("assigned", counts.assigned),
+            ("assigned", Some(counts.assigned)),
             ("allocatable", counts.allocatable),
-            ("unmatched", counts.unmatched),
+            ("unmatched", Some(counts.unmatched)),
         ] {
-            self.kubelet_devices
-                .get_or_create(&StateLabels { state })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+            if let Some(n) = n {
+                self.attribution_devices
+                    .get_or_create(&DeviceLabels { attributor, state })
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
         }
     }
 

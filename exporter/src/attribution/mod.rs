@@ -20,6 +20,19 @@ pub use static_map::{MapError, StaticMap};
 
 use crate::source::Reading;
 
+/// How many devices an attributor's scheduler names, as of its last `apply`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounts {
+    /// Devices assigned to workloads.
+    pub assigned: u64,
+    /// Devices the scheduler can hand out, where it says (the kubelet's
+    /// `GetAllocatableResources`; 0 from a kubelet without it).
+    pub allocatable: Option<u64>,
+    /// Assigned or allocatable devices that match no instance on this node: their holders are
+    /// not charged.
+    pub unmatched: u64,
+}
+
 /// A way of telling who holds an instance.
 pub trait Attributor: Send {
     /// Short name for metrics and logs (`static`, `slurm`).
@@ -30,7 +43,7 @@ pub trait Attributor: Send {
     fn apply(&self, readings: &mut [Reading]);
     /// How many devices the attributor's scheduler knows, for `/metrics`; `None` when it does
     /// not count them.
-    fn device_counts(&self) -> Option<kubelet::DeviceCounts> {
+    fn device_counts(&self) -> Option<DeviceCounts> {
         None
     }
     /// Names the owner of a process ([`shares`]): `None` when this attributor does not know it.

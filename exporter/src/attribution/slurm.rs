@@ -84,6 +84,9 @@ pub struct SlurmJobMap {
     qos_classes: HashMap<String, SloClass>,
     jobs: HashMap<String, Job>,
     bad_files_logged: std::collections::HashSet<PathBuf>,
+    /// Device files naming no instance here, as of the last `apply`, and those already logged.
+    unmatched: std::sync::Mutex<(u64, std::collections::HashSet<String>)>,
+    assigned: std::sync::atomic::AtomicU64,
 }
 
 impl SlurmJobMap {
@@ -99,6 +102,8 @@ impl SlurmJobMap {
             qos_classes,
             jobs: HashMap::new(),
             bad_files_logged: Default::default(),
+            unmatched: Default::default(),
+            assigned: Default::default(),
         }
     }
 
@@ -184,29 +189,48 @@ impl Attributor for SlurmJobMap {
     }
 
     fn apply(&self, readings: &mut [Reading]) {
-        if self.jobs.is_empty() {
-            return;
-        }
-        // NVML indices are not in the reading; a whole GPU is matched by UUID, or by its index in
-        // the order the source lists GPUs (the order NVML enumerates them).
+        // A whole GPU is matched by UUID or NVML index, a MIG slice by its MIG UUID.
         let gpu_index = super::gpu_indices(readings);
+        let mut matched: std::collections::HashSet<&str> = std::collections::HashSet::new();
         for r in readings.iter_mut() {
-            let job = r
-                .mig_uuid
-                .as_ref()
-                .and_then(|u| self.jobs.get(u))
-                .or_else(|| {
-                    if r.instance.mig_profile.is_some() {
-                        return None;
-                    }
-                    self.jobs
-                        .get(&r.instance.gpu_uuid)
-                        .or_else(|| self.jobs.get(&gpu_index[&r.instance.gpu_uuid].to_string()))
-                });
-            if let Some(a) = job.and_then(|j| self.attribution(j)) {
+            let index = gpu_index[&r.instance.gpu_uuid].to_string();
+            let names: Vec<&str> = match (&r.mig_uuid, &r.instance.mig_profile) {
+                (Some(mig), Some(_)) => vec![mig.as_str()],
+                (_, Some(_)) => vec![],
+                (_, None) => vec![r.instance.gpu_uuid.as_str(), index.as_str()],
+            };
+            let Some((name, job)) = names.iter().find_map(|n| self.jobs.get_key_value(*n)) else {
+                continue;
+            };
+            matched.insert(name.as_str());
+            if let Some(a) = self.attribution(job) {
                 r.attribution = a;
             }
         }
+        // `job-<id>` records name processes, not devices.
+        let devices: Vec<&String> = self
+            .jobs
+            .keys()
+            .filter(|n| !n.starts_with("job-"))
+            .collect();
+        let mut unmatched = self.unmatched.lock().unwrap_or_else(|e| e.into_inner());
+        unmatched.0 = 0;
+        for name in devices.iter().filter(|n| !matched.contains(n.as_str())) {
+            unmatched.0 += 1;
+            if unmatched.1.insert((*name).clone()) {
+                tracing::warn!(device = %name, job = %self.jobs[*name].job_id, "A Slurm job map file names a device that matches no GPU or MIG instance on this node; the job is not charged for it. A MIG slice must be named by its MIG UUID (CUDA_VISIBLE_DEVICES), not by an index.");
+            }
+        }
+        self.assigned
+            .store(devices.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn device_counts(&self) -> Option<super::DeviceCounts> {
+        Some(super::DeviceCounts {
+            assigned: self.assigned.load(std::sync::atomic::Ordering::Relaxed),
+            allocatable: None,
+            unmatched: self.unmatched.lock().unwrap_or_else(|e| e.into_inner()).0,
+        })
     }
 }
 
@@ -276,12 +300,50 @@ mod tests {
             "index 2 is the third GPU listed"
         );
         assert_eq!(rs[3].attribution.tenant, None);
+        assert_eq!(
+            map.device_counts(),
+            Some(crate::attribution::DeviceCounts {
+                assigned: 3,
+                allocatable: None,
+                unmatched: 0
+            })
+        );
 
         let mut by_user = SlurmJobMap::new(dir.path(), TenantField::User, HashMap::new());
         by_user.refresh().unwrap();
         let mut rs = vec![reading("GPU-zzz", Some("MIG-aaa"))];
         by_user.apply(&mut rs);
         assert_eq!(rs[0].attribution.tenant.as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn device_files_that_match_nothing_here_are_counted_and_job_records_are_not_devices() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, job) in [("MIG-gone", 1), ("0", 2), ("job-2", 2), ("GPU-bbb", 3)] {
+            std::fs::write(
+                dir.path().join(name),
+                format!("job_id={job}\naccount=physics\n"),
+            )
+            .unwrap();
+        }
+        let mut map = SlurmJobMap::new(dir.path(), TenantField::Account, HashMap::new());
+        map.refresh().unwrap();
+        // GPU 0 is in MIG mode: an index names no slice of it.
+        let mut rs = vec![
+            reading("GPU-zzz", Some("MIG-aaa")),
+            reading("GPU-bbb", None),
+        ];
+        map.apply(&mut rs);
+        assert_eq!(rs[0].attribution.tenant, None);
+        assert_eq!(rs[1].attribution.workload.as_deref(), Some("3"));
+        assert_eq!(
+            map.device_counts(),
+            Some(crate::attribution::DeviceCounts {
+                assigned: 3,
+                allocatable: None,
+                unmatched: 2
+            })
+        );
     }
 
     #[test]

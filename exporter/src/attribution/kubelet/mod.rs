@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use gpuledger_schema::{Attribution, SloClass};
 
-use super::Attributor;
+use super::{Attributor, DeviceCounts};
 use crate::source::Reading;
 
 /// Code generated from the vendored pod-resources proto.
@@ -173,17 +173,6 @@ pub fn allocatable_table(
         }
     }
     table
-}
-
-/// How many devices the kubelet knows, as of the last `apply`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeviceCounts {
-    /// Devices assigned to pods (`List`).
-    pub assigned: u64,
-    /// Devices the kubelet can allocate (`GetAllocatableResources`); 0 from a kubelet without it.
-    pub allocatable: u64,
-    /// Assigned or allocatable devices that match no instance on this node.
-    pub unmatched: u64,
 }
 
 /// Kubelet attribution settings.
@@ -517,7 +506,7 @@ impl Attributor for KubeletAttributor {
         unmatched.dedup();
         *self.counts.lock().unwrap_or_else(|e| e.into_inner()) = DeviceCounts {
             assigned: state.table.len() as u64,
-            allocatable: state.allocatable.len() as u64,
+            allocatable: Some(state.allocatable.len() as u64),
             unmatched: unmatched.len() as u64,
         };
         let mut u = self.unmatched.lock().unwrap_or_else(|e| e.into_inner());
@@ -599,7 +588,7 @@ mod tests {
             a.device_counts(),
             Some(DeviceCounts {
                 assigned: 2,
-                allocatable: 2,
+                allocatable: Some(2),
                 unmatched: 2
             })
         );
