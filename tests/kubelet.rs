@@ -508,6 +508,8 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
         pod_resources: vec![
             pod("ml", "train-0", &[&format!("{shared}::0")], vec![]),
             pod("serving", "api-0", &[&format!("{shared}::1")], vec![]),
+            // Holds a replica and runs nothing: the idle holder to catch.
+            pod("ml", "notebook-0", &[&format!("{shared}::2")], vec![]),
         ],
     };
     let dir = tempfile::tempdir().unwrap();
@@ -521,6 +523,7 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
     let pods = Arc::new(Mutex::new(serde_json::json!({"kind": "PodList", "items": [
         with_uid("ml", "train-0", TRAIN, serde_json::json!({"gpuledger.io/tenant": "vision"})),
         with_uid("serving", "api-0", API, serde_json::json!({})),
+        with_uid("ml", "notebook-0", "0a1b2c3d-0000-4000-8000-00000000000c", serde_json::json!({})),
     ]})));
     let port = fake_apiserver(pods, Arc::new(Mutex::new(Vec::new()))).await;
     let token = dir.path().join("token");
@@ -596,6 +599,7 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
     let got = shares(
         &readings,
         &processes,
+        &attributor.holders(&readings),
         |pid| procfs.owner(pid),
         |o| attributor.owner_attribution(o),
     );
@@ -616,12 +620,14 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
             (None, None, 1, Some(1 << 30)),
             (Some("serving"), Some("serving/api-0"), 1, Some(20 << 30)),
             (Some("vision"), Some("ml/train-0"), 2, Some(16 << 30)),
+            // The ledger charges the device to one pod; every other holder shows here.
+            (Some("ml"), Some("ml/notebook-0"), 0, Some(0)),
         ]
     );
     let sm: Vec<f64> = got.iter().map(|s| s.sm_active.unwrap()).collect();
     let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
     assert!(
-        close(sm[0], 0.0) && close(sm[1], 0.2) && close(sm[2], 0.4),
+        close(sm[0], 0.0) && close(sm[1], 0.2) && close(sm[2], 0.4) && sm[3] == 0.0,
         "{sm:?}"
     );
     assert!(

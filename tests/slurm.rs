@@ -265,6 +265,7 @@ fn jobs_sharing_a_gpu_are_split_per_process_and_named_by_account() {
     let got = shares(
         &readings,
         &[process(11, 3 << 30, 0.75), process(12, 1 << 30, 0.25)],
+        &map.holders(&readings),
         |pid| procfs.owner(pid),
         |o| map.owner_attribution(o),
     );

@@ -46,6 +46,13 @@ pub trait Attributor: Send {
     fn device_counts(&self) -> Option<DeviceCounts> {
         None
     }
+    /// Every live workload holding each reading's device, index-aligned with `readings` (empty
+    /// when this attributor does not say): several pods on one time-sliced device all hold it,
+    /// though the ledger charges one ([`shares`] gives the others their zero).
+    fn holders(&self, readings: &[Reading]) -> Vec<Vec<gpuledger_schema::Attribution>> {
+        let _ = readings;
+        Vec::new()
+    }
     /// Names the owner of a process ([`shares`]): `None` when this attributor does not know it.
     fn owner_attribution(&self, owner: &shares::Owner) -> Option<gpuledger_schema::Attribution> {
         let _ = owner;

@@ -22,6 +22,8 @@
 //!   **not attributable** and left absent: never guessed.
 //! - A process whose owner cannot be named (exited, not in a pod or job, a pod UID unknown
 //!   without API-server access) is counted in a share with no tenant: unattributed, not dropped.
+//! - On a device the scheduler gave to several workloads ([`super::Attributor::holders`]), each
+//!   holder without a process has a share of exactly zero: the idle replica holders show.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -131,11 +133,14 @@ struct Acc {
     sm_util: Option<f64>,
 }
 
-/// Groups the second's processes into shares per instance and owner. `owner_of` reads a PID's
-/// owner; `name` turns an owner into an attribution.
+/// Groups the second's processes into shares per instance and owner. `holders[i]` are the
+/// workloads the scheduler gave reading `i` to (empty, or a short slice, where unknown): on a
+/// device several of them hold, each holder without a process gets a share of exactly zero, so
+/// the idle ones show. `owner_of` reads a PID's owner; `name` turns an owner into an attribution.
 pub fn shares(
     readings: &[Reading],
     processes: &[ProcessReading],
+    holders: &[Vec<Attribution>],
     owner_of: impl Fn(u32) -> Option<Owner>,
     name: impl Fn(&Owner) -> Option<Attribution>,
 ) -> Vec<Share> {
@@ -180,11 +185,22 @@ pub fn shares(
         *known &= p.sm_util.is_some() && !mps_busy;
     }
     let mut out = Vec::new();
-    for (key, owners) in groups {
-        let reading = by_key[&key];
+    for (i, reading) in readings.iter().enumerate() {
+        let key = (
+            reading.instance.gpu_uuid.as_str(),
+            reading.instance.gpu_instance_id,
+        );
+        let idle_holders: Vec<&Attribution> = match holders.get(i) {
+            Some(h) if h.len() > 1 => h
+                .iter()
+                .filter(|a| groups.get(&key).is_none_or(|g| !g.contains_key(*a)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let owners = groups.remove(&key).unwrap_or_default();
         let active = reading.counters.sm_active;
         let total: f64 = owners.values().filter_map(|a| a.sm_util).sum();
-        let split_known = per_util_known[&key];
+        let split_known = per_util_known.get(&key).copied().unwrap_or(true);
         let single = owners.len() == 1;
         for (attribution, acc) in owners {
             let sm_active = match active {
@@ -201,6 +217,16 @@ pub fn shares(
                 processes: acc.processes,
                 memory_used_bytes: acc.memory.filter(|_| acc.memory_known),
                 sm_active,
+            });
+        }
+        // A holder with no process used nothing: exactly zero, not unknown.
+        for attribution in idle_holders {
+            out.push(Share {
+                instance: reading.instance.clone(),
+                attribution: attribution.clone(),
+                processes: 0,
+                memory_used_bytes: Some(0),
+                sm_active: active.map(|_| 0.0),
             });
         }
     }
@@ -279,6 +305,51 @@ mod tests {
     }
 
     #[test]
+    fn holders_of_a_shared_device_without_a_process_get_a_share_of_zero() {
+        let holder = |w: &str| Attribution {
+            tenant: Some("acct1".into()),
+            workload: Some(w.into()),
+            slo_class: None,
+        };
+        // Job 1 runs on the GPU; "idle" holds a replica of it and runs nothing.
+        let got = shares(
+            &[whole_gpu(Some(0.5))],
+            &[process(10, Some(1 << 30), None)],
+            &[vec![holder("1"), holder("idle")]],
+            |_| Some(Owner::SlurmJob { job_id: "1".into() }),
+            |_| Some(holder("1")),
+        );
+        let view: Vec<(&str, u32, Option<u64>, Option<f64>)> = got
+            .iter()
+            .map(|s| {
+                (
+                    s.attribution.workload.as_deref().unwrap(),
+                    s.processes,
+                    s.memory_used_bytes,
+                    s.sm_active,
+                )
+            })
+            .collect();
+        // The one owner with processes has all the activity; the idle holder exactly none.
+        assert_eq!(
+            view,
+            [
+                ("1", 1, Some(1 << 30), Some(0.5)),
+                ("idle", 0, Some(0), Some(0.0))
+            ]
+        );
+        // A device with one holder needs no zero share: the instance series already shows it.
+        let got = shares(
+            &[whole_gpu(Some(0.0))],
+            &[],
+            &[vec![holder("idle")]],
+            |_| None,
+            |_| None,
+        );
+        assert!(got.is_empty());
+    }
+
+    #[test]
     fn the_mps_server_is_told_apart_by_name() {
         let dir = tempfile::tempdir().unwrap();
         for (pid, comm, cgroup) in [
@@ -346,6 +417,7 @@ mod tests {
         shares(
             readings,
             processes,
+            &[],
             |pid| {
                 (pid < 200).then(|| Owner::SlurmJob {
                     job_id: if pid < 100 { "1" } else { "2" }.into(),
@@ -462,6 +534,7 @@ mod tests {
                     process(150, Some(1), Some(0.1)),
                     process(999, Some(1), Some(server_util)),
                 ],
+                &[],
                 mps,
                 named,
             )

@@ -175,6 +175,22 @@ pub fn allocatable_table(
     table
 }
 
+/// Every name the kubelet may give a reading's device: its UUIDs, and its NVML index (a whole
+/// GPU) or GPU index and GPU instance id (a MIG slice).
+fn device_keys(r: &Reading, index: u32) -> Vec<DeviceKey> {
+    match (&r.mig_uuid, r.instance.gpu_instance_id) {
+        (mig, Some(gi)) => mig
+            .iter()
+            .map(|u| DeviceKey::Uuid(u.clone()))
+            .chain([DeviceKey::Instance(index, gi)])
+            .collect(),
+        (_, None) => vec![
+            DeviceKey::Uuid(r.instance.gpu_uuid.clone()),
+            DeviceKey::Index(index),
+        ],
+    }
+}
+
 /// Kubelet attribution settings.
 #[derive(Debug, Clone)]
 pub struct KubeletConfig {
@@ -470,18 +486,7 @@ impl Attributor for KubeletAttributor {
         // Every name an instance of this node goes by.
         let mut local: std::collections::HashSet<DeviceKey> = std::collections::HashSet::new();
         for r in readings.iter_mut() {
-            let index = gpu_index[&r.instance.gpu_uuid];
-            let keys: Vec<DeviceKey> = match (&r.mig_uuid, r.instance.gpu_instance_id) {
-                (mig, Some(gi)) => mig
-                    .iter()
-                    .map(|u| DeviceKey::Uuid(u.clone()))
-                    .chain([DeviceKey::Instance(index, gi)])
-                    .collect(),
-                (_, None) => vec![
-                    DeviceKey::Uuid(r.instance.gpu_uuid.clone()),
-                    DeviceKey::Index(index),
-                ],
-            };
+            let keys = device_keys(r, gpu_index[&r.instance.gpu_uuid]);
             let holders = keys.iter().find_map(|k| state.table.get(k));
             local.extend(keys);
             let Some(holders) = holders else { continue };
@@ -527,6 +532,33 @@ impl Attributor for KubeletAttributor {
 
     fn device_counts(&self) -> Option<DeviceCounts> {
         Some(*self.counts.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn holders(&self, readings: &[Reading]) -> Vec<Vec<Attribution>> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let api = self
+            .api
+            .as_ref()
+            .map(|a| a.read().unwrap_or_else(|e| e.into_inner()));
+        let snapshot = api.as_ref().and_then(|a| a.snapshot.as_ref());
+        let gpu_index = super::gpu_indices(readings);
+        readings
+            .iter()
+            .map(|r| {
+                let keys = device_keys(r, gpu_index[&r.instance.gpu_uuid]);
+                keys.iter()
+                    .find_map(|k| state.table.get(k))
+                    .into_iter()
+                    .flatten()
+                    .filter(|h| self.is_live(h, state.first_seen.get(*h), snapshot))
+                    .map(|h| {
+                        let meta = snapshot
+                            .and_then(|s| s.pods.get(&(h.namespace.clone(), h.pod.clone())));
+                        self.attribution(h, meta)
+                    })
+                    .collect()
+            })
+            .collect()
     }
 }
 
