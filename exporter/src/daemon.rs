@@ -271,12 +271,12 @@ impl Sampler {
                     self.metrics.exporter.record_devices(a.name(), &counts);
                 }
             }
-            // The first attributor that names a reading's holders speaks for it.
+            // As in `apply`, the last attributor that names a reading's holders speaks for it.
             let mut holders: Vec<Vec<gpuledger_schema::Attribution>> =
                 vec![Vec::new(); second.readings.len()];
             for a in &self.attributors {
                 for (slot, named) in holders.iter_mut().zip(a.holders(&second.readings)) {
-                    if slot.is_empty() {
+                    if !named.is_empty() {
                         *slot = named;
                     }
                 }

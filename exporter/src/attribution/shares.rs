@@ -23,9 +23,10 @@
 //! - A process whose owner cannot be named (exited, not in a pod or job, a pod UID unknown
 //!   without API-server access) is counted in a share with no tenant: unattributed, not dropped.
 //! - On a device the scheduler gave to several workloads ([`super::Attributor::holders`]), each
-//!   holder without a process has a share of exactly zero: the idle replica holders show.
+//!   holder without a process has a share of exactly zero: the idle replica holders show. Not
+//!   while a process on the device is unnamed: it may be that holder's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 
 use gpuledger_schema::{Attribution, Instance};
@@ -95,7 +96,7 @@ pub struct ProcFs {
 }
 
 impl ProcFs {
-    /// `/proc`, or where the host's is mounted in a container (`/host/proc`).
+    /// `/proc` of the exporter's PID namespace, which must be the host's (`hostPID`).
     pub fn new(root: impl Into<PathBuf>) -> ProcFs {
         ProcFs { root: root.into() }
     }
@@ -155,6 +156,9 @@ pub fn shares(
         .collect();
     let mut groups: BTreeMap<(&str, Option<u32>), BTreeMap<Attribution, Acc>> = BTreeMap::new();
     let mut per_util_known: HashMap<(&str, Option<u32>), bool> = HashMap::new();
+    // Instances with a process whose owner could not be named (the MPS server aside): a holder
+    // without a named process may own it, so it is not shown as idle.
+    let mut has_unnamed: HashSet<(&str, Option<u32>)> = HashSet::new();
     for p in processes {
         let key = (p.gpu_uuid.as_str(), p.gpu_instance_id);
         // A process on an instance not read this second has nothing to be a share of.
@@ -163,6 +167,9 @@ pub fn shares(
         }
         let owner = owner_of(p.pid);
         let attribution = owner.as_ref().and_then(&name).unwrap_or_default();
+        if attribution.tenant.is_none() && owner != Some(Owner::MpsServer) {
+            has_unnamed.insert(key);
+        }
         let acc = groups
             .entry(key)
             .or_default()
@@ -191,7 +198,7 @@ pub fn shares(
             reading.instance.gpu_instance_id,
         );
         let idle_holders: Vec<&Attribution> = match holders.get(i) {
-            Some(h) if h.len() > 1 => h
+            Some(h) if h.len() > 1 && !has_unnamed.contains(&key) => h
                 .iter()
                 .filter(|a| groups.get(&key).is_none_or(|g| !g.contains_key(*a)))
                 .collect(),
@@ -338,6 +345,15 @@ mod tests {
                 ("idle", 0, Some(0), Some(0.0))
             ]
         );
+        // An unnamed process on the device may be the other holder's: no zero share then.
+        let got = shares(
+            &[whole_gpu(Some(0.5))],
+            &[process(10, Some(1), None), process(500, Some(1), None)],
+            &[vec![holder("1"), holder("idle")]],
+            |pid| (pid == 10).then(|| Owner::SlurmJob { job_id: "1".into() }),
+            |_| Some(holder("1")),
+        );
+        assert!(got.iter().all(|s| s.processes > 0), "{got:?}");
         // A device with one holder needs no zero share: the instance series already shows it.
         let got = shares(
             &[whole_gpu(Some(0.0))],

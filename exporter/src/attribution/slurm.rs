@@ -8,7 +8,7 @@
 //! file per job, `job-<id>`, matches no device: it names the job's processes on a GPU it shares
 //! with other jobs ([`super::shares`]), whose device file may be another job's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -191,7 +191,10 @@ impl Attributor for SlurmJobMap {
     fn apply(&self, readings: &mut [Reading]) {
         // A whole GPU is matched by UUID or NVML index, a MIG slice by its MIG UUID.
         let gpu_index = super::gpu_indices(readings);
-        let mut matched: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let mut matched: HashSet<String> = HashSet::new();
+        // The jobs charged for a slice of each MIG-mode GPU, by the GPU's UUID and index: the
+        // prolog also writes the GPU's index from SLURM_JOB_GPUS, which is then no stray.
+        let mut mig_jobs: HashMap<String, HashSet<String>> = HashMap::new();
         for r in readings.iter_mut() {
             let index = gpu_index[&r.instance.gpu_uuid].to_string();
             let names: Vec<&str> = match (&r.mig_uuid, &r.instance.mig_profile) {
@@ -199,10 +202,20 @@ impl Attributor for SlurmJobMap {
                 (_, Some(_)) => vec![],
                 (_, None) => vec![r.instance.gpu_uuid.as_str(), index.as_str()],
             };
-            let Some((name, job)) = names.iter().find_map(|n| self.jobs.get_key_value(*n)) else {
+            matched.extend(
+                names
+                    .iter()
+                    .filter(|n| self.jobs.contains_key(**n))
+                    .map(|n| n.to_string()),
+            );
+            let Some(job) = names.iter().find_map(|n| self.jobs.get(*n)) else {
                 continue;
             };
-            matched.insert(name.as_str());
+            if r.instance.mig_profile.is_some() {
+                for gpu in [r.instance.gpu_uuid.clone(), index] {
+                    mig_jobs.entry(gpu).or_default().insert(job.job_id.clone());
+                }
+            }
             if let Some(a) = self.attribution(job) {
                 r.attribution = a;
             }
@@ -213,12 +226,18 @@ impl Attributor for SlurmJobMap {
             .keys()
             .filter(|n| !n.starts_with("job-"))
             .collect();
+        let stray = |name: &String| {
+            !matched.contains(name)
+                && !mig_jobs
+                    .get(name)
+                    .is_some_and(|jobs| jobs.contains(&self.jobs[name].job_id))
+        };
         let mut unmatched = self.unmatched.lock().unwrap_or_else(|e| e.into_inner());
         unmatched.0 = 0;
-        for name in devices.iter().filter(|n| !matched.contains(n.as_str())) {
+        for name in devices.iter().filter(|n| stray(n)) {
             unmatched.0 += 1;
             if unmatched.1.insert((*name).clone()) {
-                tracing::warn!(device = %name, job = %self.jobs[*name].job_id, "A Slurm job map file names a device that matches no GPU or MIG instance on this node; the job is not charged for it. A MIG slice must be named by its MIG UUID (CUDA_VISIBLE_DEVICES), not by an index.");
+                tracing::warn!(device = %name, job = %self.jobs[*name].job_id, "A Slurm job map file names a device that matches no GPU or MIG instance on this node; the job is not charged for it. A MIG slice must be named by its MIG UUID (CUDA_VISIBLE_DEVICES), not only by an index.");
             }
         }
         self.assigned
@@ -319,7 +338,18 @@ mod tests {
     #[test]
     fn device_files_that_match_nothing_here_are_counted_and_job_records_are_not_devices() {
         let dir = tempfile::tempdir().unwrap();
-        for (name, job) in [("MIG-gone", 1), ("0", 2), ("job-2", 2), ("GPU-bbb", 3)] {
+        for (name, job) in [
+            ("MIG-gone", 1),
+            ("0", 2),
+            ("job-2", 2),
+            ("GPU-bbb", 3),
+            // Job 3's GPU by index too (the prolog writes both forms): no stray.
+            ("1", 3),
+            // Job 4 holds a slice of MIG-mode GPU 0 by MIG UUID, and the prolog also wrote
+            // GPU 0's UUID from SLURM_JOB_GPUS: no stray either.
+            ("MIG-aaa", 4),
+            ("GPU-zzz", 4),
+        ] {
             std::fs::write(
                 dir.path().join(name),
                 format!("job_id={job}\naccount=physics\n"),
@@ -328,18 +358,18 @@ mod tests {
         }
         let mut map = SlurmJobMap::new(dir.path(), TenantField::Account, HashMap::new());
         map.refresh().unwrap();
-        // GPU 0 is in MIG mode: an index names no slice of it.
+        // GPU 0 is in MIG mode: job 2's index names no slice of it, and MIG-gone is not here.
         let mut rs = vec![
             reading("GPU-zzz", Some("MIG-aaa")),
             reading("GPU-bbb", None),
         ];
         map.apply(&mut rs);
-        assert_eq!(rs[0].attribution.tenant, None);
+        assert_eq!(rs[0].attribution.workload.as_deref(), Some("4"));
         assert_eq!(rs[1].attribution.workload.as_deref(), Some("3"));
         assert_eq!(
             map.device_counts(),
             Some(crate::attribution::DeviceCounts {
-                assigned: 3,
+                assigned: 6,
                 allocatable: None,
                 unmatched: 2
             })

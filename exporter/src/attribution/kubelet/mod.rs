@@ -251,11 +251,10 @@ impl PollError {
 pub struct Polled {
     /// `List`.
     pub pods: proto::ListPodResourcesResponse,
-    /// `GetAllocatableResources`; `None` when the kubelet did not answer it (before 1.23, the
-    /// feature gate off, or a failure): the allocations from `List` stand regardless.
-    pub allocatable: Option<proto::AllocatableResourcesResponse>,
-    /// The kubelet's rate limiter refused `GetAllocatableResources`: back off.
-    pub throttled: bool,
+    /// `GetAllocatableResources`: `Ok(None)` from a kubelet that does not serve it (before 1.23,
+    /// or the feature gate off); `Err` when it failed this time. The `List` answer stands either
+    /// way.
+    pub allocatable: Result<Option<proto::AllocatableResourcesResponse>, PollError>,
 }
 
 /// Asks the kubelet at `socket` for its pods' devices (`List`) and its allocatable devices
@@ -291,20 +290,22 @@ pub async fn poll(socket: PathBuf) -> Result<Polled, PollError> {
         .await
         .map_err(|s| PollError::of("List", &s))?
         .into_inner();
-    // Kubelets 1.21–1.22 with the feature gate off answer `Unknown` ("disabled"), older ones
-    // `Unimplemented`: no allocatable view, but the List answer is good.
-    let (allocatable, throttled) = match client
+    // Kubelets 1.21–1.22 with the feature gate off answer `Unknown` ("... disabled"), older ones
+    // `Unimplemented`.
+    let allocatable = match client
         .get_allocatable_resources(proto::AllocatableResourcesRequest {})
         .await
     {
-        Ok(r) => (Some(r.into_inner()), false),
-        Err(s) => (None, s.code() == tonic::Code::ResourceExhausted),
+        Ok(r) => Ok(Some(r.into_inner())),
+        Err(s)
+            if s.code() == tonic::Code::Unimplemented
+                || (s.code() == tonic::Code::Unknown && s.message().contains("disabled")) =>
+        {
+            Ok(None)
+        }
+        Err(s) => Err(PollError::of("GetAllocatableResources", &s)),
     };
-    Ok(Polled {
-        pods,
-        allocatable,
-        throttled,
-    })
+    Ok(Polled { pods, allocatable })
 }
 
 impl KubeletAttributor {
@@ -317,14 +318,11 @@ impl KubeletAttributor {
         let (shared, socket, interval) =
             (state.clone(), config.socket.clone(), config.poll_interval);
         tokio::spawn(async move {
-            let mut failing = false;
+            let (mut failing, mut allocatable_failing) = (false, false);
             loop {
                 let mut wait = interval;
                 match poll(socket.clone()).await {
                     Ok(polled) => {
-                        if polled.throttled {
-                            wait = interval * 4; // the kubelet's rate limiter: back off
-                        }
                         let table = device_table(&polled.pods);
                         if failing {
                             tracing::info!("The kubelet answers again.");
@@ -339,13 +337,27 @@ impl KubeletAttributor {
                         }
                         s.first_seen = first_seen;
                         s.table = table;
-                        // A throttled GetAllocatableResources keeps the last answer.
-                        if !polled.throttled {
-                            s.allocatable = polled
-                                .allocatable
-                                .as_ref()
-                                .map(allocatable_table)
-                                .unwrap_or_default();
+                        match &polled.allocatable {
+                            Ok(answer) => {
+                                if allocatable_failing {
+                                    tracing::info!(
+                                        "The kubelet answers GetAllocatableResources again."
+                                    );
+                                }
+                                allocatable_failing = false;
+                                s.allocatable =
+                                    answer.as_ref().map(allocatable_table).unwrap_or_default();
+                            }
+                            // A failure keeps the last allocatable view; List's answer stands.
+                            Err(e) => {
+                                if !allocatable_failing {
+                                    tracing::warn!(error = %e.message, "Cannot read allocatable devices from the kubelet; keeping the last known ones.");
+                                }
+                                allocatable_failing = true;
+                                if e.throttled {
+                                    wait = interval * 4; // the kubelet's rate limiter: back off
+                                }
+                            }
                         }
                         s.error = None;
                     }
