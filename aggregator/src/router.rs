@@ -8,7 +8,7 @@ use tower::ServiceBuilder;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::api::{self, AppState, fragmentation, hoarding, ingest, showback};
+use crate::api::{self, AppState, fragmentation, hoarding, ingest, shares, showback};
 
 /// The router with its limits: a concurrency cap and a per-request timeout (408).
 pub fn router(state: AppState) -> Router {
@@ -20,6 +20,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/showback", get(showback::showback))
         .route("/api/v1/hoarding", get(hoarding::hoarding))
         .route("/api/v1/fragmentation", get(fragmentation::fragmentation))
+        .route("/api/v1/shares", get(shares::shares))
         // Admin
         .route("/api/v1/analytics/evaluate", post(api::evaluate_now))
         // Prometheus

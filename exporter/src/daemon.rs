@@ -12,14 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use gpuledger_schema::Sample;
+use gpuledger_schema::ShareSample;
 use tokio::sync::{mpsc, watch};
 
 use crate::attribution::shares::{self, ProcFs};
 use crate::attribution::slurm::TenantField;
 use crate::attribution::{Attributor, KubeletAttributor, KubeletConfig, SlurmJobMap, StaticMap};
 use crate::metrics::Metrics;
-use crate::ship::{self, Finish, ShipConfig};
+use crate::ship::{self, Finish, ShipConfig, Shipment};
 use crate::source::nvml::{NvmlDriver, NvmlSource};
 use crate::source::replay::ReplaySource;
 use crate::source::sim::{Fleet, SimSource};
@@ -168,7 +168,7 @@ struct Sampler {
     attributors: Vec<Box<dyn Attributor>>,
     procfs: ProcFs,
     metrics: Arc<Metrics>,
-    tx: Option<mpsc::Sender<Vec<Sample>>>,
+    tx: Option<mpsc::Sender<Shipment>>,
     stop: Arc<AtomicBool>,
     speed: Speed,
 }
@@ -307,8 +307,22 @@ impl Sampler {
                 .inc_by(second.readings.len() as u64);
             self.metrics.exporter.last_sample.set(second.timestamp);
             if let Some(tx) = &self.tx {
-                let samples = second.into_samples();
-                if tx.blocking_send(samples).is_err() {
+                let timestamp = second.timestamp;
+                let shipment = Shipment {
+                    samples: second.into_samples(),
+                    shares: shares
+                        .into_iter()
+                        .map(|s| ShareSample {
+                            timestamp,
+                            instance: s.instance,
+                            attribution: s.attribution,
+                            processes: s.processes,
+                            memory_used_bytes: s.memory_used_bytes,
+                            sm_active: s.sm_active,
+                        })
+                        .collect(),
+                };
+                if tx.blocking_send(shipment).is_err() {
                     return;
                 }
             }

@@ -19,4 +19,4 @@ pub mod sample;
 pub mod trace;
 pub mod wire;
 
-pub use sample::{Attribution, Counters, Instance, Sample, SloClass};
+pub use sample::{Attribution, Counters, Instance, Sample, ShareSample, SloClass};

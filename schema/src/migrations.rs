@@ -25,6 +25,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "analytics",
         sql: include_str!("../migrations/0002_analytics.sql"),
     },
+    Migration {
+        version: 3,
+        name: "shares",
+        sql: include_str!("../migrations/0003_shares.sql"),
+    },
 ];
 
 /// The schema version this build writes.

@@ -177,6 +177,24 @@ pub struct Sample {
     pub counters: Counters,
 }
 
+/// One owner's use of a shared instance during one second (the exporter's per-process view of
+/// time-sliced and MPS GPUs). It does not change who the ledger charges for the instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShareSample {
+    /// The second, Unix seconds (UTC).
+    pub timestamp: i64,
+    /// The shared instance.
+    pub instance: Instance,
+    /// The owner of the processes; no tenant = they could not be named.
+    pub attribution: Attribution,
+    /// The owner's compute processes on the instance (0: a holder that runs nothing).
+    pub processes: u32,
+    /// Framebuffer bytes the processes hold.
+    pub memory_used_bytes: Option<u64>,
+    /// The owner's part of the instance's SM activity, 0–1; `None` = not attributable.
+    pub sm_active: Option<f64>,
+}
+
 /// A field of a sample that breaks the rules every representation shares.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{field}: {problem}")]

@@ -15,7 +15,7 @@ use flate2::write::GzEncoder;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::sample::{Attribution, Counters, Instance, InvalidField, Sample, SloClass};
+use crate::sample::{Attribution, Counters, Instance, InvalidField, Sample, ShareSample, SloClass};
 
 /// The wire version this build writes and the only one it reads.
 pub const VERSION: u32 = 1;
@@ -35,6 +35,11 @@ pub struct Batch {
     pub node: String,
     /// The samples, grouped by instance and attribution.
     pub series: Vec<Series>,
+    /// Per-owner use of shared instances, in the series shape: `sm_active` is the owner's part,
+    /// `fb_used_bytes` its processes' memory, `processes` their count. Absent from batches of
+    /// nodes without shared GPUs (and from exporters before it existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<Series>,
 }
 
 /// The samples of one instance under one attribution, column-wise.
@@ -93,6 +98,9 @@ pub struct Series {
     /// NVLink bytes received during each second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink_rx_bytes: Option<Vec<Option<u64>>>,
+    /// Share series only: the owner's compute processes each second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<Vec<u32>>,
 }
 
 /// Why a body is not a valid batch. `field` is a JSON path such as `series[2].sm_active[7]`.
@@ -144,7 +152,45 @@ impl Batch {
             batch_id: Uuid::now_v7(),
             node: node.to_owned(),
             series: groups.iter().map(|g| Series::from_samples(g)).collect(),
+            shares: Vec::new(),
         }
+    }
+
+    /// Adds per-owner shares of shared instances, grouped like samples.
+    pub fn with_shares(mut self, shares: &[ShareSample]) -> Batch {
+        let mut index: HashMap<(&Instance, &Attribution), usize> = HashMap::new();
+        for s in shares {
+            let i = *index
+                .entry((&s.instance, &s.attribution))
+                .or_insert_with(|| {
+                    let mut series = Series::from_samples(&[&Sample {
+                        timestamp: s.timestamp,
+                        instance: s.instance.clone(),
+                        attribution: s.attribution.clone(),
+                        counters: Counters::default(),
+                    }]);
+                    series.t.clear();
+                    series.sm_active = Some(Vec::new());
+                    series.fb_used_bytes = Some(Vec::new());
+                    series.processes = Some(Vec::new());
+                    self.shares.push(series);
+                    self.shares.len() - 1
+                });
+            let series = &mut self.shares[i];
+            series.t.push(s.timestamp);
+            series.sm_active.get_or_insert_default().push(s.sm_active);
+            series
+                .fb_used_bytes
+                .get_or_insert_default()
+                .push(s.memory_used_bytes);
+            series.processes.get_or_insert_default().push(s.processes);
+        }
+        self
+    }
+
+    /// Number of share seconds in the batch.
+    pub fn share_count(&self) -> usize {
+        self.shares.iter().map(|s| s.t.len()).sum()
     }
 
     /// Number of samples in the batch.
@@ -214,16 +260,18 @@ impl Batch {
                 problem: "must not be empty".into(),
             });
         }
-        for (i, series) in self.series.iter().enumerate() {
-            series
-                .validate()
-                .map_err(|(field, j, problem)| WireError::Invalid {
-                    field: match j {
-                        Some(j) => format!("series[{i}].{field}[{j}]"),
-                        None => format!("series[{i}].{field}"),
-                    },
-                    problem,
-                })?;
+        for (list, all) in [("series", &self.series), ("shares", &self.shares)] {
+            for (i, series) in all.iter().enumerate() {
+                series
+                    .validate(list == "shares")
+                    .map_err(|(field, j, problem)| WireError::Invalid {
+                        field: match j {
+                            Some(j) => format!("{list}[{i}].{field}[{j}]"),
+                            None => format!("{list}[{i}].{field}"),
+                        },
+                        problem,
+                    })?;
+            }
         }
         Ok(())
     }
@@ -260,6 +308,7 @@ impl Series {
             fb_total_bytes: column(group, |c| c.fb_total_bytes),
             nvlink_tx_bytes: column(group, |c| c.nvlink_tx_bytes),
             nvlink_rx_bytes: column(group, |c| c.nvlink_rx_bytes),
+            processes: None,
         }
     }
 
@@ -316,10 +365,41 @@ impl Series {
             })
     }
 
-    fn validate(&self) -> Result<(), (&'static str, Option<usize>, String)> {
+    /// The share series as share samples.
+    pub fn shares(&self) -> impl Iterator<Item = ShareSample> + '_ {
+        let (instance, attribution) = (self.instance(), self.attribution());
+        self.t
+            .iter()
+            .enumerate()
+            .map(move |(j, &timestamp)| ShareSample {
+                timestamp,
+                instance: instance.clone(),
+                attribution: attribution.clone(),
+                processes: self
+                    .processes
+                    .as_ref()
+                    .and_then(|p| p.get(j).copied())
+                    .unwrap_or(0),
+                memory_used_bytes: self.counters(j).fb_used_bytes,
+                sm_active: self.counters(j).sm_active,
+            })
+    }
+
+    fn validate(&self, share: bool) -> Result<(), (&'static str, Option<usize>, String)> {
         let n = self.t.len();
         if n == 0 {
             return Err(("t", None, "must hold at least one second".into()));
+        }
+        match (share, &self.processes) {
+            (true, None) => return Err(("processes", None, "is required in a share".into())),
+            (false, Some(_)) => {
+                return Err((
+                    "processes",
+                    None,
+                    "belongs to shares, not to sample series".into(),
+                ));
+            }
+            _ => {}
         }
         let lengths = [
             ("sm_active", self.sm_active.as_ref().map(Vec::len)),
@@ -336,6 +416,7 @@ impl Series {
                 "nvlink_rx_bytes",
                 self.nvlink_rx_bytes.as_ref().map(Vec::len),
             ),
+            ("processes", self.processes.as_ref().map(Vec::len)),
         ];
         for (field, len) in lengths {
             if let Some(len) = len
@@ -416,6 +497,55 @@ mod tests {
         let mut back: Vec<Sample> = decoded.samples().collect();
         back.sort_by_key(|s| (s.timestamp, s.instance.gpu_instance_id));
         assert_eq!(back, samples);
+    }
+
+    #[test]
+    fn shares_round_trip_and_are_checked_like_samples() {
+        let share = |t, tenant: Option<&str>, sm| ShareSample {
+            timestamp: t,
+            instance: sample(t, 7, None, None).instance,
+            attribution: Attribution {
+                tenant: tenant.map(Into::into),
+                ..Attribution::default()
+            },
+            processes: 2,
+            memory_used_bytes: Some(1 << 30),
+            sm_active: sm,
+        };
+        let shares = vec![
+            share(1, Some("a"), Some(0.25)),
+            share(1, None, None),
+            share(2, Some("a"), Some(0.5)),
+        ];
+        let batch =
+            Batch::from_samples("n1", &[sample(1, 7, None, Some(0.75))]).with_shares(&shares);
+        assert_eq!((batch.shares.len(), batch.share_count()), (2, 3));
+        let decoded = Batch::decode(&batch.encode(), true).unwrap();
+        let mut back: Vec<ShareSample> = decoded.shares.iter().flat_map(Series::shares).collect();
+        back.sort_by_key(|s| (s.timestamp, s.attribution.tenant.is_none()));
+        assert_eq!(back, shares);
+
+        let mut json: serde_json::Value = serde_json::to_value(&batch).unwrap();
+        json["shares"][0]["sm_active"][1] = serde_json::json!(2.0);
+        let err = Batch::decode(json.to_string().as_bytes(), false).unwrap_err();
+        assert_eq!(err.field(), "shares[0].sm_active[1]");
+        let mut json: serde_json::Value = serde_json::to_value(&batch).unwrap();
+        json["shares"][1]
+            .as_object_mut()
+            .unwrap()
+            .remove("processes");
+        let err = Batch::decode(json.to_string().as_bytes(), false).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "shares[1].processes: is required in a share"
+        );
+        // A batch without shares (an older exporter's) has no `shares` key and decodes.
+        let plain = Batch::from_samples("n1", &[sample(1, 7, None, None)]);
+        assert!(
+            !String::from_utf8(serde_json::to_vec(&plain).unwrap())
+                .unwrap()
+                .contains("shares")
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod error;
 pub mod fragmentation;
 pub mod hoarding;
 pub mod ingest;
+pub mod shares;
 pub mod showback;
 
 use std::sync::Arc;

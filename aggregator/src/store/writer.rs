@@ -525,6 +525,16 @@ const RETENTION: &[(&str, &str, Window)] = &[
         "DELETE FROM hoarding_episodes WHERE ended_at <= ?",
         Window::Rollup,
     ),
+    (
+        "shares_raw",
+        "DELETE FROM shares_raw WHERE ts < ?",
+        Window::Raw,
+    ),
+    (
+        "rollup_share_1h",
+        "DELETE FROM rollup_share_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
 ];
 
 /// How an existing rollup row absorbs a delta row `d`.
@@ -663,6 +673,36 @@ WHEN MATCHED THEN UPDATE SET observed_seconds = r.observed_seconds + d.observed_
                              instance_seconds = r.instance_seconds + d.instance_seconds
 WHEN NOT MATCHED THEN INSERT BY NAME;
 DELETE FROM ingest_delta_gpu_1h;";
+
+/// Folds the group's shares (`ingest_shares`) into `shares_raw` and `rollup_share_1h`: a share
+/// already stored, or repeated within the group, counts once.
+const SHARES_ROLLUP: &str = "
+DELETE FROM ingest_shares s USING shares_raw r
+WHERE r.ts = s.ts AND r.instance_id = s.instance_id AND r.holder_id = s.holder_id
+  AND r.ts BETWEEN (SELECT min(ts) FROM ingest_shares) AND (SELECT max(ts) FROM ingest_shares);
+CREATE OR REPLACE TEMP TABLE new_shares AS
+    SELECT DISTINCT ON (ts, instance_id, holder_id) * FROM ingest_shares;
+INSERT INTO shares_raw SELECT * FROM new_shares;
+MERGE INTO rollup_share_1h AS r USING (
+    SELECT ts - ts % 3600 AS bucket, instance_id, holder_id,
+           count(*)::BIGINT AS seconds,
+           sum(processes)::BIGINT AS process_seconds,
+           count(memory_used_bytes)::BIGINT AS memory_samples,
+           coalesce(sum(memory_used_bytes), 0)::HUGEINT AS memory_byte_seconds,
+           count(sm_active)::BIGINT AS sm_active_samples,
+           coalesce(sum(sm_active), 0) AS sm_active_sum
+    FROM new_shares GROUP BY ALL
+) AS d
+ON r.bucket = d.bucket AND r.instance_id = d.instance_id AND r.holder_id = d.holder_id
+WHEN MATCHED THEN UPDATE SET seconds = r.seconds + d.seconds,
+                             process_seconds = r.process_seconds + d.process_seconds,
+                             memory_samples = r.memory_samples + d.memory_samples,
+                             memory_byte_seconds = r.memory_byte_seconds + d.memory_byte_seconds,
+                             sm_active_samples = r.sm_active_samples + d.sm_active_samples,
+                             sm_active_sum = r.sm_active_sum + d.sm_active_sum
+WHEN NOT MATCHED THEN INSERT BY NAME;
+DROP TABLE new_shares;
+DELETE FROM ingest_shares;";
 
 /// The seconds of each (instance, minute) already in the ledger, for the instance ids and bucket
 /// range of one group.
@@ -998,7 +1038,35 @@ impl WriterThread {
             }
             ids.push(per_series);
         }
+        // Shares inside the raw window (older ones could not be told from a re-send).
+        let share_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
+        let mut shares: Vec<(i64, i32, i32, u32, Option<u64>, Option<f64>)> = Vec::new();
+        for &i in &new {
+            for s in &batches[i].0.shares {
+                let (iid, hid) = (self.dims.instance_id(s), self.dims.holder_id(s));
+                for share in s.shares().filter(|x| x.timestamp >= share_cutoff) {
+                    shares.push((
+                        share.timestamp,
+                        iid,
+                        hid,
+                        share.processes,
+                        share.memory_used_bytes,
+                        share.sm_active,
+                    ));
+                }
+            }
+        }
         self.dims.flush(&tx)?;
+        if !shares.is_empty() {
+            {
+                let mut app = tx.appender("ingest_shares")?;
+                for (ts, iid, hid, processes, memory, sm) in &shares {
+                    app.append_row(params![ts, iid, hid, processes, memory, sm])?;
+                }
+                app.flush()?;
+            }
+            tx.execute_batch(SHARES_ROLLUP)?;
+        }
         // Samples older than the raw window go to the rollups only. Batches of one group may have
         // been admitted with different cutoffs; the latest one is the one in force now.
         let raw_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuledger_schema::Sample;
 use gpuledger_schema::wire::{self, Batch};
+use gpuledger_schema::{Sample, ShareSample};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
@@ -140,12 +140,21 @@ fn update_spool_gauges(metrics: &Metrics, spool: &Spool) {
     metrics.exporter.spool_bytes.set(spool.bytes() as i64);
 }
 
+/// One second's output for the ledger: its samples and the per-owner shares of shared instances.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Shipment {
+    /// The samples.
+    pub samples: Vec<Sample>,
+    /// The shares (empty on nodes without shared GPUs).
+    pub shares: Vec<ShareSample>,
+}
+
 /// Runs the shipper: seals what arrives on `samples` into batches, spools and sends them. Returns
 /// when `samples` closes and the sender has finished per `finish`.
 pub async fn run(
     config: ShipConfig,
     metrics: Arc<Metrics>,
-    mut samples: mpsc::Receiver<Vec<Sample>>,
+    mut samples: mpsc::Receiver<Shipment>,
     finish: watch::Receiver<Finish>,
 ) -> Result<(), ShipError> {
     let spool_err = |source| ShipError::Spool {
@@ -181,29 +190,32 @@ pub async fn run(
     ));
 
     let mut buffer: Vec<Sample> = Vec::new();
+    // Shares ride with the next batch sealed (they are few: one per owner of a shared instance).
+    let mut shares: Vec<ShareSample> = Vec::new();
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             got = samples.recv() => match got {
                 Some(s) => {
-                    buffer.extend(s);
+                    buffer.extend(s.samples);
+                    shares.extend(s.shares);
                     while buffer.len() >= config.max_batch_samples {
                         let rest = buffer.split_off(config.max_batch_samples);
-                        seal(&config, &metrics, &spool, &notify, std::mem::replace(&mut buffer, rest)).await.map_err(spool_err)?;
+                        seal(&config, &metrics, &spool, &notify, std::mem::replace(&mut buffer, rest), std::mem::take(&mut shares)).await.map_err(spool_err)?;
                     }
                 }
                 None => break,
             },
             _ = tick.tick() => {
-                if !buffer.is_empty() {
-                    seal(&config, &metrics, &spool, &notify, std::mem::take(&mut buffer)).await.map_err(spool_err)?;
+                if !buffer.is_empty() || !shares.is_empty() {
+                    seal(&config, &metrics, &spool, &notify, std::mem::take(&mut buffer), std::mem::take(&mut shares)).await.map_err(spool_err)?;
                 }
             }
         }
     }
-    if !buffer.is_empty() {
-        seal(&config, &metrics, &spool, &notify, buffer)
+    if !buffer.is_empty() || !shares.is_empty() {
+        seal(&config, &metrics, &spool, &notify, buffer, shares)
             .await
             .map_err(spool_err)?;
     }
@@ -220,8 +232,9 @@ async fn seal(
     spool: &Mutex<Spool>,
     notify: &Notify,
     samples: Vec<Sample>,
+    shares: Vec<ShareSample>,
 ) -> std::io::Result<()> {
-    let batch = Batch::from_samples(&config.node, &samples);
+    let batch = Batch::from_samples(&config.node, &samples).with_shares(&shares);
     let body = batch.encode();
     if config.wait_when_full {
         while spool
