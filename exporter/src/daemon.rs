@@ -506,7 +506,7 @@ mod tests {
     }
 
     #[test]
-    fn each_second_the_sampler_exports_shares_named_by_the_attributors() {
+    fn each_second_the_sampler_exports_and_ships_shares_named_by_the_attributors() {
         let dir = tempfile::tempdir().unwrap();
         let jobs = dir.path().join("jobs");
         std::fs::create_dir_all(&jobs).unwrap();
@@ -522,6 +522,7 @@ mod tests {
             .unwrap();
         }
         let metrics = Metrics::new();
+        let (tx, mut rx) = mpsc::channel(4);
         Sampler {
             source: Box::new(SharedGpuSecond { done: false }),
             attributors: vec![Box::new(SlurmJobMap::new(
@@ -531,11 +532,21 @@ mod tests {
             ))],
             procfs: ProcFs::new(&proc),
             metrics: metrics.clone(),
-            tx: None,
+            tx: Some(tx),
             stop: Arc::new(AtomicBool::new(false)),
             speed: Speed::Max,
         }
         .run();
+        // The shares go to the shipper with the second's samples.
+        let shipment = rx.try_recv().unwrap();
+        assert_eq!(shipment.samples.len(), 1);
+        let mut shipped: Vec<(Option<&str>, i64, u32)> = shipment
+            .shares
+            .iter()
+            .map(|s| (s.attribution.tenant.as_deref(), s.timestamp, s.processes))
+            .collect();
+        shipped.sort();
+        assert_eq!(shipped, [(Some("chem"), 100, 1), (Some("physics"), 100, 1)]);
         let text = metrics.render(Format::Classic);
         let share = |tenant: &str| {
             text.lines()
