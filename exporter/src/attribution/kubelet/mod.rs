@@ -488,30 +488,21 @@ impl Attributor for KubeletAttributor {
     }
 
     fn apply(&self, readings: &mut [Reading]) {
-        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
-        let api = self
-            .api
-            .as_ref()
-            .map(|a| a.read().unwrap_or_else(|e| e.into_inner()));
-        let snapshot = api.as_ref().and_then(|a| a.snapshot.as_ref());
-        let gpu_index = super::gpu_indices(readings);
-        // Every name an instance of this node goes by.
-        let mut local: std::collections::HashSet<DeviceKey> = std::collections::HashSet::new();
-        for r in readings.iter_mut() {
-            let keys = device_keys(r, gpu_index[&r.instance.gpu_uuid]);
-            let holders = keys.iter().find_map(|k| state.table.get(k));
-            local.extend(keys);
-            let Some(holders) = holders else { continue };
-            // Several pods on one device (time-slicing) are charged to the first live one by
-            // name; what each of them uses is the per-process view's job (`shares`).
-            let live = holders
-                .iter()
-                .find(|h| self.is_live(h, state.first_seen.get(*h), snapshot));
-            if let Some(h) = live {
-                let meta = snapshot.and_then(|s| s.pods.get(&(h.namespace.clone(), h.pod.clone())));
-                r.attribution = self.attribution(h, meta);
+        // Several pods on one device (time-slicing) are charged to the first live one by name;
+        // what each of them uses is the per-process view's job (`shares`).
+        let named = self.holders(readings);
+        for (r, named) in readings.iter_mut().zip(named) {
+            if let Some(a) = named.into_iter().next() {
+                r.attribution = a;
             }
         }
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let gpu_index = super::gpu_indices(readings);
+        // Every name an instance of this node goes by.
+        let local: std::collections::HashSet<DeviceKey> = readings
+            .iter()
+            .flat_map(|r| device_keys(r, gpu_index[&r.instance.gpu_uuid]))
+            .collect();
         let mut unmatched: Vec<DeviceKey> = state
             .table
             .keys()
