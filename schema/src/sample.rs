@@ -134,9 +134,55 @@ pub struct Counters {
     pub nvlink_rx_bytes: Option<u64>,
 }
 
+/// Most HBM one instance can have: 16 TiB. The largest GPU shipping has 288 GB; the bound sits
+/// far above any planned part and far below the point where an hour's sum of one instance's
+/// bytes (3,600 × the bound) could overflow the ledger's 64-bit sums.
+pub const MAX_FB_BYTES: u64 = 16 << 40;
+
+/// Most NVLink bytes one GPU can move in one direction in one second: 8 TB. NVLink 5 carries
+/// 0.9 TB/s each way per GPU, NVLink 6 is announced at 1.8 TB/s; a second read late (2–3 s of
+/// traffic) still fits. Like [`MAX_FB_BYTES`], it keeps every hour's sum inside 64 bits.
+pub const MAX_NVLINK_BYTES_PER_SECOND: u64 = 8_000_000_000_000;
+
+/// Longest name (node, GPU UUID, model, MIG profile, tenant, workload), in bytes. A Kubernetes
+/// pod's `namespace/name` is at most 317; nothing legitimate comes near.
+pub const MAX_NAME_BYTES: usize = 512;
+
+/// Largest MIG GPU instance id or placement value accepted. NVML's ids are below 16 and
+/// placements are in eighths of the memory; the bound keeps them clear of the ledger's "whole
+/// GPU" marker (−1) and of 32-bit overflow.
+pub const MAX_MIG_ID: u32 = 1023;
+
 impl Counters {
-    /// Checks the rules of one second's counters: ratios within 0–1, used ≤ total memory.
+    /// Checks the rules of one second's counters: ratios within 0–1, used ≤ total memory, byte
+    /// counts within what hardware can hold or move ([`MAX_FB_BYTES`],
+    /// [`MAX_NVLINK_BYTES_PER_SECOND`]).
     pub fn validate(&self) -> Result<(), InvalidField> {
+        for (field, v, max, what) in [
+            ("fb_used_bytes", self.fb_used_bytes, MAX_FB_BYTES, "bytes of HBM"),
+            ("fb_total_bytes", self.fb_total_bytes, MAX_FB_BYTES, "bytes of HBM"),
+            (
+                "nvlink_tx_bytes",
+                self.nvlink_tx_bytes,
+                MAX_NVLINK_BYTES_PER_SECOND,
+                "NVLink bytes in one second",
+            ),
+            (
+                "nvlink_rx_bytes",
+                self.nvlink_rx_bytes,
+                MAX_NVLINK_BYTES_PER_SECOND,
+                "NVLink bytes in one second",
+            ),
+        ] {
+            if let Some(v) = v
+                && v > max
+            {
+                return Err(InvalidField {
+                    field,
+                    problem: format!("{v} is more {what} than any GPU has (at most {max})"),
+                });
+            }
+        }
         for (field, v) in [
             ("sm_active", self.sm_active),
             ("sm_occupancy", self.sm_occupancy),
@@ -217,6 +263,37 @@ impl Sample {
         ] {
             if name.is_empty() {
                 return bad(field, "must not be empty".into());
+            }
+        }
+        for (field, name) in [
+            ("node", Some(&self.instance.node)),
+            ("gpu_uuid", Some(&self.instance.gpu_uuid)),
+            ("gpu_model", Some(&self.instance.gpu_model)),
+            ("mig_profile", self.instance.mig_profile.as_ref()),
+            ("tenant", self.attribution.tenant.as_ref()),
+            ("workload", self.attribution.workload.as_ref()),
+        ] {
+            if let Some(name) = name
+                && name.len() > MAX_NAME_BYTES
+            {
+                return bad(
+                    field,
+                    format!(
+                        "is {} bytes long; at most {MAX_NAME_BYTES}",
+                        name.len()
+                    ),
+                );
+            }
+        }
+        for (field, v) in [
+            ("gpu_instance_id", self.instance.gpu_instance_id),
+            ("placement_start", self.instance.placement_start),
+            ("placement_size", self.instance.placement_size),
+        ] {
+            if let Some(v) = v
+                && v > MAX_MIG_ID
+            {
+                return bad(field, format!("{v} is not a MIG value (at most {MAX_MIG_ID})"));
             }
         }
         self.counters.validate()?;
@@ -303,6 +380,41 @@ mod tests {
         s.instance.mig_profile = Some("3g.40gb".into());
         assert_eq!(s.validate().unwrap_err().field, "gpu_instance_id");
         assert!(whole_gpu().validate().is_ok());
+    }
+
+    /// Regression: byte counters near 2^64 passed validation, then overflowed the ledger's sums
+    /// (an hour could never be stored, so the node's ingest stalled behind it).
+    #[test]
+    fn byte_counters_beyond_any_gpu_are_refused() {
+        let mut s = whole_gpu();
+        s.counters.nvlink_tx_bytes = Some(u64::MAX);
+        assert_eq!(s.validate().unwrap_err().field, "nvlink_tx_bytes");
+        let mut s = whole_gpu();
+        s.counters.fb_used_bytes = Some(u64::MAX);
+        s.counters.fb_total_bytes = Some(u64::MAX);
+        assert_eq!(s.validate().unwrap_err().field, "fb_used_bytes");
+        let mut s = whole_gpu();
+        s.counters.fb_total_bytes = Some(MAX_FB_BYTES + 1);
+        assert_eq!(s.validate().unwrap_err().field, "fb_total_bytes");
+        let mut s = whole_gpu();
+        s.counters.fb_total_bytes = Some(MAX_FB_BYTES);
+        s.counters.nvlink_rx_bytes = Some(MAX_NVLINK_BYTES_PER_SECOND);
+        assert!(s.validate().is_ok(), "the bounds themselves are accepted");
+        // An hour of the largest values still fits the ledger's 64-bit sums.
+        assert!(MAX_NVLINK_BYTES_PER_SECOND.checked_mul(3600).is_some());
+        assert!(MAX_FB_BYTES.checked_mul(3600).is_some());
+    }
+
+    /// Regression: gpu_instance_id 4294967295 was stored as −1, the "whole GPU" marker.
+    #[test]
+    fn gpu_instance_id_4294967295_is_refused_not_stored_as_a_whole_gpu() {
+        let mut s = whole_gpu();
+        s.instance.mig_profile = Some("1g.10gb".into());
+        s.instance.gpu_instance_id = Some(u32::MAX);
+        assert_eq!(s.validate().unwrap_err().field, "gpu_instance_id");
+        let mut s = whole_gpu();
+        s.attribution.tenant = Some("t".repeat(MAX_NAME_BYTES + 1));
+        assert_eq!(s.validate().unwrap_err().field, "tenant");
     }
 
     #[test]
