@@ -24,6 +24,58 @@ pub const CONTENT_TYPE: &str = "application/json";
 /// The ingest path on the aggregator.
 pub const INGEST_PATH: &str = "/api/v1/ingest";
 
+/// Samples (and share seconds) one batch may hold by default: what an exporter's
+/// `max_batch_samples` is set to. Receivers may configure their own [`Limits`].
+pub const DEFAULT_MAX_BATCH_SAMPLES: usize = 50_000;
+
+/// Bytes of decoded JSON allowed per sample: a second of every column, written out in full
+/// (`t`, four ratios of up to 25 characters, four byte counts, `processes`), is under 200.
+pub const DECODED_BYTES_PER_SAMPLE: usize = 256;
+/// Bytes of decoded JSON allowed per series for its names and keys (a typical header is 300).
+pub const DECODED_BYTES_PER_SERIES: usize = 1024;
+/// JSON values allowed per sample (`t`, eight counters, `processes`, one to spare).
+pub const VALUES_PER_SAMPLE: usize = 11;
+/// JSON values allowed per series (its names, MIG fields and column keys).
+pub const VALUES_PER_SERIES: usize = 32;
+
+/// What a receiver reads of one batch. Every bound is derived from the number of samples a batch
+/// may hold, so that the memory a request can cost is known before its body is parsed: a body
+/// that inflates past [`Limits::max_decoded_bytes`] or holds more JSON values than
+/// [`Limits::max_values`] is refused before any number is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Samples plus share seconds in one batch.
+    pub max_samples: usize,
+    /// Entries of `series` plus `shares` in one batch.
+    pub max_series: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_samples: DEFAULT_MAX_BATCH_SAMPLES,
+            max_series: 4096,
+        }
+    }
+}
+
+impl Limits {
+    /// Largest decoded (inflated) body: 64 KiB, plus [`DECODED_BYTES_PER_SAMPLE`] per sample and
+    /// [`DECODED_BYTES_PER_SERIES`] per series (16.9 MB for the defaults).
+    pub fn max_decoded_bytes(&self) -> usize {
+        (64usize << 10)
+            .saturating_add(self.max_samples.saturating_mul(DECODED_BYTES_PER_SAMPLE))
+            .saturating_add(self.max_series.saturating_mul(DECODED_BYTES_PER_SERIES))
+    }
+
+    /// Most JSON values (array elements and object members) in a body.
+    pub fn max_values(&self) -> usize {
+        64usize
+            .saturating_add(self.max_samples.saturating_mul(VALUES_PER_SAMPLE))
+            .saturating_add(self.max_series.saturating_mul(VALUES_PER_SERIES))
+    }
+}
+
 /// A batch of samples from one exporter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Batch {
@@ -112,6 +164,9 @@ pub enum WireError {
     /// A wire version this build does not read.
     #[error("v: unknown wire version {0} (this build reads version {VERSION})")]
     UnknownVersion(u32),
+    /// The body holds more than a batch may (bytes, values, samples or series); 413.
+    #[error("body: {0}")]
+    TooLarge(String),
     /// A field breaks a rule.
     #[error("{field}: {problem}")]
     Invalid {
@@ -126,7 +181,7 @@ impl WireError {
     /// The JSON path of the offending field (`body` for an unparsable body).
     pub fn field(&self) -> &str {
         match self {
-            WireError::Malformed(_) => "body",
+            WireError::Malformed(_) | WireError::TooLarge(_) => "body",
             WireError::UnknownVersion(_) => "v",
             WireError::Invalid { field, .. } => field,
         }
@@ -198,6 +253,19 @@ impl Batch {
         self.series.iter().map(|s| s.t.len()).sum()
     }
 
+    /// Samples plus share seconds: what the batch costs a receiver to hold and write.
+    pub fn weight(&self) -> usize {
+        self.sample_count() + self.share_count()
+    }
+
+    /// Every entry of `series` and then `shares`, with the list it is in (`"series"`,
+    /// `"shares"`) and its index there: what a JSON path to one of them starts with.
+    pub fn entries(&self) -> impl Iterator<Item = (&'static str, usize, &Series)> {
+        let series = self.series.iter().enumerate().map(|(i, s)| ("series", i, s));
+        let shares = self.shares.iter().enumerate().map(|(i, s)| ("shares", i, s));
+        series.chain(shares)
+    }
+
     /// The samples, series by series.
     pub fn samples(&self) -> impl Iterator<Item = Sample> + '_ {
         self.series.iter().flat_map(Series::samples)
@@ -210,12 +278,21 @@ impl Batch {
         gz.finish().expect("writing to a Vec cannot fail")
     }
 
-    /// Decodes and validates a body: gzip-compressed when `gzip`, else plain JSON.
+    /// Decodes and validates a body within the default [`Limits`].
     pub fn decode(body: &[u8], gzip: bool) -> Result<Batch, WireError> {
+        Batch::decode_with(body, gzip, &Limits::default())
+    }
+
+    /// Decodes and validates a body: gzip-compressed when `gzip`, else plain JSON. Inflating stops
+    /// at [`Limits::max_decoded_bytes`] and the JSON values are counted before any is parsed, so
+    /// what decoding costs is bounded by `limits` whatever the body holds.
+    pub fn decode_with(body: &[u8], gzip: bool, limits: &Limits) -> Result<Batch, WireError> {
+        let max_bytes = limits.max_decoded_bytes();
         let json;
         let json = if gzip {
-            let mut out = Vec::with_capacity(body.len() * 8);
+            let mut out = Vec::with_capacity(body.len().saturating_mul(8).min(max_bytes));
             GzDecoder::new(body)
+                .take(max_bytes as u64 + 1)
                 .read_to_end(&mut out)
                 .map_err(|e| WireError::Malformed(format!("not valid gzip: {e}")))?;
             json = out;
@@ -223,6 +300,20 @@ impl Batch {
         } else {
             body
         };
+        if json.len() > max_bytes {
+            return Err(WireError::TooLarge(format!(
+                "the batch is over {max_bytes} bytes of JSON (a batch holds at most {} samples)",
+                limits.max_samples
+            )));
+        }
+        let values = json_values_at_most(json);
+        if values > limits.max_values() {
+            return Err(WireError::TooLarge(format!(
+                "the body holds {values} JSON values; at most {} (a batch holds at most {} samples)",
+                limits.max_values(),
+                limits.max_samples
+            )));
+        }
         let mut de = serde_json::Deserializer::from_slice(json);
         let batch: Batch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             #[derive(Deserialize)]
@@ -247,6 +338,19 @@ impl Batch {
         })?;
         if batch.v != VERSION {
             return Err(WireError::UnknownVersion(batch.v));
+        }
+        let (weight, entries) = (batch.weight(), batch.series.len() + batch.shares.len());
+        if weight > limits.max_samples {
+            return Err(WireError::TooLarge(format!(
+                "the batch holds {weight} samples and share seconds; at most {}",
+                limits.max_samples
+            )));
+        }
+        if entries > limits.max_series {
+            return Err(WireError::TooLarge(format!(
+                "the batch holds {entries} series and shares; at most {}",
+                limits.max_series
+            )));
         }
         batch.validate()?;
         Ok(batch)
@@ -275,6 +379,27 @@ impl Batch {
         }
         Ok(())
     }
+}
+
+/// An upper bound on the values (array elements, object members) in a JSON text: one more than
+/// its commas outside strings. One pass over the bytes, before anything is allocated per value.
+fn json_values_at_most(json: &[u8]) -> usize {
+    let (mut commas, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if b == b',' {
+            commas += 1;
+        }
+    }
+    commas + 1
 }
 
 fn column<T: Copy>(
@@ -546,6 +671,61 @@ mod tests {
                 .unwrap()
                 .contains("shares")
         );
+    }
+
+    /// Regression: a 255 KiB gzip body inflating to 256 MiB of `"t":[0,0,…]` was decoded into
+    /// 1.3 GiB of numbers. Now the inflated size and the value count are bounded by what a batch
+    /// may hold, and checked before any value is parsed.
+    #[test]
+    fn a_gzip_bomb_of_zeros_is_refused_before_it_is_parsed() {
+        use std::io::Write;
+        let limits = Limits {
+            max_samples: 1000,
+            max_series: 10,
+        };
+        let mut gz = GzEncoder::new(Vec::new(), Compression::best());
+        gz.write_all(br#"{"v":1,"batch_id":"01a2057d-f974-7779-95df-9092985a68aa","node":"n","series":[{"t":["#)
+            .unwrap();
+        let zeros = b"0,".repeat(1 << 20);
+        for _ in 0..64 {
+            gz.write_all(&zeros).unwrap();
+        }
+        gz.write_all(b"0]}]}").unwrap();
+        let bomb = gz.finish().unwrap();
+        assert!(bomb.len() < 512 << 10, "{} bytes", bomb.len());
+        let e = Batch::decode_with(&bomb, true, &limits).unwrap_err();
+        assert!(matches!(e, WireError::TooLarge(_)), "{e}");
+        // Within the byte bound but past the value bound: still refused before parsing.
+        let small = format!(
+            r#"{{"v":1,"batch_id":"01a2057d-f974-7779-95df-9092985a68aa","node":"n","series":[{{"t":[{}0]}}]}}"#,
+            "0,".repeat(limits.max_values())
+        );
+        assert!(small.len() <= limits.max_decoded_bytes());
+        let e = Batch::decode_with(small.as_bytes(), false, &limits).unwrap_err();
+        assert!(e.to_string().contains("JSON values"), "{e}");
+        // Commas inside strings are not values.
+        assert_eq!(json_values_at_most(br#"["a,b,\",c", 1]"#), 2);
+    }
+
+    /// Regression: share seconds did not count against a batch's size.
+    #[test]
+    fn shares_count_against_the_batch_limit() {
+        let share = |t| ShareSample {
+            timestamp: t,
+            instance: sample(t, 7, None, None).instance,
+            attribution: Attribution::default(),
+            processes: 1,
+            memory_used_bytes: None,
+            sm_active: None,
+        };
+        let shares: Vec<ShareSample> = (0..20).map(share).collect();
+        let batch = Batch::from_samples("n1", &[sample(1, 7, None, None)]).with_shares(&shares);
+        let limits = Limits {
+            max_samples: 20,
+            max_series: 10,
+        };
+        let e = Batch::decode_with(&batch.encode(), true, &limits).unwrap_err();
+        assert!(e.to_string().contains("21 samples and share seconds"), "{e}");
     }
 
     #[test]
