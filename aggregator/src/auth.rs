@@ -43,6 +43,11 @@ pub enum Role {
 }
 
 impl Role {
+    /// Whether this role may ingest at all (checked before a body is read).
+    pub fn may_ingest(&self) -> bool {
+        matches!(self, Role::Node(_) | Role::AnyNode | Role::Admin)
+    }
+
     /// Whether this role may ingest samples of `node`.
     pub fn may_ingest_for(&self, node: &str) -> bool {
         match self {
@@ -80,8 +85,14 @@ impl Role {
 /// The configured tokens.
 #[derive(Clone, Default)]
 pub struct Tokens {
-    entries: Vec<(Vec<u8>, Role)>,
+    /// (token, role, where it was configured: `file:line` or the variable's name).
+    entries: Vec<(Vec<u8>, Role, String)>,
 }
+
+/// Which configured token a request used: an index, stable for the process's life, for limits
+/// kept per token (never the token itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenId(pub usize);
 
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -116,21 +127,38 @@ pub enum TokenError {
     /// `GPULEDGER_ADMIN_TOKEN` is too short.
     #[error("GPULEDGER_ADMIN_TOKEN must be at least {MIN_TOKEN_LEN} characters")]
     ShortAdminToken,
+    /// One token configured twice: which scope it has would depend on the order.
+    #[error("{second}: this token is already configured at {first}; each token must appear once")]
+    Duplicate {
+        /// Where it appeared first.
+        first: String,
+        /// Where it appeared again.
+        second: String,
+    },
 }
 
 impl Tokens {
-    /// Reads a token file.
+    /// Reads a token file. A file that others than its owner and group may read or write is
+    /// loaded with a warning naming the problem.
     pub fn from_file(path: &Path) -> Result<Tokens, TokenError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+        let read = |source| TokenError::Read {
             path: path.display().to_string(),
             source,
-        })?;
+        };
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        if let Some(problem) = loose_permissions(&std::fs::metadata(path).map_err(read)?) {
+            tracing::warn!(
+                path = %path.display(),
+                "The token file is {problem}; anyone on this machine can {}. Run `chmod 600` on it.",
+                if problem.contains("writable") { "add a token" } else { "read the tokens" }
+            );
+        }
         Tokens::parse(&path.display().to_string(), &text)
     }
 
     /// Parses the token file format; `name` is used in errors.
     pub fn parse(name: &str, text: &str) -> Result<Tokens, TokenError> {
-        let mut entries = Vec::new();
+        let mut tokens = Tokens::default();
         for (i, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or("").trim();
             if line.is_empty() {
@@ -165,9 +193,20 @@ impl Tokens {
                     "the token is shorter than {MIN_TOKEN_LEN} characters"
                 )));
             }
-            entries.push((token.as_bytes().to_vec(), role));
+            tokens.add(token, role, format!("{name}:{}", i + 1))?;
         }
-        Ok(Tokens { entries })
+        Ok(tokens)
+    }
+
+    fn add(&mut self, token: &str, role: Role, at: String) -> Result<(), TokenError> {
+        if let Some((_, _, first)) = self.entries.iter().find(|(t, ..)| t == token.as_bytes()) {
+            return Err(TokenError::Duplicate {
+                first: first.clone(),
+                second: at,
+            });
+        }
+        self.entries.push((token.as_bytes().to_vec(), role, at));
+        Ok(())
     }
 
     /// Adds an admin token (from `GPULEDGER_ADMIN_TOKEN`).
@@ -175,7 +214,7 @@ impl Tokens {
         if token.len() < MIN_TOKEN_LEN {
             return Err(TokenError::ShortAdminToken);
         }
-        self.entries.push((token.as_bytes().to_vec(), Role::Admin));
+        self.add(token, Role::Admin, "GPULEDGER_ADMIN_TOKEN".into())?;
         Ok(self)
     }
 
@@ -186,24 +225,42 @@ impl Tokens {
 
     /// The role of the request's bearer token: 401 when there is none or it is unknown.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Role, ApiError> {
+        self.identify(headers).map(|(_, role)| role)
+    }
+
+    /// The token a request used and its role: 401 when there is none or it is unknown. The
+    /// scheme is matched without regard to case (RFC 9110 §11.1).
+    pub fn identify(&self, headers: &HeaderMap) -> Result<(TokenId, Role), ApiError> {
         let value = headers
             .get(axum::http::header::AUTHORIZATION)
             .ok_or_else(|| ApiError::unauthorized("no Authorization header"))?;
         let token = value
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .ok_or_else(|| ApiError::unauthorized("expected `Authorization: Bearer <token>`"))?;
-        let mut found: Option<&Role> = None;
-        for (known, role) in &self.entries {
+        let mut found: Option<(TokenId, &Role)> = None;
+        for (i, (known, role, _)) in self.entries.iter().enumerate() {
             if bool::from(known.as_slice().ct_eq(token.as_bytes())) && found.is_none() {
-                found = Some(role);
+                found = Some((TokenId(i), role));
             }
         }
         found
-            .cloned()
+            .map(|(id, role)| (id, role.clone()))
             .ok_or_else(|| ApiError::unauthorized("unknown token"))
+    }
+}
+
+/// What is wrong with a token file's permissions, if anything: readable or writable by others.
+fn loose_permissions(meta: &std::fs::Metadata) -> Option<&'static str> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = meta.permissions().mode();
+    match (mode & 0o002 != 0, mode & 0o004 != 0) {
+        (true, _) => Some("world-writable"),
+        (false, true) => Some("world-readable"),
+        (false, false) => None,
     }
 }
 
@@ -275,5 +332,60 @@ mod tests {
         let e = Tokens::parse("t", "admin").unwrap_err().to_string();
         assert!(e.contains("expected `<scope> <token>`"), "{e}");
         assert!(Tokens::default().with_admin("short").is_err());
+    }
+
+    /// Regression: the same token listed twice with different scopes was accepted and the first
+    /// line won silently.
+    #[test]
+    fn the_same_token_twice_is_an_error_naming_both_lines() {
+        let e = Tokens::parse(
+            "tokens",
+            "admin xxxxxxxxxxxxxxxxxxxx\n# a comment\ntenant:a xxxxxxxxxxxxxxxxxxxx\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "tokens:3: this token is already configured at tokens:1; each token must appear once"
+        );
+        let t = Tokens::parse("tokens", "tenant:a xxxxxxxxxxxxxxxxxxxx\n").unwrap();
+        let e = t.with_admin("xxxxxxxxxxxxxxxxxxxx").unwrap_err().to_string();
+        assert!(e.starts_with("GPULEDGER_ADMIN_TOKEN: "), "{e}");
+    }
+
+    /// Regression: `Authorization: bearer …` got 401; the scheme is case-insensitive.
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let t = Tokens::parse("t", "viewer xxxxxxxxxxxxxxxxxxxx").unwrap();
+        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+            let mut h = HeaderMap::new();
+            let value = format!("{scheme} xxxxxxxxxxxxxxxxxxxx");
+            h.insert("authorization", value.parse().unwrap());
+            assert_eq!(t.authenticate(&h).unwrap(), Role::Viewer, "{scheme}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "Basic xxxxxxxxxxxxxxxxxxxx".parse().unwrap());
+        assert_eq!(t.authenticate(&h).unwrap_err().status.as_u16(), 401);
+    }
+
+    /// Regression: a world-readable or world-writable token file loaded without a warning.
+    #[test]
+    fn loose_token_file_permissions_are_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "viewer xxxxxxxxxxxxxxxxxxxx\n").unwrap();
+        for (mode, expected) in [
+            (0o600, None),
+            (0o640, None),
+            (0o644, Some("world-readable")),
+            (0o666, Some("world-writable")),
+            (0o602, Some("world-writable")),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let meta = std::fs::metadata(&path).unwrap();
+            assert_eq!(loose_permissions(&meta), expected, "{mode:o}");
+        }
+        assert!(Tokens::from_file(&path).is_ok(), "a warning, not an error");
     }
 }
