@@ -359,6 +359,51 @@ async fn retention_deletes_what_is_older_than_each_window() {
     assert_eq!(seconds.len(), 9600);
 }
 
+/// Regression: retention never removed instances or holders, so a burst of made-up instances
+/// stayed in the writer's memory and every analytics pass forever. Once no fact refers to them
+/// they go, the writer forgets them, and new ones are numbered and stored as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_removes_instances_and_holders_no_fact_refers_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.duckdb");
+    let (writer, thread) = open(&path);
+    let t0 = 1_767_225_600;
+    write_all(&writer, vec![Batch::from_samples("n1", &samples(t0))], 0).await;
+    let report = writer
+        .apply_retention(
+            t0 + 400 * 86400,
+            Retention {
+                raw_secs: 3600,
+                rollup_secs: 2 * 3600,
+            },
+        )
+        .await
+        .unwrap();
+    let deleted: BTreeMap<_, _> = report.deleted.into_iter().collect();
+    assert!(deleted["instances"] > 0 && deleted["holders"] > 0, "{deleted:?}");
+    // Written again after the purge: stored as new, not as duplicates of forgotten ids.
+    let later = t0 + 399 * 86400;
+    let again = samples(later);
+    let (stored, duplicates) =
+        write_all(&writer, vec![Batch::from_samples("n1", &again)], later).await;
+    assert_eq!((stored as usize, duplicates), (again.len(), 0));
+    drop(writer);
+    thread.join().unwrap();
+    let (conn, _) = store::open(&path).unwrap();
+    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT count(*) FROM rollup_1h r LEFT JOIN instances i USING (instance_id) WHERE i.instance_id IS NULL"),
+        0,
+        "every fact has its instance"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM rollup_1h r LEFT JOIN holders h USING (holder_id) WHERE h.holder_id IS NULL"),
+        0,
+        "every fact has its holder"
+    );
+    assert_eq!(count("SELECT count(*) FROM holders WHERE holder_id = 0"), 1, "nobody stays");
+}
+
 #[test]
 fn a_full_queue_refuses_without_waiting_and_a_batch_larger_than_the_queue_is_too_large() {
     let dir = tempfile::tempdir().unwrap();

@@ -30,6 +30,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "shares",
         sql: include_str!("../migrations/0003_shares.sql"),
     },
+    Migration {
+        version: 4,
+        name: "writer_probe",
+        sql: include_str!("../migrations/0004_writer_probe.sql"),
+    },
 ];
 
 /// The schema version this build writes.

@@ -33,6 +33,16 @@ pub enum StoreError {
     /// An operating-system error around the database.
     #[error("{0}")]
     Io(String),
+    /// A batch the ledger will not take however often it is sent (a limit of the store, or
+    /// values it cannot hold): answered 4xx so that the sender sets it aside instead of
+    /// retrying it forever ahead of everything it sends later.
+    #[error("{field}: {message}")]
+    Rejected {
+        /// The JSON path at fault (`series[3]`, or `body`).
+        field: String,
+        /// Why, as a sentence.
+        message: String,
+    },
     /// A newer gpuledger wrote this file.
     #[error(
         "database {path} is at schema version {found}, but this gpuledger only knows up to version {LATEST}; run a newer gpuledger (or restore a backup)"
@@ -49,6 +59,48 @@ impl StoreError {
     /// Wraps a DuckDB error from a statement.
     pub fn from_db(e: duckdb::Error) -> StoreError {
         StoreError::Query(e)
+    }
+}
+
+/// What a DuckDB failure says about the data that caused it, by the error type DuckDB names at
+/// the start of its message (`Out of Range Error: …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The values could not be stored (overflow, conversion, constraint): the same input fails
+    /// the same way every time.
+    Data,
+    /// The machine or the database (disk, memory, a conflict, an interruption): a retry may do.
+    Transient,
+}
+
+/// DuckDB's error types whose cause is the input itself. Every other type is [`Failure::Transient`]:
+/// a full disk must be retried, never answered as a bad batch.
+const DATA_ERRORS: &[&str] = &[
+    "Out of Range Error",
+    "Conversion Error",
+    "Constraint Error",
+    "Invalid Input Error",
+    "Mismatch Type Error",
+    "Decimal Error",
+    "Divide by Zero Error",
+];
+
+impl Failure {
+    /// Classifies a DuckDB error.
+    pub fn of(e: &duckdb::Error) -> Failure {
+        let message = match e {
+            duckdb::Error::DuckDBFailure(_, Some(m)) => m.as_str(),
+            _ => return Failure::Transient,
+        };
+        if DATA_ERRORS.iter().any(|t| {
+            message
+                .strip_prefix(t)
+                .is_some_and(|rest| rest.starts_with(':'))
+        }) {
+            Failure::Data
+        } else {
+            Failure::Transient
+        }
     }
 }
 

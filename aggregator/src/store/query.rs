@@ -31,6 +31,28 @@ impl Readers {
             .map_err(StoreError::from_db)
     }
 
+    /// Bytes free to the aggregator on the ledger's filesystem; `None` for an in-memory ledger or
+    /// when the filesystem cannot be asked.
+    pub fn free_bytes(&self) -> Option<u64> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = self.path.as_ref()?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: `c` is a NUL-terminated path and `st` points to writable memory of the size
+        // statvfs(3) fills; it is read only after the call reports success.
+        let st = unsafe {
+            if libc::statvfs(c.as_ptr(), st.as_mut_ptr()) != 0 {
+                return None;
+            }
+            st.assume_init()
+        };
+        Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    }
+
     /// Bytes on disk: the database file and its write-ahead log.
     pub fn database_bytes(&self) -> u64 {
         let Some(path) = &self.path else { return 0 };
@@ -45,7 +67,7 @@ impl Readers {
 }
 
 /// The tables whose row counts the aggregator exports.
-pub const COUNTED_TABLES: [&str; 10] = [
+pub const COUNTED_TABLES: [&str; 11] = [
     "samples_raw",
     "rollup_1m",
     "rollup_1h",
@@ -56,6 +78,7 @@ pub const COUNTED_TABLES: [&str; 10] = [
     "hoarding_episodes",
     "ingested_batches",
     "instances",
+    "holders",
 ];
 
 /// Rows per ledger table (DuckDB's own count, kept in its metadata: no scan).

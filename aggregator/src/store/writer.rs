@@ -27,7 +27,7 @@ use duckdb::{Connection, params};
 use gpuledger_schema::wire::{Batch, Series};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
-use super::StoreError;
+use super::{Failure, StoreError};
 
 /// What became of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -82,6 +82,9 @@ enum Job {
         now: i64,
         retention: Retention,
         reply: oneshot::Sender<Result<RetentionReport, StoreError>>,
+    },
+    Probe {
+        reply: oneshot::Sender<Result<(), StoreError>>,
     },
 }
 
@@ -152,6 +155,17 @@ impl Writer {
         queue_samples: usize,
         observer: Arc<dyn WriteObserver>,
     ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
+        Writer::spawn_limited(conn, queue_samples, usize::MAX, observer)
+    }
+
+    /// [`Writer::spawn`], refusing (as [`StoreError::Rejected`]) a batch that would give one node
+    /// more than `max_instances_per_node` instances in the ledger.
+    pub fn spawn_limited(
+        conn: Connection,
+        queue_samples: usize,
+        max_instances_per_node: usize,
+        observer: Arc<dyn WriteObserver>,
+    ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
         let dims = Dims::load(&conn).map_err(StoreError::from_db)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let capacity = queue_samples.clamp(1, Semaphore::MAX_PERMITS);
@@ -162,6 +176,7 @@ impl Writer {
                     conn,
                     dims,
                     observer,
+                    max_instances_per_node,
                 }
                 .run(rx)
             })
@@ -257,6 +272,16 @@ impl Writer {
         rx.await.map_err(|_| StoreError::WriterStopped)?
     }
 
+    /// Commits a one-row update on the writer's connection, in turn with the ingest groups: `Ok`
+    /// means a commit reached the disk just now.
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job::Probe { reply })
+            .map_err(|_| StoreError::WriterStopped)?;
+        rx.await.map_err(|_| StoreError::WriterStopped)?
+    }
+
     /// Deletes what is older than `retention` allows, as of `now` (Unix seconds).
     pub async fn apply_retention(
         &self,
@@ -284,6 +309,8 @@ struct Dims {
     gpu_slots: HashMap<String, usize>,
     /// The instance ids on each GPU: the GPU's observed seconds are the union of theirs.
     gpu_members: Vec<Vec<i32>>,
+    /// Instances per node, for the per-node bound.
+    per_node: HashMap<String, usize>,
     next_instance: i32,
     next_holder: i32,
     new_instances: Vec<(i32, InstanceKey)>,
@@ -308,11 +335,19 @@ impl InstanceKey {
         InstanceKey {
             node: s.node.clone(),
             gpu_uuid: s.gpu_uuid.clone(),
-            gpu_instance_id: s.gpu_instance_id.map_or(-1, |g| g as i32),
+            // Validation bounds ids far below i32::MAX (`MAX_MIG_ID`); saturating keeps an
+            // unvalidated id from ever becoming -1, the whole-GPU marker.
+            gpu_instance_id: s
+                .gpu_instance_id
+                .map_or(-1, |g| i32::try_from(g).unwrap_or(i32::MAX)),
             gpu_model: s.gpu_model.clone(),
             mig_profile: s.mig_profile.clone(),
-            placement_start: s.placement_start.map(|v| v as i32),
-            placement_size: s.placement_size.map(|v| v as i32),
+            placement_start: s
+                .placement_start
+                .map(|v| i32::try_from(v).unwrap_or(i32::MAX)),
+            placement_size: s
+                .placement_size
+                .map(|v| i32::try_from(v).unwrap_or(i32::MAX)),
         }
     }
 }
@@ -346,9 +381,11 @@ impl Dims {
             ))
         })?;
         let mut gpus = GpuIndex::default();
+        let mut per_node: HashMap<String, usize> = HashMap::new();
         for row in rows {
             let (id, key) = row?;
             gpus.add(id, &key.gpu_uuid);
+            *per_node.entry(key.node.clone()).or_default() += 1;
             instances.insert(key, id);
         }
         let mut holders = HashMap::new();
@@ -369,17 +406,24 @@ impl Dims {
             gpu_of: gpus.gpu_of,
             gpu_slots: gpus.slots,
             gpu_members: gpus.members,
+            per_node,
             new_instances: Vec::new(),
             new_holders: Vec::new(),
         })
     }
 
     /// The id of `s`'s instance; a new one is assigned in memory and written by [`Dims::flush`].
-    fn instance_id(&mut self, s: &Series) -> i32 {
+    /// `None` when a new one would give its node more than `max_per_node` instances.
+    fn instance_id(&mut self, s: &Series, max_per_node: usize) -> Option<i32> {
         let key = InstanceKey::of(s);
         if let Some(&id) = self.instances.get(&key) {
-            return id;
+            return Some(id);
         }
+        let count = self.per_node.entry(key.node.clone()).or_default();
+        if *count >= max_per_node {
+            return None;
+        }
+        *count += 1;
         let id = self.next_instance;
         self.next_instance += 1;
         let slot = match self.gpu_slots.get(&key.gpu_uuid) {
@@ -395,7 +439,7 @@ impl Dims {
         self.gpu_members[slot].push(id);
         self.new_instances.push((id, key.clone()));
         self.instances.insert(key, id);
-        id
+        Some(id)
     }
 
     /// The id of `s`'s holder; a new one is written by [`Dims::flush`].
@@ -409,6 +453,38 @@ impl Dims {
         self.new_holders.push((id, key.clone()));
         self.holders.insert(key, id);
         id
+    }
+
+    /// The (instance, holder) ids of every series of the new batches, assigning new ones; a
+    /// batch that would give a node more instances than allowed is refused, naming its first
+    /// series that would.
+    fn assign_ids(
+        &mut self,
+        max: usize,
+        batches: &[(&Batch, i64)],
+        new: &[usize],
+    ) -> Result<Vec<Vec<(i32, i32)>>, WriteError> {
+        let mut ids = Vec::with_capacity(new.len());
+        for &i in new {
+            let mut per_series = Vec::with_capacity(batches[i].0.series.len());
+            for (list, j, s) in batches[i].0.entries() {
+                let Some(iid) = self.instance_id(s, max) else {
+                    return Err(WriteError::Rejected {
+                        field: format!("{list}[{j}]"),
+                        message: format!(
+                            "node {:?} would have more than {max} GPU instances in the ledger (--max-instances-per-node)",
+                            s.node
+                        ),
+                    });
+                };
+                let hid = self.holder_id(s);
+                if list == "series" {
+                    per_series.push((iid, hid));
+                }
+            }
+            ids.push(per_series);
+        }
+        Ok(ids)
     }
 
     /// Appends the ids assigned since the last flush, in the caller's transaction (a fleet's
@@ -469,6 +545,20 @@ struct WriterThread {
     conn: Connection,
     dims: Dims,
     observer: Arc<dyn WriteObserver>,
+    max_instances_per_node: usize,
+}
+
+/// Why a write failed: DuckDB, or a batch the ledger refuses.
+#[derive(Debug)]
+enum WriteError {
+    Db(duckdb::Error),
+    Rejected { field: String, message: String },
+}
+
+impl From<duckdb::Error> for WriteError {
+    fn from(e: duckdb::Error) -> Self {
+        WriteError::Db(e)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -534,6 +624,25 @@ const RETENTION: &[(&str, &str, Window)] = &[
         "rollup_share_1h",
         "DELETE FROM rollup_share_1h WHERE bucket + 3600 <= ?",
         Window::Rollup,
+    ),
+];
+
+/// Dimension rows no fact refers to any more, deleted after the facts' retention: (table,
+/// statement). Every fact's instance and holder also has an hour row (`rollup_1h`, written in the
+/// same transaction as the minute and raw rows, and deleted only after them) or is in one of the
+/// longer-kept tables named here, so those are the ones consulted.
+const DIMENSION_RETENTION: &[(&str, &str)] = &[
+    (
+        "instances",
+        "DELETE FROM instances WHERE instance_id NOT IN (
+            SELECT instance_id FROM rollup_1h UNION SELECT instance_id FROM rollup_alloc_1d
+            UNION SELECT instance_id FROM rollup_share_1h UNION SELECT instance_id FROM hoarding_episodes)",
+    ),
+    (
+        "holders",
+        "DELETE FROM holders WHERE holder_id <> 0 AND holder_id NOT IN (
+            SELECT holder_id FROM rollup_1h UNION SELECT holder_id FROM rollup_alloc_1d
+            UNION SELECT holder_id FROM rollup_share_1h UNION SELECT holder_id FROM hoarding_episodes)",
     ),
 ];
 
@@ -833,7 +942,16 @@ impl Stat {
 }
 
 impl MinuteDelta {
-    fn add(&mut self, bit: u64, c: &gpuledger_schema::Counters) {
+    /// Adds one second. A sum that would leave 64 bits is an error naming the counter (validation
+    /// bounds make it impossible; this keeps it so whatever reaches the writer).
+    fn add(&mut self, bit: u64, c: &gpuledger_schema::Counters) -> Result<(), &'static str> {
+        fn sum(to: &mut u64, v: Option<u64>, field: &'static str) -> Result<(), &'static str> {
+            *to = to.checked_add(v.unwrap_or(0)).ok_or(field)?;
+            Ok(())
+        }
+        sum(&mut self.fb_used_sum, c.fb_used_bytes, "fb_used_bytes")?;
+        sum(&mut self.tx_sum, c.nvlink_tx_bytes, "nvlink_tx_bytes")?;
+        sum(&mut self.rx_sum, c.nvlink_rx_bytes, "nvlink_rx_bytes")?;
         self.mask |= bit;
         self.samples += 1;
         self.sm.add(c.sm_active);
@@ -842,14 +960,12 @@ impl MinuteDelta {
         self.dram.add(c.dram_active);
         if let Some(b) = c.fb_used_bytes {
             self.fb_used_samples += 1;
-            self.fb_used_sum += b;
             self.fb_used_max = Some(self.fb_used_max.map_or(b, |m| m.max(b)));
         }
         if let Some(b) = c.fb_total_bytes {
             self.fb_total_max = Some(self.fb_total_max.map_or(b, |m| m.max(b)));
         }
-        self.tx_sum += c.nvlink_tx_bytes.unwrap_or(0);
-        self.rx_sum += c.nvlink_rx_bytes.unwrap_or(0);
+        Ok(())
     }
 }
 
@@ -891,6 +1007,16 @@ impl WriterThread {
                 } => {
                     let _ = reply.send(self.retention(now, retention));
                 }
+                Job::Probe { reply } => {
+                    let result = self.conn.transaction().and_then(|tx| {
+                        tx.execute(
+                            "UPDATE writer_probe SET checked_at = ? WHERE id = 0",
+                            [chrono::Utc::now().timestamp()],
+                        )?;
+                        tx.commit()
+                    });
+                    let _ = reply.send(result.map_err(StoreError::from_db));
+                }
                 Job::Apply { write, reply } => {
                     let result = self.conn.transaction().and_then(|tx| {
                         write(&tx)?;
@@ -931,7 +1057,17 @@ impl WriterThread {
             let n = tx.execute(sql, [cutoff]).map_err(StoreError::from_db)?;
             report.deleted.push((*table, n as u64));
         }
+        let mut dimensions_deleted = 0;
+        for (table, sql) in DIMENSION_RETENTION {
+            let n = tx.execute(sql, []).map_err(StoreError::from_db)?;
+            dimensions_deleted += n;
+            report.deleted.push((*table, n as u64));
+        }
         tx.commit().map_err(StoreError::from_db)?;
+        if dimensions_deleted > 0 {
+            // The mirror must forget the ids too (and their per-node counts).
+            self.reload_dims();
+        }
         // Lets DuckDB reuse the freed blocks.
         self.conn
             .execute_batch("CHECKPOINT")
@@ -972,21 +1108,36 @@ impl WriterThread {
     }
 
     /// Writes batches in one transaction. On error nothing is written and the in-memory
-    /// dimension mirror is reloaded from the database.
+    /// dimension mirror is reloaded from the database. A single batch that fails on its values
+    /// ([`Failure::Data`]) is [`StoreError::Rejected`]: the same bytes would fail the same way
+    /// on every retry, so retrying it would only hold back what its node sends next.
     fn write(&mut self, batches: &[(&Batch, i64)]) -> Result<Vec<IngestOutcome>, StoreError> {
         let result = self.try_write(batches);
         if result.is_err() {
-            match Dims::load(&self.conn) {
-                Ok(d) => self.dims = d,
-                Err(e) => {
-                    tracing::error!(error = %e, "Cannot reload the dimension tables after a failed write.")
+            self.reload_dims();
+        }
+        result.map_err(|e| match e {
+            WriteError::Rejected { field, message } => StoreError::Rejected { field, message },
+            WriteError::Db(e) if batches.len() == 1 && Failure::of(&e) == Failure::Data => {
+                StoreError::Rejected {
+                    field: "body".into(),
+                    message: format!("the ledger cannot store this batch's values: {e}"),
                 }
             }
-        }
-        result.map_err(StoreError::from_db)
+            WriteError::Db(e) => StoreError::from_db(e),
+        })
     }
 
-    fn try_write(&mut self, batches: &[(&Batch, i64)]) -> duckdb::Result<Vec<IngestOutcome>> {
+    fn reload_dims(&mut self) {
+        match Dims::load(&self.conn) {
+            Ok(d) => self.dims = d,
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot reload the dimension tables after a failed write.")
+            }
+        }
+    }
+
+    fn try_write(&mut self, batches: &[(&Batch, i64)]) -> Result<Vec<IngestOutcome>, WriteError> {
         let tx = self.conn.transaction()?;
         let mut outcomes = Vec::with_capacity(batches.len());
         // Which batches are new: not stored before, not repeated within this group. One query for
@@ -1030,20 +1181,17 @@ impl WriterThread {
             tx.commit()?;
             return Ok(outcomes);
         }
-        let mut ids: Vec<Vec<(i32, i32)>> = Vec::with_capacity(new.len());
-        for &i in &new {
-            let mut per_series = Vec::with_capacity(batches[i].0.series.len());
-            for s in &batches[i].0.series {
-                per_series.push((self.dims.instance_id(s), self.dims.holder_id(s)));
-            }
-            ids.push(per_series);
-        }
+        let ids = self
+            .dims
+            .assign_ids(self.max_instances_per_node, batches, &new)?;
         // Shares inside the raw window (older ones could not be told from a re-send).
         let share_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
         let mut shares: Vec<(i64, i32, i32, u32, Option<u64>, Option<f64>)> = Vec::new();
         for &i in &new {
             for s in &batches[i].0.shares {
-                let (iid, hid) = (self.dims.instance_id(s), self.dims.holder_id(s));
+                // Assigned by assign_ids above: known, so the bound cannot refuse it here.
+                let iid = self.dims.instance_id(s, usize::MAX).unwrap_or_default();
+                let hid = self.dims.holder_id(s);
                 for share in s.shares().filter(|x| x.timestamp >= share_cutoff) {
                     shares.push((
                         share.timestamp,
@@ -1115,7 +1263,7 @@ impl WriterThread {
         let mut newest: Option<i64> = None;
         for (k, &i) in new.iter().enumerate() {
             let mut stored = 0u64;
-            for (s, &(iid, hid)) in batches[i].0.series.iter().zip(&ids[k]) {
+            for (n, (s, &(iid, hid))) in batches[i].0.series.iter().zip(&ids[k]).enumerate() {
                 let gpu_slot = self.dims.gpu_of[&iid];
                 // A series' seconds are nearly always in one hour: its GPU counts are summed
                 // here and added to the map once per hour, not once per sample.
@@ -1145,7 +1293,11 @@ impl WriterThread {
                     deltas
                         .entry((iid, hid, bucket))
                         .or_default()
-                        .add(bit, &s.counters(j));
+                        .add(bit, &s.counters(j))
+                        .map_err(|field| WriteError::Rejected {
+                            field: format!("series[{n}].{field}[{j}]"),
+                            message: "the minute's sum of this counter leaves 64 bits".into(),
+                        })?;
                     if ts >= raw_cutoff {
                         raw.push(s, j, iid, hid);
                     }
