@@ -197,3 +197,32 @@ async fn a_wrong_token_keeps_batches_spooled_and_counts_the_failure() {
             >= 1.0
     );
 }
+
+/// Regression: a 408 (the aggregator timed out reading a body on a slow link) counted as "the
+/// aggregator will never accept this batch", so the exporter set a good batch aside in
+/// `rejected/`. It is retried like a 503.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_408_is_retried_not_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(dir.path(), "right");
+    let spool = dir.path().join("spool");
+    let fake = FakeAggregator::start(0, "right").await;
+    fake.set_mode(Mode::Timeout);
+    let url = fake.url();
+    let owned = shipping_args(&url, &token, &spool);
+    let exporter = Exporter::start(&owned.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    eventually("a timed-out send", Duration::from_secs(20), async || {
+        let text = exporter.metrics("text/plain").await;
+        text.contains("gpuledger_exporter_ship_failures_total{reason=\"timeout\"}")
+            .then_some(())
+    })
+    .await;
+    let rejected = spool.join("rejected");
+    let set_aside = std::fs::read_dir(&rejected).map_or(0, |d| d.count());
+    assert_eq!(set_aside, 0, "a timed-out batch was set aside");
+    fake.set_mode(Mode::Accept);
+    eventually("the retried batches", Duration::from_secs(30), async || {
+        (!fake.deliveries().is_empty()).then_some(())
+    })
+    .await;
+}

@@ -437,7 +437,7 @@ impl ExporterMetrics {
         );
         r.register("gpuledger_exporter_batches_spooled", "Batches that waited in the on-disk spool because the aggregator was unreachable or asked to retry", m.batches_spooled.clone());
         r.register("gpuledger_exporter_batches_dropped", "Batches dropped: spool_full (the oldest batch made room) or rejected (the aggregator refused it as invalid; kept under spool/rejected)", m.batches_dropped.clone());
-        r.register("gpuledger_exporter_ship_failures", "Failed batch sends, by reason: unreachable, throttled, server_error, unauthorized, rejected", m.ship_failures.clone());
+        r.register("gpuledger_exporter_ship_failures", "Failed batch sends, by reason: unreachable, throttled, timeout, server_error, unauthorized, rejected", m.ship_failures.clone());
         r.register(
             "gpuledger_exporter_spool_batches",
             "Batches waiting in the on-disk spool",

@@ -24,6 +24,8 @@ pub enum Mode {
     /// Store, then answer 503 as if the acknowledgement was lost: the exporter must re-send the
     /// same batch id.
     AckLost,
+    /// 408, store nothing: the aggregator gave up waiting for a body on a slow link.
+    Timeout,
 }
 
 /// One POST that carried a valid batch.
@@ -89,6 +91,10 @@ async fn ingest(
     };
     let mut inner = s.inner.lock().unwrap();
     let mode = inner.mode.unwrap_or(Mode::Accept);
+    if mode == Mode::Timeout {
+        inner.refused += 1;
+        return (StatusCode::REQUEST_TIMEOUT, out, "{}".into());
+    }
     if mode == Mode::Unavailable {
         inner.refused += 1;
         out.insert("retry-after", "1".parse().unwrap());
@@ -182,7 +188,7 @@ impl FakeAggregator {
         self.shared.inner.lock().unwrap().deliveries.clone()
     }
 
-    /// Requests refused with 503 without storing.
+    /// Requests refused (503 or 408) without storing.
     pub fn refused(&self) -> u32 {
         self.shared.inner.lock().unwrap().refused
     }

@@ -1,14 +1,17 @@
 //! Shipping: 1 s samples → sealed batches → on-disk spool → `POST /api/v1/ingest`.
 //!
 //! Contract (`schema/WIRE.md`): gzip JSON batch, `Authorization: Bearer <token>`, a unique
-//! `batch_id` per batch. A 2xx acknowledges the batch and it leaves the spool. 429, 5xx and
-//! connection failures are retried, oldest batch first, with exponential backoff (1 s to 30 s)
-//! or the server's `Retry-After`; the batch waits on disk meanwhile, across restarts too. 401/403
+//! `batch_id` per batch. A 2xx acknowledges the batch and it leaves the spool. 408, 429, 5xx and
+//! connection failures are retried, oldest batch first, after an exponential back-off (1 s
+//! doubling to 15 s) or the server's `Retry-After`, each wait stretched by a random 0–100 %, so
+//! that a fleet that lost its aggregator does not come back in lockstep (at most 30 s, or twice
+//! the Retry-After); the batch waits on disk meanwhile, across restarts too. 401/403
 //! are retried as well (a token fix must not cost data) and logged at ERROR. Any other 4xx means
 //! the aggregator will never accept the batch: it moves to `spool/rejected/`, is counted as
 //! dropped and logged at ERROR.
 //!
-//! Bounds: a batch holds at most `max_batch_samples`; the spool holds at most `spool_max_bytes`.
+//! Bounds: a batch holds at most `max_batch_samples` samples and share seconds together; the spool
+//! holds at most `spool_max_bytes`.
 //! When it is full, a live source drops the oldest batch (counted, ERROR); a recorded source
 //! (replay) waits for room instead, since it can.
 
@@ -200,9 +203,13 @@ pub async fn run(
                 Some(s) => {
                     buffer.extend(s.samples);
                     shares.extend(s.shares);
-                    while buffer.len() >= config.max_batch_samples {
-                        let rest = buffer.split_off(config.max_batch_samples);
-                        seal(&config, &metrics, &spool, &notify, std::mem::replace(&mut buffer, rest), std::mem::take(&mut shares)).await.map_err(spool_err)?;
+                    // Samples and share seconds count alike against a batch's size, as the
+                    // aggregator counts them (schema/WIRE.md, "Limits").
+                    let max = config.max_batch_samples.max(1);
+                    while buffer.len() + shares.len() >= max {
+                        let these: Vec<ShareSample> = shares.drain(..shares.len().min(max)).collect();
+                        let rest = buffer.split_off((max - these.len()).min(buffer.len()));
+                        seal(&config, &metrics, &spool, &notify, std::mem::replace(&mut buffer, rest), these).await.map_err(spool_err)?;
                     }
                 }
                 None => break,
@@ -332,6 +339,12 @@ async fn send(
             detail,
             after,
         },
+        // The aggregator gave up waiting for the body (a slow link): the batch is fine.
+        408 => Outcome::Retry {
+            reason: "timeout",
+            detail,
+            after,
+        },
         401 | 403 => Outcome::Retry {
             reason: "unauthorized",
             detail,
@@ -346,6 +359,31 @@ async fn send(
     }
 }
 
+/// The waits between retries of one batch: 1 s doubling to 15 s, each stretched by a random
+/// 0–100 % (so 1–2 s, 2–4 s, … 15–30 s).
+fn backoff_policy() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(15))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// `wait` stretched by a random 0–100 %: a fleet told `Retry-After: 1` spreads over a second.
+fn jittered(wait: Duration) -> Duration {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(wait)
+        .with_max_delay(wait)
+        .with_jitter()
+        .build()
+        .next()
+        .unwrap_or(wait)
+}
+
 async fn send_loop(
     config: ShipConfig,
     client: reqwest::Client,
@@ -355,9 +393,8 @@ async fn send_loop(
     mut finish: watch::Receiver<Finish>,
     sealed_all: Arc<AtomicBool>,
 ) {
-    const MIN_BACKOFF: Duration = Duration::from_secs(1);
     const MAX_BACKOFF: Duration = Duration::from_secs(30);
-    let mut backoff = MIN_BACKOFF;
+    let mut backoff = backoff_policy();
     let mut failing = false;
     let mut counted_as_spooled: HashSet<u64> = HashSet::new();
     loop {
@@ -412,7 +449,7 @@ async fn send_loop(
                     tracing::info!("The aggregator accepts batches again.");
                 }
                 failing = false;
-                backoff = MIN_BACKOFF;
+                backoff = backoff_policy();
                 continue;
             }
             Outcome::Rejected(detail) => {
@@ -448,9 +485,10 @@ async fn send_loop(
                 if counted_as_spooled.insert(entry.seq) {
                     metrics.exporter.batches_spooled.inc();
                 }
-                let wait = after.unwrap_or(backoff).min(MAX_BACKOFF);
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                wait
+                match after {
+                    Some(after) => jittered(after.min(MAX_BACKOFF)),
+                    None => backoff.next().unwrap_or(MAX_BACKOFF),
+                }
             }
         };
         let mut wake = Instant::now() + wait;
@@ -461,5 +499,33 @@ async fn send_loop(
             _ = tokio::time::sleep_until(wake) => {}
             _ = finish.changed() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: the back-off had no jitter, so after an aggregator outage the whole fleet
+    /// retried in lockstep. Exporters started together now spread their retries.
+    #[test]
+    fn retries_of_a_fleet_are_spread_not_in_lockstep() {
+        let fleet: Vec<Vec<Duration>> = (0..100)
+            .map(|_| backoff_policy().take(8).collect())
+            .collect();
+        for waits in &fleet {
+            for (k, w) in waits.iter().enumerate() {
+                let floor = Duration::from_secs((1u64 << k).min(15));
+                assert!(*w >= floor && *w < floor * 2, "retry {k}: {w:?}");
+            }
+        }
+        let first: std::collections::HashSet<u128> =
+            fleet.iter().map(|w| w[0].as_millis()).collect();
+        assert!(first.len() > 50, "first retries collide: {} distinct of 100", first.len());
+        let after = Duration::from_secs(1);
+        let told: std::collections::HashSet<u128> =
+            (0..100).map(|_| jittered(after).as_millis()).collect();
+        assert!(told.len() > 50, "Retry-After is followed in lockstep");
+        assert!((0..100).all(|_| (after..after * 2).contains(&jittered(after))));
     }
 }
