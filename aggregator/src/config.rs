@@ -9,12 +9,19 @@ use crate::auth::Tokens;
 use crate::store::Retention;
 
 /// Every explicit limit of the service; what happens at each is documented on the field.
+///
+/// What ingest can cost in memory follows from these, whatever clients send (README, "Limits"):
+/// bodies being read ≤ `ingest_slots` × `max_body_bytes`; bodies being decoded ≤
+/// `decode_slots` × (`batch.max_decoded_bytes()` + 32 bytes × `batch.max_values()`); batches
+/// waiting for the writer ≤ `queue_samples` samples; plus DuckDB's `duckdb_memory_limit`.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Largest request body read (compressed as sent); larger → 413.
+    /// Largest request body read, as sent (gzip); larger → 413, refused from its
+    /// `Content-Length` before any of it is read.
     pub max_body_bytes: usize,
-    /// Largest body after gzip decoding; larger → 413 (a gzip bomb stops here).
-    pub max_decoded_bytes: usize,
+    /// What one batch may hold; the decoded size and the JSON values a body may have follow from
+    /// it (`schema/WIRE.md`). More → 413.
+    pub batch: gpuledger_schema::wire::Limits,
     /// Samples accepted but not yet written; past it ingest answers 503 with Retry-After and the
     /// exporter keeps the batch in its spool. Bounds the aggregator's memory.
     pub queue_samples: usize,
@@ -22,22 +29,43 @@ pub struct Limits {
     pub max_future_skew: Duration,
     /// DuckDB's own memory limit (its syntax: `"1GB"`); DuckDB spills to disk past it.
     pub duckdb_memory_limit: String,
-    /// Most requests served at once; more wait in the accept queue.
+    /// Most read requests (APIs, `/metrics`, probes) served at once; more wait.
     pub concurrency: usize,
     /// How long one request may take before 408.
     pub request_timeout: Duration,
+    /// Ingest requests in flight at once (reading, decoding, waiting for the commit).
+    pub ingest_slots: usize,
+    /// Of those, the most one token may hold; past it → 429 with Retry-After, so that one
+    /// token (a leaked one, or a slow client) cannot take every slot.
+    pub ingest_slots_per_token: usize,
+    /// How long an ingest request waits for a free slot before 503 with Retry-After.
+    pub ingest_slot_wait: Duration,
+    /// The whole body must have arrived this long after the request was admitted; later → 408
+    /// (the exporter retries). A client trickling its body holds a slot at most this long.
+    pub body_read_timeout: Duration,
+    /// Bodies inflated and parsed at once (CPU-bound work; also bounds its memory).
+    pub decode_slots: usize,
+    /// Distinct instances (MIG slices or whole GPUs) one node may have reported within the raw
+    /// window; a batch that would add more → 422, counted. A node has a few dozen.
+    pub max_instances_per_node: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_body_bytes: 16 << 20,
-            max_decoded_bytes: 256 << 20,
+            max_body_bytes: 4 << 20,
+            batch: gpuledger_schema::wire::Limits::default(),
             queue_samples: 2_000_000,
             max_future_skew: Duration::from_secs(300),
             duckdb_memory_limit: "1GB".into(),
             concurrency: 64,
             request_timeout: Duration::from_secs(60),
+            ingest_slots: 64,
+            ingest_slots_per_token: 16,
+            ingest_slot_wait: Duration::from_secs(2),
+            body_read_timeout: Duration::from_secs(10),
+            decode_slots: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
+            max_instances_per_node: 256,
         }
     }
 }
@@ -65,8 +93,8 @@ impl Config {
     /// The time window a batch must fall in, as of `now`.
     pub fn window(&self, now: i64) -> TimeWindow {
         TimeWindow {
-            newest: now + self.limits.max_future_skew.as_secs() as i64,
-            oldest: now - self.retention.rollup_secs,
+            newest: now.saturating_add(self.limits.max_future_skew.as_secs() as i64),
+            oldest: now.saturating_sub(self.retention.rollup_secs),
         }
     }
 }

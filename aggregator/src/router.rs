@@ -10,12 +10,24 @@ use tower_http::timeout::TimeoutLayer;
 
 use crate::api::{self, AppState, fragmentation, hoarding, ingest, shares, showback};
 
-/// The router with its limits: a concurrency cap and a per-request timeout (408).
+/// Largest body of a request to any route but ingest (they take none, or a small JSON).
+pub const MAX_OTHER_BODY_BYTES: usize = 64 << 10;
+
+/// The router with its limits. Ingest admits requests itself ([`api::admission`]: fair slots per
+/// token, a body deadline), so it gets only the request timeout; every other route gets a
+/// concurrency cap, a small body limit and the timeout (408).
 pub fn router(state: AppState) -> Router {
     let limits = &state.config.limits;
-    Router::new()
-        // Exporters
+    let timeout = || TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, limits.request_timeout);
+    let exporters = Router::new()
         .route(gpuledger_schema::wire::INGEST_PATH, post(ingest::ingest))
+        .layer(
+            ServiceBuilder::new()
+                // The ingest handler enforces its own body limit and deadline with JSON errors.
+                .layer(DefaultBodyLimit::disable())
+                .layer(timeout()),
+        );
+    Router::new()
         // Finance, the web UI and scheduler tooling (viewer, tenant: and admin tokens)
         .route("/api/v1/showback", get(showback::showback))
         .route("/api/v1/hoarding", get(hoarding::hoarding))
@@ -30,13 +42,11 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(api::readyz))
         .layer(
             ServiceBuilder::new()
-                // The ingest handler enforces its own body limit with a JSON 413.
-                .layer(DefaultBodyLimit::disable())
+                .layer(DefaultBodyLimit::max(MAX_OTHER_BODY_BYTES))
                 .layer(ConcurrencyLimitLayer::new(limits.concurrency))
-                .layer(TimeoutLayer::with_status_code(
-                    StatusCode::REQUEST_TIMEOUT,
-                    limits.request_timeout,
-                )),
+                .layer(timeout()),
         )
+        // Exporters
+        .merge(exporters)
         .with_state(state)
 }

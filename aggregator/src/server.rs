@@ -35,6 +35,14 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    // The address first: a port taken by another process is reported before the ledger file is
+    // created or opened (and no ledger is left behind by a start that could never serve).
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: config.listen,
+            source,
+        })?;
     let path = config.db.clone();
     let (conn, found) = tokio::task::block_in_place(|| {
         store::open_with(&path, Some(config.limits.duckdb_memory_limit.as_str()))
@@ -45,14 +53,14 @@ pub async fn run(
         (path.as_os_str() != ":memory:").then(|| path.clone()),
     )?;
     let metrics = Arc::new(AggregatorMetrics::new());
-    let (writer, thread) = Writer::spawn(conn, config.limits.queue_samples, metrics.clone())?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Listen {
-            addr: config.listen,
-            source,
-        })?;
+    let (writer, thread) = Writer::spawn_limited(
+        conn,
+        config.limits.queue_samples,
+        config.limits.max_instances_per_node,
+        metrics.clone(),
+    )?;
     tracing::info!(listen = %config.listen, "The aggregator is listening.");
+    let admission = crate::api::admission::Admission::new(&config.limits);
     let state = AppState(Arc::new(App {
         tokens: config.tokens.clone(),
         config,
@@ -60,6 +68,8 @@ pub async fn run(
         readers,
         metrics,
         analytics_lock: tokio::sync::Mutex::new(()),
+        admission,
+        readiness: tokio::sync::Mutex::new(None),
     }));
     let retention = tokio::spawn(retention_loop(state.clone()));
     let analytics = tokio::spawn(analytics_loop(state.clone()));

@@ -76,6 +76,12 @@ pub enum RejectReason {
     TooLarge,
     /// The writer is behind (503; the exporter retries).
     Overloaded,
+    /// No ingest slot for this token or at all (429/503; the exporter retries).
+    Throttled,
+    /// The body did not arrive in time (408; the exporter retries).
+    Timeout,
+    /// A valid batch the store will not take (422; the exporter sets it aside).
+    Unstorable,
     /// The store failed (5xx; the exporter retries).
     StoreError,
 }
@@ -89,6 +95,9 @@ impl RejectReason {
             RejectReason::Invalid => "invalid",
             RejectReason::TooLarge => "too_large",
             RejectReason::Overloaded => "overloaded",
+            RejectReason::Throttled => "throttled",
+            RejectReason::Timeout => "timeout",
+            RejectReason::Unstorable => "unstorable",
             RejectReason::StoreError => "store_error",
         }
     }
@@ -149,22 +158,11 @@ pub struct AggregatorMetrics {
     pub database_bytes: Gauge,
     /// Rows deleted by retention, per table.
     pub retention_deleted: Family<TableLabels, Counter>,
-    /// Per tenant: allocated GPU-equivalents over the newest complete minute.
-    pub tenant_allocated: Family<TenantLabels, Gauge<f64, AtomicU64>>,
-    /// Per tenant: used GPU-equivalents.
-    pub tenant_used: Family<TenantLabels, Gauge<f64, AtomicU64>>,
-    /// Per tenant: allocated − used.
-    pub tenant_idle: Family<TenantLabels, Gauge<f64, AtomicU64>>,
-    /// Open hoarding episodes: seconds idle so far.
-    pub episode_idle_seconds: Family<EpisodeLabels, Gauge>,
-    /// Open hoarding episodes: size.
-    pub episode_gpu_equivalents: Family<EpisodeLabels, Gauge<f64, AtomicU64>>,
-    /// Per node: GPUs observed.
-    pub node_capacity: Family<NodeLabels, Gauge<f64, AtomicU64>>,
-    /// Per node: free GPU-equivalents.
-    pub node_free: Family<NodeLabels, Gauge<f64, AtomicU64>>,
-    /// Per node: stranded GPU-equivalents.
-    pub node_stranded: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+    /// The ledger's families (tenants, hoarding, fragmentation): shown only to tokens that may
+    /// read them ([`AggregatorMetrics::ledger_for`]).
+    pub ledger: LedgerFamilies,
+    /// The figures the ledger families were last set from, to render a tenant's own share.
+    current: std::sync::Mutex<crate::analytics::Current>,
     /// When the analytics last succeeded.
     pub analytics_last_success: Gauge,
     /// How long an evaluation takes.
@@ -191,14 +189,8 @@ impl AggregatorMetrics {
             rows: Family::default(),
             database_bytes: Gauge::default(),
             retention_deleted: Family::default(),
-            tenant_allocated: Family::default(),
-            tenant_used: Family::default(),
-            tenant_idle: Family::default(),
-            episode_idle_seconds: Family::default(),
-            episode_gpu_equivalents: Family::default(),
-            node_capacity: Family::default(),
-            node_free: Family::default(),
-            node_stranded: Family::default(),
+            ledger: LedgerFamilies::new(),
+            current: std::sync::Mutex::default(),
             analytics_last_success: Gauge::default(),
             analytics_seconds: Histogram::new([
                 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -231,7 +223,7 @@ impl AggregatorMetrics {
         );
         r.register(
             "gpuledger_aggregator_ingest_rejected",
-            "Ingest requests refused, by reason: unauthorized, forbidden, invalid, too_large, overloaded, store_error",
+            "Ingest requests refused, by reason: unauthorized, forbidden, invalid, too_large, overloaded, throttled, timeout, unstorable, store_error",
             m.rejected.clone(),
         );
         r.register(
@@ -272,55 +264,6 @@ impl AggregatorMetrics {
             "Rows deleted by retention, per table",
             m.retention_deleted.clone(),
         );
-        let ge = || Unit::Other("gpu_equivalents".into());
-        r.register_with_unit(
-            "gpuledger_tenant_allocated",
-            "GPU-equivalents a tenant held over the newest complete minute (a 3g MIG slice is 3/7)",
-            ge(),
-            m.tenant_allocated.clone(),
-        );
-        r.register_with_unit(
-            "gpuledger_tenant_used",
-            "GPU-equivalents a tenant used over the newest complete minute: SM activity x size",
-            ge(),
-            m.tenant_used.clone(),
-        );
-        r.register_with_unit(
-            "gpuledger_tenant_idle",
-            "GPU-equivalents a tenant held but did not use over the newest complete minute",
-            ge(),
-            m.tenant_idle.clone(),
-        );
-        r.register_with_unit(
-            "gpuledger_hoarding_episode_idle_duration",
-            "Open idle-hoarding episodes: seconds from the idle run's start to its newest held second",
-            Unit::Seconds,
-            m.episode_idle_seconds.clone(),
-        );
-        r.register_with_unit(
-            "gpuledger_hoarding_episode",
-            "Open idle-hoarding episodes: the size of the idle allocation",
-            ge(),
-            m.episode_gpu_equivalents.clone(),
-        );
-        r.register_with_unit(
-            "gpuledger_fragmentation_capacity",
-            "GPUs of a node observed at the newest second",
-            ge(),
-            m.node_capacity.clone(),
-        );
-        r.register_with_unit(
-            "gpuledger_fragmentation_free",
-            "Free GPU-equivalents of a node: unpartitioned slices and instances nobody holds",
-            ge(),
-            m.node_free.clone(),
-        );
-        r.register_with_unit(
-            "gpuledger_fragmentation_stranded",
-            "Free GPU-equivalents of a node that the demand mix of MIG profiles cannot use",
-            ge(),
-            m.node_stranded.clone(),
-        );
         r.register_with_unit(
             "gpuledger_aggregator_analytics_last_success_timestamp",
             "Unix time the hoarding and fragmentation evaluation last succeeded",
@@ -339,49 +282,24 @@ impl AggregatorMetrics {
     /// Replaces the analytics families with `current`: series of tenants, episodes and nodes no
     /// longer in it are removed.
     pub fn set_current(&self, current: &crate::analytics::Current) {
-        for f in [&self.tenant_allocated, &self.tenant_used, &self.tenant_idle] {
-            f.clear();
-        }
-        for ((tenant, slo_class), (allocated, used)) in &current.tenants {
-            let l = TenantLabels {
-                tenant: tenant.clone(),
-                slo_class: slo_class.clone(),
-            };
-            self.tenant_allocated.get_or_create(&l).set(*allocated);
-            self.tenant_used.get_or_create(&l).set(*used);
-            self.tenant_idle.get_or_create(&l).set(allocated - used);
-        }
-        self.episode_idle_seconds.clear();
-        self.episode_gpu_equivalents.clear();
-        for e in &current.episodes {
-            let [tenant, workload, node, gpu, gpu_instance, slo_class] = e.labels.clone();
-            let l = EpisodeLabels {
-                tenant,
-                workload,
-                node,
-                gpu,
-                gpu_instance,
-                slo_class,
-            };
-            self.episode_idle_seconds
-                .get_or_create(&l)
-                .set(e.idle_seconds);
-            self.episode_gpu_equivalents
-                .get_or_create(&l)
-                .set(e.gpu_equivalents);
-        }
-        for f in [&self.node_capacity, &self.node_free, &self.node_stranded] {
-            f.clear();
-        }
-        for (node, (capacity, free, stranded)) in &current.nodes {
-            let l = NodeLabels { node: node.clone() };
-            self.node_capacity.get_or_create(&l).set(*capacity);
-            self.node_free.get_or_create(&l).set(*free);
-            self.node_stranded.get_or_create(&l).set(*stranded);
+        self.ledger.set(current, None);
+        *self.current.lock().expect("metrics lock") = current.clone();
+    }
+
+    /// The ledger families `scope` may see: every tenant's (`None`, the shared families), or a
+    /// fresh set holding only tenant `t`'s own series (`Some(t)`; fleet-wide figures withheld).
+    pub fn ledger_for(&self, scope: Option<&str>) -> std::borrow::Cow<'_, LedgerFamilies> {
+        match scope {
+            None => std::borrow::Cow::Borrowed(&self.ledger),
+            Some(t) => {
+                let own = LedgerFamilies::new();
+                own.set(&self.current.lock().expect("metrics lock"), Some(t));
+                std::borrow::Cow::Owned(own)
+            }
         }
     }
 
-    /// The registry.
+    /// The operational families (ingest, writer, store, analytics runs): no tenant in them.
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
@@ -404,5 +322,162 @@ impl WriteObserver for AggregatorMetrics {
         if ts > current {
             self.newest_sample.set(ts);
         }
+    }
+}
+
+/// The families computed from the ledger (tenants' allocation and use, open hoarding episodes,
+/// per-node fragmentation). Unlike the operational families they name tenants, workloads and
+/// nodes, so `/metrics` serves them only with a token that may read them (README, "Metrics").
+#[derive(Clone)]
+pub struct LedgerFamilies {
+    registry: std::sync::Arc<Registry>,
+    /// Per tenant: allocated GPU-equivalents over the newest complete minute.
+    tenant_allocated: Family<TenantLabels, Gauge<f64, AtomicU64>>,
+    /// Per tenant: used GPU-equivalents.
+    tenant_used: Family<TenantLabels, Gauge<f64, AtomicU64>>,
+    /// Per tenant: allocated − used.
+    tenant_idle: Family<TenantLabels, Gauge<f64, AtomicU64>>,
+    /// Open hoarding episodes: seconds idle so far.
+    episode_idle_seconds: Family<EpisodeLabels, Gauge>,
+    /// Open hoarding episodes: size.
+    episode_gpu_equivalents: Family<EpisodeLabels, Gauge<f64, AtomicU64>>,
+    /// Per node: GPUs observed.
+    node_capacity: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+    /// Per node: free GPU-equivalents.
+    node_free: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+    /// Per node: stranded GPU-equivalents.
+    node_stranded: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+}
+
+impl LedgerFamilies {
+    /// Registers every ledger family, empty.
+    pub fn new() -> LedgerFamilies {
+        let mut r = Registry::default();
+        let l = LedgerFamilies {
+            registry: std::sync::Arc::new(Registry::default()),
+            tenant_allocated: Family::default(),
+            tenant_used: Family::default(),
+            tenant_idle: Family::default(),
+            episode_idle_seconds: Family::default(),
+            episode_gpu_equivalents: Family::default(),
+            node_capacity: Family::default(),
+            node_free: Family::default(),
+            node_stranded: Family::default(),
+        };
+        let ge = || Unit::Other("gpu_equivalents".into());
+        r.register_with_unit(
+            "gpuledger_tenant_allocated",
+            "GPU-equivalents a tenant held over the newest complete minute (a 3g MIG slice is 3/7)",
+            ge(),
+            l.tenant_allocated.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_tenant_used",
+            "GPU-equivalents a tenant used over the newest complete minute: SM activity x size",
+            ge(),
+            l.tenant_used.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_tenant_idle",
+            "GPU-equivalents a tenant held but did not use over the newest complete minute",
+            ge(),
+            l.tenant_idle.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_hoarding_episode_idle_duration",
+            "Open idle-hoarding episodes: seconds from the idle run's start to its newest held second",
+            Unit::Seconds,
+            l.episode_idle_seconds.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_hoarding_episode",
+            "Open idle-hoarding episodes: the size of the idle allocation",
+            ge(),
+            l.episode_gpu_equivalents.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_fragmentation_capacity",
+            "GPUs of a node observed at the newest second",
+            ge(),
+            l.node_capacity.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_fragmentation_free",
+            "Free GPU-equivalents of a node: unpartitioned slices and instances nobody holds",
+            ge(),
+            l.node_free.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_fragmentation_stranded",
+            "Free GPU-equivalents of a node that the demand mix of MIG profiles cannot use",
+            ge(),
+            l.node_stranded.clone(),
+        );
+        LedgerFamilies {
+            registry: std::sync::Arc::new(r),
+            ..l
+        }
+    }
+
+    /// Replaces the series with `current`'s, only tenant `scope`'s when given: series of
+    /// tenants, episodes and nodes no longer current are removed.
+    pub fn set(&self, current: &crate::analytics::Current, scope: Option<&str>) {
+        for f in [&self.tenant_allocated, &self.tenant_used, &self.tenant_idle] {
+            f.clear();
+        }
+        let mine = |tenant: &str| scope.is_none_or(|t| t == tenant);
+        for ((tenant, slo_class), (allocated, used)) in &current.tenants {
+            if !mine(tenant) {
+                continue;
+            }
+            let l = TenantLabels {
+                tenant: tenant.clone(),
+                slo_class: slo_class.clone(),
+            };
+            self.tenant_allocated.get_or_create(&l).set(*allocated);
+            self.tenant_used.get_or_create(&l).set(*used);
+            self.tenant_idle.get_or_create(&l).set(allocated - used);
+        }
+        self.episode_idle_seconds.clear();
+        self.episode_gpu_equivalents.clear();
+        for e in current.episodes.iter().filter(|e| mine(&e.labels[0])) {
+            let [tenant, workload, node, gpu, gpu_instance, slo_class] = e.labels.clone();
+            let l = EpisodeLabels {
+                tenant,
+                workload,
+                node,
+                gpu,
+                gpu_instance,
+                slo_class,
+            };
+            self.episode_idle_seconds
+                .get_or_create(&l)
+                .set(e.idle_seconds);
+            self.episode_gpu_equivalents
+                .get_or_create(&l)
+                .set(e.gpu_equivalents);
+        }
+        for f in [&self.node_capacity, &self.node_free, &self.node_stranded] {
+            f.clear();
+        }
+        // Fragmentation is fleet-wide: no tenant scope sees it.
+        let fleet = if scope.is_none() { &current.nodes[..] } else { &[] };
+        for (node, (capacity, free, stranded)) in fleet {
+            let l = NodeLabels { node: node.clone() };
+            self.node_capacity.get_or_create(&l).set(*capacity);
+            self.node_free.get_or_create(&l).set(*free);
+            self.node_stranded.get_or_create(&l).set(*stranded);
+        }
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+impl Default for LedgerFamilies {
+    fn default() -> Self {
+        Self::new()
     }
 }

@@ -43,7 +43,7 @@ pub struct Args {
     /// How often retention runs [default: 10m].
     #[arg(long)]
     retention_interval: Option<humantime::Duration>,
-    /// Largest ingest body in bytes, as sent (gzip) [default: 16777216].
+    /// Largest ingest body in bytes, as sent (gzip) [default: 4194304].
     #[arg(long)]
     max_body_bytes: Option<usize>,
     /// Samples accepted but not yet written before ingest answers 503 [default: 2000000].
@@ -70,6 +70,88 @@ pub struct Args {
     /// Currency the prices are in, shown beside costs [default: USD].
     #[arg(long)]
     currency: Option<String>,
+    /// Ingest admission and batch limits (config file: the `[limits]` table).
+    #[command(flatten)]
+    limits: LimitFlags,
+}
+
+/// The ingest limits added with admission control, declared once: each is a flag and a key of
+/// the config file's `[limits]` table (a flag wins). Defaults: `gpuledger_aggregator::Limits`.
+#[derive(Debug, Default, Clone, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitFlags {
+    /// Samples plus share seconds one batch may hold; the decoded size and JSON values a body
+    /// may have follow from it (schema/WIRE.md) [default: 50000].
+    #[arg(long)]
+    max_batch_samples: Option<usize>,
+    /// Instances (MIG slices, whole GPUs) one node may have in the ledger; a batch adding more
+    /// gets 422 [default: 256].
+    #[arg(long)]
+    max_instances_per_node: Option<usize>,
+    /// Ingest requests in flight at once [default: 64].
+    #[arg(long)]
+    ingest_slots: Option<usize>,
+    /// Ingest requests one token may have in flight; more get 429 [default: 16].
+    #[arg(long)]
+    ingest_slots_per_token: Option<usize>,
+    /// How long an ingest body may take to arrive before 408 [default: 10s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_opt")]
+    body_read_timeout: Option<std::time::Duration>,
+}
+
+impl LimitFlags {
+    /// These flags over `file`'s.
+    fn or(self, file: LimitFlags) -> LimitFlags {
+        LimitFlags {
+            max_batch_samples: self.max_batch_samples.or(file.max_batch_samples),
+            max_instances_per_node: self.max_instances_per_node.or(file.max_instances_per_node),
+            ingest_slots: self.ingest_slots.or(file.ingest_slots),
+            ingest_slots_per_token: self.ingest_slots_per_token.or(file.ingest_slots_per_token),
+            body_read_timeout: self.body_read_timeout.or(file.body_read_timeout),
+        }
+    }
+
+    /// Applies the given ones to `limits`, checking each.
+    fn apply(self, mut limits: Limits) -> anyhow::Result<Limits> {
+        for (key, v) in [
+            ("max_batch_samples", self.max_batch_samples),
+            ("max_instances_per_node", self.max_instances_per_node),
+            ("ingest_slots", self.ingest_slots),
+            ("ingest_slots_per_token", self.ingest_slots_per_token),
+        ] {
+            anyhow::ensure!(v != Some(0), "{key} must be at least 1");
+        }
+        if let Some(n) = self.max_batch_samples {
+            limits.batch.max_samples = n;
+        }
+        if let Some(n) = self.max_instances_per_node {
+            limits.max_instances_per_node = n;
+        }
+        if let Some(n) = self.ingest_slots {
+            limits.ingest_slots = n;
+        }
+        if let Some(n) = self.ingest_slots_per_token {
+            limits.ingest_slots_per_token = n;
+        }
+        if let Some(d) = self.body_read_timeout {
+            limits.body_read_timeout = d;
+        }
+        Ok(limits)
+    }
+}
+
+/// A humantime duration (`"10s"`) in the config file.
+mod humantime_opt {
+    use serde::Deserialize;
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<std::time::Duration>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| humantime::parse_duration(&s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -98,6 +180,8 @@ struct FileConfig {
     #[serde(default)]
     demand: std::collections::HashMap<String, std::collections::HashMap<String, f64>>,
     demand_lookback: Option<String>,
+    #[serde(default)]
+    limits: LimitFlags,
 }
 
 fn tokens(file: Option<PathBuf>) -> anyhow::Result<Tokens> {
@@ -220,7 +304,7 @@ fn config(args: Args) -> anyhow::Result<Config> {
             file.retention_interval,
             600,
         )?,
-        limits: Limits {
+        limits: args.limits.or(file.limits).apply(Limits {
             max_body_bytes: args
                 .max_body_bytes
                 .or(file.max_body_bytes)
@@ -240,7 +324,7 @@ fn config(args: Args) -> anyhow::Result<Config> {
                 .or(file.memory_limit)
                 .unwrap_or(defaults.duckdb_memory_limit),
             ..defaults
-        },
+        })?,
     })
 }
 
@@ -364,6 +448,53 @@ mod tests {
         })
     }
 
+    /// Regression guard for the config loader over hostile files: seeded mutations of the shipped
+    /// example never panic; a refusal says why; an accepted file gives limits the service can run
+    /// with. (A seeded loop, not a property-testing crate: see `schema/tests/fuzz.rs` for why.)
+    #[test]
+    fn the_config_loader_refuses_clearly_or_yields_a_runnable_config() {
+        const TOKENS: &[&str] = &[
+            "\"", "=", "[", "]", "\n", "-1", "0", "1e999", "18446744073709551616", "\"soon\"",
+            "[limits]\n", "[prices]\n", "max_batch_samples = 0\n", "ingest_slots = -3\n",
+            "idle_threshold = nan\n", "body_read_timeout = \"-1s\"\n", "unknown_key = 1\n",
+        ];
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let seed = std::fs::read(root.join("deploy/config/aggregator.toml")).unwrap();
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: usize| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1) as u64) as usize
+        };
+        let (mut accepted, mut refused) = (0, 0);
+        for case in 0..300 {
+            let mut text = seed.clone();
+            for _ in 0..1 + next(4) {
+                let at = next(text.len() + 1);
+                let end = (at + next(30)).min(text.len());
+                text.splice(at..end, TOKENS[next(TOKENS.len())].bytes());
+            }
+            let text = String::from_utf8_lossy(&text).into_owned();
+            match config_from(&text) {
+                Ok(c) => {
+                    accepted += 1;
+                    let l = &c.limits;
+                    assert!(l.batch.max_samples >= 1, "case {case}:\n{text}");
+                    assert!(l.ingest_slots >= 1 && l.ingest_slots_per_token >= 1, "case {case}");
+                    assert!(l.max_instances_per_node >= 1, "case {case}");
+                    assert!((0.0..=1.0).contains(&c.analytics.idle_threshold), "case {case}");
+                    assert!(c.retention.raw_secs <= c.retention.rollup_secs, "case {case}");
+                }
+                Err(e) => {
+                    refused += 1;
+                    assert!(!format!("{e:#}").is_empty(), "case {case}");
+                }
+            }
+        }
+        assert!(accepted > 0 && refused > 0, "{accepted} accepted, {refused} refused");
+    }
+
     #[test]
     fn analytics_settings_are_read_and_checked() {
         let c = config_from(
@@ -384,6 +515,9 @@ mod tests {
                 "no such MIG profile",
             ),
             ("hoarding_window = \"soon\"", "hoarding_window"),
+            ("[limits]\nmax_batch_samples = 0", "max_batch_samples must be at least 1"),
+            ("[limits]\nbody_read_timeout = \"soon\"", "body_read_timeout"),
+            ("[limits]\nmax_bytes = 3", "unknown field `max_bytes`"),
         ] {
             let e = format!("{:#}", config_from(toml).unwrap_err());
             assert!(e.contains(says), "{toml}: {e}");

@@ -59,6 +59,32 @@ impl ApiError {
         )
     }
 
+    /// 408: the request (its body) did not arrive in time; a retry will do.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            Some("body".into()),
+            message.into(),
+        )
+    }
+
+    /// 422: a valid batch the ledger will not take (a limit of the store); not retried.
+    pub fn unprocessable(field: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some(field.into()),
+            message.into(),
+        )
+    }
+
+    /// 429 with Retry-After: this caller has too much in flight.
+    pub fn too_many_requests(message: impl Into<String>, retry_after: u64) -> Self {
+        ApiError {
+            retry_after: Some(retry_after),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, None, message.into())
+        }
+    }
+
     /// 503 with Retry-After: the service cannot take this now; a retry will do.
     pub fn unavailable(message: impl Into<String>, retry_after: u64) -> Self {
         ApiError {

@@ -1,18 +1,20 @@
 //! `POST /api/v1/ingest`: an exporter's batch (`schema/WIRE.md`) into the ledger.
 //!
-//! Order of checks, each with its own answer: token (401), body size (413), gzip and JSON and
-//! the sample rules (400 naming the field), the token's node (403), the time window (400), room
-//! in the writer queue (503 with Retry-After: the exporter keeps the batch and retries). A batch
-//! is acknowledged (200) only once it is committed.
-
-use std::io::Read;
+//! Order of checks, cheapest first, so that nothing is read or parsed for a caller that may not
+//! ingest: the token (401) and that its role may ingest at all (403); a declared
+//! `Content-Length` over the limit (413); a fair slot ([`super::admission`]: 429 or 503 with
+//! Retry-After); the body, which must arrive within `body_read_timeout` (408) and the size limit
+//! (413); a decode slot, then gzip and JSON within the batch limits (413) and the sample rules
+//! (400 naming the field); the token's node for every series and share (403); the time window
+//! for every series and share (400); room in the writer queue (503 with Retry-After: the exporter
+//! keeps the batch and retries). A batch the store refuses whatever is retried (a per-node limit,
+//! values it cannot hold) is 422. A batch is acknowledged (200) only once it is committed.
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
-use flate2::read::GzDecoder;
-use gpuledger_schema::wire::Batch;
+use gpuledger_schema::wire::{Batch, WireError};
 use uuid::Uuid;
 
 use super::AppState;
@@ -45,22 +47,22 @@ pub struct TimeWindow {
 }
 
 impl TimeWindow {
-    /// Checks every `t` of `batch`; the error names the field as a JSON path.
+    /// Checks every `t` of `batch`'s series and shares; the error names the field as a JSON path.
     pub fn check(&self, batch: &Batch) -> Result<(), (String, String)> {
-        for (i, s) in batch.series.iter().enumerate() {
+        for (list, i, s) in batch.entries() {
             for (j, &t) in s.t.iter().enumerate() {
                 if t > self.newest {
                     return Err((
-                        format!("series[{i}].t[{j}]"),
+                        format!("{list}[{i}].t[{j}]"),
                         format!(
                             "{t} is {} s in the future (more than the allowed clock skew); check the exporter's clock",
-                            t - self.newest
+                            t.saturating_sub(self.newest)
                         ),
                     ));
                 }
                 if t < self.oldest {
                     return Err((
-                        format!("series[{i}].t[{j}]"),
+                        format!("{list}[{i}].t[{j}]"),
                         format!(
                             "{t} is older than the rollup retention (oldest accepted: {})",
                             self.oldest
@@ -73,13 +75,12 @@ impl TimeWindow {
     }
 }
 
-/// Decompresses at most `limit` bytes; `None` when the body inflates past it.
-fn inflate(body: &[u8], limit: usize) -> Result<Option<Vec<u8>>, std::io::Error> {
-    let mut out = Vec::with_capacity(body.len().saturating_mul(8).min(limit));
-    GzDecoder::new(body)
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)?;
-    Ok((out.len() <= limit).then_some(out))
+/// The request's declared body length, when it declares one.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The handler.
@@ -97,58 +98,74 @@ pub async fn ingest(
         .emit(&app.metrics);
         e
     };
-    let role = app
+    let (token, role) = app
         .tokens
-        .authenticate(&headers)
+        .identify(&headers)
         .map_err(|e| reject(RejectReason::Unauthorized, None, e))?;
+    if !role.may_ingest() {
+        return Err(reject(
+            RejectReason::Forbidden,
+            None,
+            ApiError::forbidden(
+                "authorization",
+                "this token cannot ingest; use a node:NAME, node:* or admin token",
+            ),
+        ));
+    }
     let limits = &app.config.limits;
-    let bytes = axum::body::to_bytes(body, limits.max_body_bytes)
-        .await
-        .map_err(|_| {
-            reject(
-                RejectReason::TooLarge,
+    let too_large = || {
+        ApiError::too_large(format!(
+            "the body is over {} bytes (--max-body-bytes)",
+            limits.max_body_bytes
+        ))
+    };
+    if declared_length(&headers).is_some_and(|n| n > limits.max_body_bytes as u64) {
+        return Err(reject(RejectReason::TooLarge, None, too_large()));
+    }
+    let _slot = app.admission.enter(token).await.map_err(|refused| {
+        reject(
+            RejectReason::Throttled,
+            None,
+            refused.into_error(app.admission.per_token()),
+        )
+    })?;
+    let bytes = match tokio::time::timeout(
+        limits.body_read_timeout,
+        axum::body::to_bytes(body, limits.max_body_bytes),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => return Err(reject(RejectReason::TooLarge, None, too_large())),
+        Err(_) => {
+            return Err(reject(
+                RejectReason::Timeout,
                 None,
-                ApiError::too_large(format!(
-                    "the body is over {} bytes (or was cut off)",
-                    limits.max_body_bytes
+                ApiError::timeout(format!(
+                    "the body did not arrive within {} s",
+                    limits.body_read_timeout.as_secs_f64()
                 )),
-            )
-        })?;
+            ));
+        }
+    };
     let gzip = headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
-    let decoded_limit = limits.max_decoded_bytes;
-    let batch = tokio::task::spawn_blocking(move || -> Result<Batch, ApiError> {
-        let json = if gzip {
-            match inflate(&bytes, decoded_limit) {
-                Ok(Some(json)) => json,
-                Ok(None) => {
-                    return Err(ApiError::too_large(format!(
-                        "the body inflates to more than {decoded_limit} bytes"
-                    )));
-                }
-                Err(e) => {
-                    return Err(ApiError::bad_request(
-                        "body",
-                        format!("not valid gzip: {e}"),
-                    ));
-                }
-            }
-        } else {
-            bytes.to_vec()
-        };
-        Batch::decode(&json, false)
-            .map_err(|e| ApiError::bad_request(e.field().to_owned(), e.to_string()))
+    let batch_limits = limits.batch;
+    let decoding = app.admission.decode_slot().await;
+    let batch = tokio::task::spawn_blocking(move || {
+        let _decoding = decoding;
+        Batch::decode_with(&bytes, gzip, &batch_limits)
     })
     .await
     .map_err(|e| ApiError::internal(&e))?
-    .map_err(|e| {
-        let reason = if e.status.as_u16() == 413 {
-            RejectReason::TooLarge
-        } else {
-            RejectReason::Invalid
-        };
-        reject(reason, None, e)
+    .map_err(|e| match e {
+        WireError::TooLarge(m) => reject(RejectReason::TooLarge, None, ApiError::too_large(m)),
+        e => reject(
+            RejectReason::Invalid,
+            None,
+            ApiError::bad_request(e.field().to_owned(), e.to_string()),
+        ),
     })?;
     let node = Some(batch.node.as_str());
     if !role.may_ingest_for(&batch.node) {
@@ -161,20 +178,13 @@ pub async fn ingest(
             ),
         ));
     }
-    if let Some(i) = batch
-        .series
-        .iter()
-        .position(|s| !role.may_ingest_for(&s.node))
-    {
+    if let Some((list, i, s)) = batch.entries().find(|(_, _, s)| !role.may_ingest_for(&s.node)) {
         return Err(reject(
             RejectReason::Forbidden,
             node,
             ApiError::forbidden(
-                format!("series[{i}].node"),
-                format!(
-                    "this token is not valid for node {:?}",
-                    batch.series[i].node
-                ),
+                format!("{list}[{i}].node"),
+                format!("this token is not valid for node {:?}", s.node),
             ),
         ));
     }
@@ -189,8 +199,7 @@ pub async fn ingest(
                 ApiError::bad_request(field, message),
             )
         })?;
-    let samples = batch.sample_count();
-    let reservation = app.writer.try_reserve(samples).map_err(|e| match e {
+    let reservation = app.writer.try_reserve(batch.weight()).map_err(|e| match e {
         QueueError::TooLarge { .. } => reject(
             RejectReason::TooLarge,
             node,
@@ -207,20 +216,31 @@ pub async fn ingest(
         .set(app.writer.queued_samples() as i64);
     let batch_id = batch.batch_id;
     let node_name = batch.node.clone();
+    let raw_cutoff = now.saturating_sub(app.config.retention.raw_secs);
     let outcome: IngestOutcome = app
         .writer
-        .ingest(batch, now - app.config.retention.raw_secs, reservation)
+        .ingest(batch, raw_cutoff, reservation)
         .await
-        .map_err(|e| {
-            let error = match &e {
-                StoreError::WriterStopped => ApiError::unavailable(e.to_string(), 5),
-                _ => {
-                    // Logged once, here; the exporter keeps the batch and retries.
-                    tracing::error!(error = %e, batch_id = %batch_id, "A batch could not be written; the exporter will retry it.");
-                    ApiError::unavailable("the ledger could not write this batch; retry", 5)
-                }
-            };
-            reject(RejectReason::StoreError, Some(&node_name), error)
+        .map_err(|e| match e {
+            StoreError::Rejected { field, message } => reject(
+                RejectReason::Unstorable,
+                Some(&node_name),
+                ApiError::unprocessable(field, message),
+            ),
+            StoreError::WriterStopped => reject(
+                RejectReason::StoreError,
+                Some(&node_name),
+                ApiError::unavailable(e.to_string(), 5),
+            ),
+            e => {
+                // Logged once, here; the exporter keeps the batch and retries.
+                tracing::error!(error = %e, batch_id = %batch_id, "A batch could not be written; the exporter will retry it.");
+                reject(
+                    RejectReason::StoreError,
+                    Some(&node_name),
+                    ApiError::unavailable("the ledger could not write this batch; retry", 5),
+                )
+            }
         })?;
     let m = &app.metrics;
     m.queue_samples.set(app.writer.queued_samples() as i64);
@@ -238,21 +258,4 @@ pub async fn ingest(
         duplicate_samples: outcome.duplicate_samples,
         duplicate_batch: outcome.duplicate_batch,
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn inflate_stops_at_the_limit() {
-        use flate2::write::GzEncoder;
-        use std::io::Write;
-        let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(&vec![b'a'; 10_000]).unwrap();
-        let body = gz.finish().unwrap();
-        assert_eq!(inflate(&body, 10_000).unwrap().unwrap().len(), 10_000);
-        assert!(inflate(&body, 9_999).unwrap().is_none());
-        assert!(inflate(b"not gzip", 100).is_err());
-    }
 }

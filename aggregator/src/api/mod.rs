@@ -1,6 +1,7 @@
 //! The HTTP API: handlers next to their request and response types, one module per resource.
 //! The routes are listed in [`crate::router`].
 
+pub mod admission;
 pub mod error;
 pub mod fragmentation;
 pub mod hoarding;
@@ -35,6 +36,10 @@ pub struct App {
     pub metrics: Arc<AggregatorMetrics>,
     /// One analytics evaluation at a time (the loop and `POST /api/v1/analytics/evaluate`).
     pub analytics_lock: tokio::sync::Mutex<()>,
+    /// Ingest slots, per token and in all.
+    pub admission: admission::Admission,
+    /// The last readiness answer and when it was found.
+    pub readiness: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
 }
 
 impl App {
@@ -70,16 +75,28 @@ impl App {
     }
 }
 
-/// Parses a time query parameter: RFC 3339 or Unix seconds; 400 naming it otherwise.
+/// Latest time a query may name: 9999-12-31T23:59:59Z. With times from 1970 on, every
+/// difference and every rounding to a day boundary stays far inside 64 bits.
+pub const LATEST_TIME: i64 = 253_402_300_799;
+
+/// Parses a time query parameter: RFC 3339 or Unix seconds, from 1970 to the year 9999; 400
+/// naming it otherwise.
 pub fn time_param(name: &'static str, value: Option<&str>) -> Result<Option<i64>, error::ApiError> {
     value
         .map(|v| {
-            gpuledger_schema::trace::parse_timestamp(v).map_err(|e| {
+            let t = gpuledger_schema::trace::parse_timestamp(v).map_err(|e| {
                 error::ApiError::bad_request(
                     name,
                     format!("{v:?} is not a time (RFC 3339 or Unix seconds): {e}"),
                 )
-            })
+            })?;
+            if !(0..=LATEST_TIME).contains(&t) {
+                return Err(error::ApiError::bad_request(
+                    name,
+                    format!("{v:?} is outside 1970-01-01 to 9999-12-31"),
+                ));
+            }
+            Ok(t)
         })
         .transpose()
 }
@@ -111,16 +128,18 @@ pub fn range_params(
             format!("from ({from}) must be before to ({to})"),
         ));
     }
-    if to - from > max_secs {
-        return Err(error::ApiError::bad_request(
+    // Checked although the bounds above make it impossible: an overflow here once turned a
+    // huge range into a month-to-date answer.
+    match to.checked_sub(from) {
+        Some(span) if span <= max_secs => Ok((from, to)),
+        span => Err(error::ApiError::bad_request(
             "from",
             format!(
                 "the range is {} s; at most {max_secs} s (the rollup retention) is kept",
-                to - from
+                span.map_or_else(|| "more than 2^63".to_owned(), |s| s.to_string())
             ),
-        ));
+        )),
     }
-    Ok((from, to))
 }
 
 /// `POST /api/v1/analytics/evaluate` (admin): evaluates now instead of at the next tick, and
@@ -154,8 +173,24 @@ impl std::ops::Deref for AppState {
 
 /// `GET /metrics`: the aggregator's own families, OpenMetrics or classic by `Accept`. Table row
 /// counts and file size are read at scrape time.
-pub async fn metrics(State(app): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
+///
+/// Who sees what (README, "Metrics"): without a token, the operational families only (ingest,
+/// writer, store, analytics runs), which name no tenant; with a `viewer` or `admin` token, also
+/// the ledger families (tenants, hoarding episodes, fragmentation); with a `tenant:` token, that
+/// tenant's own series of them; a node token sees the operational families. An unknown token is
+/// 401, so a mistyped scrape credential fails loudly instead of silently losing series.
+pub async fn metrics(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, error::ApiError> {
     let format = exposition::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    let scope: Option<Option<String>> = match headers.contains_key(header::AUTHORIZATION) {
+        false => None,
+        true => match app.tokens.authenticate(&headers)? {
+            crate::auth::Role::Node(_) | crate::auth::Role::AnyNode => None,
+            role => Some(role.read_scope()?.map(str::to_owned)),
+        },
+    };
     let body = tokio::task::spawn_blocking(move || {
         let m = &app.metrics;
         m.queue_samples.set(app.writer.queued_samples() as i64);
@@ -169,15 +204,21 @@ pub async fn metrics(State(app): State<AppState>, headers: HeaderMap) -> impl In
             }
             Err(e) => tracing::warn!(error = %e, "Cannot read table sizes for /metrics."),
         }
-        exposition::render(&[m.registry()], format)
+        match scope {
+            None => exposition::render(&[m.registry()], format),
+            Some(tenant) => {
+                let ledger = m.ledger_for(tenant.as_deref());
+                exposition::render(&[m.registry(), ledger.registry()], format)
+            }
+        }
     })
     .await
-    .unwrap_or_default();
-    (
+    .map_err(|e| error::ApiError::internal(&e))?;
+    Ok((
         StatusCode::OK,
         [(header::CONTENT_TYPE, format.content_type())],
         body,
-    )
+    ))
 }
 
 /// `GET /healthz`: the process answers.
@@ -185,8 +226,20 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// `GET /readyz`: 200 when the writer runs, the queue has room and the ledger answers a query;
-/// 503 otherwise (a load balancer then sends exporters elsewhere or they spool).
+/// Readiness fails below this much free space on the ledger's filesystem. A one-row probe commit
+/// can still succeed on a full disk (it fits in the write-ahead log's last block) while every
+/// batch fails, so free space is asked directly.
+pub const MIN_FREE_BYTES: u64 = 16 << 20;
+
+/// How long a readiness answer is reused: probes from many load balancers (or a flood of them,
+/// `/readyz` needs no token) cost one writer commit per this interval at most.
+const READINESS_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `GET /readyz`: 200 when the writer runs, its queue has room, the ledger's disk has room
+/// ([`MIN_FREE_BYTES`]), the writer can commit (a one-row update through the writer: a read-only
+/// or broken file fails it) and the ledger can be read (the newest hours of the tenant rollup,
+/// which showback reads); 503 naming what failed otherwise
+/// (a load balancer then sends exporters elsewhere, or they spool).
 pub async fn readyz(State(app): State<AppState>) -> (StatusCode, String) {
     if !app.writer.is_running() {
         return (
@@ -200,19 +253,80 @@ pub async fn readyz(State(app): State<AppState>) -> (StatusCode, String) {
             "the writer queue is full\n".into(),
         );
     }
-    let probe = tokio::task::spawn_blocking(move || {
-        app.readers.connect().and_then(|c| {
-            c.query_row("SELECT 1", [], |r| r.get::<_, i32>(0))
-                .map_err(crate::store::StoreError::from_db)
+    let mut cache = app.readiness.lock().await;
+    let fresh = cache
+        .as_ref()
+        .filter(|(at, _)| at.elapsed() < READINESS_TTL)
+        .map(|(_, r)| r.clone());
+    let result = match fresh {
+        Some(r) => r,
+        None => {
+            let r = check_ready(&app).await;
+            *cache = Some((std::time::Instant::now(), r.clone()));
+            r
+        }
+    };
+    match result {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    }
+}
+
+async fn check_ready(app: &AppState) -> Result<(), String> {
+    if let Some(free) = app.readers.free_bytes()
+        && free < MIN_FREE_BYTES
+    {
+        return Err(format!(
+            "the ledger's disk is full: {free} bytes free, under {MIN_FREE_BYTES}; the writer cannot commit batches"
+        ));
+    }
+    app.writer
+        .probe()
+        .await
+        .map_err(|e| format!("the writer cannot commit: {e}"))?;
+    let reader = app.clone();
+    tokio::task::spawn_blocking(move || {
+        let since = chrono::Utc::now().timestamp() - 2 * 3600;
+        reader.readers.connect().and_then(|c| {
+            c.query_row(
+                "SELECT count(*), sum(gpu_seconds) FROM rollup_tenant_1h WHERE bucket >= ?",
+                [since],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(crate::store::StoreError::from_db)
         })
     })
-    .await;
-    match probe {
-        Ok(Ok(_)) => (StatusCode::OK, "ready\n".into()),
-        Ok(Err(e)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the ledger does not answer: {e}\n"),
-        ),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    .await
+    .map_err(|e| e.to_string())?
+    .map(|_| ())
+    .map_err(|e| format!("the ledger cannot be read: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: `showback?from=9223372036854775707&to=9223372036854775807` answered
+    /// month-to-date totals and `fragmentation?from=i64::MIN&to=i64::MAX` slipped past the
+    /// 400-day bound, through `to - from` overflowing.
+    #[test]
+    fn time_range_arithmetic_cannot_overflow() {
+        let max = 400 * 86400;
+        for (from, to, field) in [
+            ("9223372036854775707", "9223372036854775807", "to"),
+            ("-9223372036854775808", "9223372036854775807", "to"),
+            ("-9223372036854775808", "1700000000", "from"),
+            ("-1", "1700000000", "from"),
+            ("0", "253402300800", "to"),
+        ] {
+            let e = range_params(Some(from), Some(to), max).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.field.as_deref()), (400, Some(field)), "{from}..{to}: {}", e.message);
+        }
+        let e = range_params(Some("0"), Some("253402300799"), max).unwrap_err();
+        assert!(e.message.contains("at most"), "{}", e.message);
+        assert_eq!(
+            range_params(Some("1700000000"), Some("1700003600"), max).unwrap(),
+            (1_700_000_000, 1_700_003_600)
+        );
     }
 }
