@@ -160,22 +160,17 @@ async fn analytics_over_http_with_scoped_tokens() {
     assert_eq!(status, 403);
 
     // Metrics: the open episodes as series, tenants' current figures, promtool-clean.
-    let body = reqwest::get(format!("{}/metrics", a.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = a.metrics_as(VIEWER).await;
     common::assert_promtool_clean(&body);
     let episode = "gpuledger_hoarding_episode_idle_duration_seconds{tenant=\"team-c\",workload=\"team-c/infer-0\",node=\"n1\",gpu=\"GPU-A\",gpu_instance=\"9\",slo_class=\"latency_critical\"}";
-    assert_eq!(a.value(episode).await, Some(7200.0), "{body}");
+    assert_eq!(a.value_as(VIEWER, episode).await, Some(7200.0), "{body}");
     let idle = a
-        .value("gpuledger_tenant_allocated_gpu_equivalents{tenant=\"team-c\",slo_class=\"latency_critical\"}")
+        .value_as(VIEWER, "gpuledger_tenant_allocated_gpu_equivalents{tenant=\"team-c\",slo_class=\"latency_critical\"}")
         .await
         .unwrap();
     assert!((idle - 1.0 / 7.0).abs() < 1e-9);
     assert_eq!(
-        a.value("gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}")
+        a.value_as(VIEWER, "gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}")
             .await,
         Some(2.0)
     );
@@ -201,12 +196,7 @@ async fn analytics_over_http_with_scoped_tokens() {
         200
     );
     assert_eq!(a.evaluate(ADMIN_TOKEN).await.0, 200);
-    let body = reqwest::get(format!("{}/metrics", a.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = a.metrics_as(VIEWER).await;
     assert!(
         !body.contains("workload=\"team-a/notebook-1\""),
         "a stale episode series: {body}"

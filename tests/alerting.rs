@@ -96,7 +96,7 @@ async fn prometheus_and_alertmanager_deliver_the_idle_hoarding_alert() {
     std::fs::write(
         &prom_config,
         format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}/*.rules.yml\nalerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{am_port}']\nscrape_configs:\n  - job_name: gpuledger-aggregator\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}/*.rules.yml\nalerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{am_port}']\nscrape_configs:\n  - job_name: gpuledger-aggregator\n    authorization:\n      credentials: '{ADMIN_TOKEN}'\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
             alerts.display(),
             aggregator.port
         ),

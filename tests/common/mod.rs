@@ -120,12 +120,16 @@ impl Exporter {
 
 /// The value of a sample (name with labels, as written) in a server's classic `/metrics`.
 pub async fn metric_value(port: u16, name: &str) -> Option<f64> {
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
+    metric_value_as(port, name, None).await
+}
+
+/// [`metric_value`] scraped with a bearer token (the aggregator's ledger families need one).
+pub async fn metric_value_as(port: u16, name: &str, token: Option<&str>) -> Option<f64> {
+    let mut req = reqwest::Client::new().get(format!("http://127.0.0.1:{port}/metrics"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let text = req.send().await.ok()?.text().await.ok()?;
     text.lines().find_map(|l| {
         l.strip_prefix(name)
             .and_then(|rest| rest.strip_prefix(' '))
@@ -204,9 +208,29 @@ impl Aggregator {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// The value of a sample in its classic `/metrics`.
+    /// The value of a sample in its classic `/metrics` (scraped without a token: the operational
+    /// families only).
     pub async fn value(&self, name: &str) -> Option<f64> {
         metric_value(self.port, name).await
+    }
+
+    /// The value of a sample in its `/metrics` scraped with `token` (the ledger families: tenants,
+    /// hoarding, fragmentation).
+    pub async fn value_as(&self, token: &str, name: &str) -> Option<f64> {
+        metric_value_as(self.port, name, Some(token)).await
+    }
+
+    /// Its classic `/metrics` text, scraped with `token`.
+    pub async fn metrics_as(&self, token: &str) -> String {
+        reqwest::Client::new()
+            .get(format!("{}/metrics", self.url()))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 
     /// kill -9, then start again on the same port and file.
