@@ -3,12 +3,42 @@
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tower::ServiceBuilder;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::api::{self, AppState, fragmentation, hoarding, ingest, shares, showback};
+
+/// Gives the answers no handler wrote — 404 for an unknown path, 405, the timeout's 408, a body
+/// limit's 413 — the one JSON error shape (`api::error`), so every 4xx and 5xx a client sees says
+/// what is wrong the same way. Answers that carry a body already (a handler's JSON error,
+/// `/readyz`'s sentence) are left as they are.
+async fn json_errors(response: Response) -> Response {
+    use axum::body::HttpBody;
+    let status = response.status();
+    let empty = response.body().size_hint().exact() == Some(0);
+    if !(status.is_client_error() || status.is_server_error()) || !empty {
+        return response;
+    }
+    let message = match status {
+        StatusCode::NOT_FOUND => "no such path; the routes are listed in README.md",
+        StatusCode::METHOD_NOT_ALLOWED => "this path does not take that method",
+        StatusCode::REQUEST_TIMEOUT => "the request took longer than the server allows",
+        StatusCode::PAYLOAD_TOO_LARGE => "the body is over this route's limit",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "the body is not of a type this route takes",
+        _ => status.canonical_reason().unwrap_or("the request failed"),
+    };
+    let mut answer = api::error::ApiError::status(status, message).into_response();
+    // Keep what the layer said beside the status (an Allow header on a 405, say).
+    for (name, value) in response.headers() {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            answer.headers_mut().entry(name).or_insert(value.clone());
+        }
+    }
+    answer
+}
 
 /// Largest body of a request to any route but ingest (they take none, or a small JSON).
 pub const MAX_OTHER_BODY_BYTES: usize = 64 << 10;
@@ -48,5 +78,6 @@ pub fn router(state: AppState) -> Router {
         )
         // Exporters
         .merge(exporters)
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
 }

@@ -31,6 +31,11 @@ impl ApiError {
         }
     }
 
+    /// Any status with a message and no field (the answers of layers and fallbacks).
+    pub fn status(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError::new(status, None, message.into())
+    }
+
     /// 400 naming the field.
     pub fn bad_request(field: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, Some(field.into()), message.into())
