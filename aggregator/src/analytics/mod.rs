@@ -90,8 +90,8 @@ pub fn demand_mix(conn: &Connection, settings: &Settings, at: i64) -> duckdb::Re
     DemandMix::observed(conn, at - lookback, at + 3600, &settings.demand)
 }
 
-/// What one evaluation did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What one evaluation did; also the answer of `POST /api/v1/analytics/evaluate`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PassReport {
     /// GPU-hours whose fragmentation was recomputed.
     pub gpu_hours: usize,

@@ -147,17 +147,13 @@ pub fn range_params(
 pub async fn evaluate_now(
     State(app): State<AppState>,
     headers: HeaderMap,
-) -> Result<axum::Json<serde_json::Value>, error::ApiError> {
+) -> Result<axum::Json<crate::analytics::PassReport>, error::ApiError> {
     app.tokens.authenticate(&headers)?.require_admin()?;
-    let r = app
+    let report = app
         .evaluate()
         .await
         .map_err(|e| error::ApiError::internal(&e))?;
-    Ok(axum::Json(serde_json::json!({
-        "gpu_hours": r.gpu_hours,
-        "gpus": r.gpus,
-        "episodes": r.episodes,
-    })))
+    Ok(axum::Json(report))
 }
 
 /// The state handlers extract.
