@@ -170,8 +170,11 @@ async fn analytics_over_http_with_scoped_tokens() {
         .unwrap();
     assert!((idle - 1.0 / 7.0).abs() < 1e-9);
     assert_eq!(
-        a.value_as(VIEWER, "gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}")
-            .await,
+        a.value_as(
+            VIEWER,
+            "gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}"
+        )
+        .await,
         Some(2.0)
     );
 

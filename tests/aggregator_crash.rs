@@ -61,7 +61,8 @@ async fn kill_9_ten_times_during_sustained_ingest_from_three_exporters_loses_and
     while kills < KILLS {
         let reached = tokio::time::timeout(Duration::from_secs(60), async {
             loop {
-                if a.value("gpuledger_aggregator_ingest_samples_total").await >= Some(BETWEEN_KILLS) {
+                if a.value("gpuledger_aggregator_ingest_samples_total").await >= Some(BETWEEN_KILLS)
+                {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;

@@ -129,8 +129,10 @@ async fn a_read_only_token_is_refused_before_its_body_is_read() {
     }
     // A node token's 256 MiB of zeros in ~255 KiB of gzip: 413 naming the bound.
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    gz.write_all(br#"{"v":1,"batch_id":"01a2057d-f974-7779-95df-9092985a68aa","node":"n1","series":[{"t":["#)
-        .unwrap();
+    gz.write_all(
+        br#"{"v":1,"batch_id":"01a2057d-f974-7779-95df-9092985a68aa","node":"n1","series":[{"t":["#,
+    )
+    .unwrap();
     let zeros = b"0,".repeat(1 << 20);
     for _ in 0..128 {
         gz.write_all(&zeros).unwrap();
@@ -177,7 +179,9 @@ async fn slow_uploads_from_one_token_cannot_stop_ingest_for_the_fleet() {
     )
     .await;
     let head = |token: &str, len: &str| {
-        format!("POST /api/v1/ingest HTTP/1.1\r\nAuthorization: Bearer {token}\r\nContent-Length: {len}")
+        format!(
+            "POST /api/v1/ingest HTTP/1.1\r\nAuthorization: Bearer {token}\r\nContent-Length: {len}"
+        )
     };
     let (_s, status) = raw_request(
         a.port,
@@ -249,9 +253,16 @@ async fn a_batch_the_store_cannot_sum_is_a_4xx_not_a_503_forever() {
             },
         )
     };
-    let huge = Batch::from_samples("n1", &[nvlink(hour, u64::MAX), nvlink(hour + 120, u64::MAX)]);
+    let huge = Batch::from_samples(
+        "n1",
+        &[nvlink(hour, u64::MAX), nvlink(hour + 120, u64::MAX)],
+    );
     let (status, body) = a.ingest(N1, &huge).await;
-    assert_eq!((status, field(&body)), (400, "series[0].nvlink_tx_bytes[0]"), "{body}");
+    assert_eq!(
+        (status, field(&body)),
+        (400, "series[0].nvlink_tx_bytes[0]"),
+        "{body}"
+    );
     let (status, body) = a
         .ingest(
             N1,
@@ -271,7 +282,11 @@ async fn a_batch_the_store_cannot_sum_is_a_4xx_not_a_503_forever() {
             ),
         )
         .await;
-    assert_eq!((status, field(&body)), (400, "series[0].fb_used_bytes[0]"), "{body}");
+    assert_eq!(
+        (status, field(&body)),
+        (400, "series[0].fb_used_bytes[0]"),
+        "{body}"
+    );
     // A ledger that already holds a near-2^64 hour sum (written before the bounds existed).
     let first = Batch::from_samples("n1", &[nvlink(hour, 1000)]);
     assert_eq!(a.ingest(N1, &first).await.0, 200);
@@ -347,7 +362,10 @@ async fn shares_are_checked_like_series() {
         "{body}"
     );
     // Nothing of the refused batches reached the ledger; a valid one does.
-    assert_eq!(a.ingest(N1, &base().with_shares(&[share("n1", t)])).await.0, 200);
+    assert_eq!(
+        a.ingest(N1, &base().with_shares(&[share("n1", t)])).await.0,
+        200
+    );
     assert!(a.terminate().success());
     let conn = open_ledger(&dir.path().join("ledger.duckdb"));
     let (shares, nodes): (i64, i64) = conn
@@ -381,7 +399,11 @@ async fn a_node_cannot_add_instances_past_its_bound() {
     assert_eq!(a.ingest(N1, &gpus("n1", 8)).await.0, 200);
     let (status, _) = a.ingest(N1, &gpus("n1", 9)).await;
     assert_eq!(status, 422, "the ninth instance of n1, later");
-    assert_eq!(a.ingest(N2, &gpus("n2", 8)).await.0, 200, "other nodes are unaffected");
+    assert_eq!(
+        a.ingest(N2, &gpus("n2", 8)).await.0,
+        200,
+        "other nodes are unaffected"
+    );
     assert_eq!(
         a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"unstorable\"}")
             .await,
@@ -410,13 +432,24 @@ async fn metrics_show_the_ledger_families_only_to_tokens_that_may_read_them() {
             ]
         })
         .collect();
-    assert_eq!(a.ingest(N1, &Batch::from_samples("n1", &samples)).await.0, 200);
+    assert_eq!(
+        a.ingest(N1, &Batch::from_samples("n1", &samples)).await.0,
+        200
+    );
     assert_eq!(a.evaluate(ADMIN_TOKEN).await.0, 200);
-    let has = |text: &str, needle: &str| text.lines().any(|l| !l.starts_with('#') && l.contains(needle));
+    let has = |text: &str, needle: &str| {
+        text.lines()
+            .any(|l| !l.starts_with('#') && l.contains(needle))
+    };
     let (status, anyone) = get(&a, "/metrics", None).await;
     assert_eq!(status, 200);
     assert!(has(&anyone, "gpuledger_aggregator_ingest_samples_total"));
-    for private in ["gpuledger_tenant_", "gpuledger_hoarding_", "gpuledger_fragmentation_", "tenant=\""] {
+    for private in [
+        "gpuledger_tenant_",
+        "gpuledger_hoarding_",
+        "gpuledger_fragmentation_",
+        "tenant=\"",
+    ] {
         assert!(!has(&anyone, private), "{private} without a token");
     }
     let (_, node) = get(&a, "/metrics", Some(N1)).await;
@@ -424,16 +457,40 @@ async fn metrics_show_the_ledger_families_only_to_tokens_that_may_read_them() {
     for token in [VIEWER, ADMIN_TOKEN] {
         let (_, all) = get(&a, "/metrics", Some(token)).await;
         for tenant in ["tenant=\"a\"", "tenant=\"b\""] {
-            assert!(has(&all, &format!("gpuledger_tenant_allocated_gpu_equivalents{{{tenant}")), "{tenant}");
-            assert!(has(&all, &format!("gpuledger_hoarding_episode_gpu_equivalents{{{tenant}")), "{tenant}");
+            assert!(
+                has(
+                    &all,
+                    &format!("gpuledger_tenant_allocated_gpu_equivalents{{{tenant}")
+                ),
+                "{tenant}"
+            );
+            assert!(
+                has(
+                    &all,
+                    &format!("gpuledger_hoarding_episode_gpu_equivalents{{{tenant}")
+                ),
+                "{tenant}"
+            );
         }
-        assert!(has(&all, "gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}"));
+        assert!(has(
+            &all,
+            "gpuledger_fragmentation_capacity_gpu_equivalents{node=\"n1\"}"
+        ));
     }
     let (_, own) = get(&a, "/metrics", Some(TENANT_A)).await;
-    assert!(has(&own, "gpuledger_tenant_allocated_gpu_equivalents{tenant=\"a\""));
-    assert!(has(&own, "gpuledger_hoarding_episode_gpu_equivalents{tenant=\"a\""));
+    assert!(has(
+        &own,
+        "gpuledger_tenant_allocated_gpu_equivalents{tenant=\"a\""
+    ));
+    assert!(has(
+        &own,
+        "gpuledger_hoarding_episode_gpu_equivalents{tenant=\"a\""
+    ));
     assert!(!has(&own, "tenant=\"b\""), "tenant a sees b:\n{own}");
-    assert!(!has(&own, "gpuledger_fragmentation_capacity"), "fleet-wide figures are withheld");
+    assert!(
+        !has(&own, "gpuledger_fragmentation_capacity"),
+        "fleet-wide figures are withheld"
+    );
     common::assert_openmetrics_valid(&{
         let r = reqwest::Client::new()
             .get(format!("{}/metrics", a.url()))
@@ -465,7 +522,11 @@ async fn small_ones_the_bearer_scheme_and_instance_ids() {
     s.instance.mig_profile = Some("1g.10gb".into());
     s.instance.gpu_instance_id = Some(u32::MAX);
     let (status, body) = a.ingest(N1, &Batch::from_samples("n1", &[s])).await;
-    assert_eq!((status, field(&body)), (400, "series[0].gpu_instance_id"), "{body}");
+    assert_eq!(
+        (status, field(&body)),
+        (400, "series[0].gpu_instance_id"),
+        "{body}"
+    );
 }
 
 /// Regression (#9): the listen port was checked only after the ledger file had been created; a
@@ -486,7 +547,10 @@ fn start_up_refuses_a_taken_port_before_creating_the_ledger_and_a_duplicated_tok
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot listen"), "{stderr}");
-    assert!(!db.exists(), "the ledger was created for a start that could not serve");
+    assert!(
+        !db.exists(),
+        "the ledger was created for a start that could not serve"
+    );
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, format!("viewer {VIEWER}\n\ntenant:a {VIEWER}\n")).unwrap();
     let out = common::gpuledger()
@@ -540,9 +604,11 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
             .ok()
             .map(|r| r.status().as_u16())
     };
-    eventually("the aggregator's /readyz", Duration::from_secs(30), async || {
-        (ready().await == Some(200)).then_some(())
-    })
+    eventually(
+        "the aggregator's /readyz",
+        Duration::from_secs(30),
+        async || (ready().await == Some(200)).then_some(()),
+    )
     .await;
     // Fill the volume, as seen from inside the aggregator's mount namespace.
     let filler = std::path::PathBuf::from(format!("/proc/{}/root", child.id()))
@@ -558,7 +624,9 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
     let batch = Batch::from_samples(
         "n1",
         &(t..t + 30)
-            .flat_map(|t| (0..8).map(move |g| whole_gpu("n1", &format!("GPU-{g}"), Some("a"), t, busy(0.5))))
+            .flat_map(|t| {
+                (0..8).map(move |g| whole_gpu("n1", &format!("GPU-{g}"), Some("a"), t, busy(0.5)))
+            })
             .collect::<Vec<_>>(),
     );
     let post = || async {
@@ -572,7 +640,11 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
             .unwrap()
     };
     let r = post().await;
-    assert_eq!(r.status().as_u16(), 503, "a full disk is retried, never a bad batch");
+    assert_eq!(
+        r.status().as_u16(),
+        503,
+        "a full disk is retried, never a bad batch"
+    );
     assert!(r.headers().contains_key("retry-after"));
     let why = eventually("/readyz to fail", Duration::from_secs(30), async || {
         let r = reqwest::get(format!("{url}/readyz")).await.ok()?;
@@ -589,7 +661,10 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
     let r = post().await;
     assert_eq!(r.status().as_u16(), 200);
     let body: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(body["stored"], 240, "acknowledged = stored after the recovery");
+    assert_eq!(
+        body["stored"], 240,
+        "acknowledged = stored after the recovery"
+    );
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -167,8 +167,19 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
     match rng.below(12) {
         // Tokens: missing, unknown, wrong scheme, out of scope.
         0 => {
-            let token = rng.pick(&[None, Some("x"), Some("not-a-token-not-a-token"), Some(VIEWER), Some(TENANT_A)]);
-            ingest(token.as_deref(), gzip(&good), true, format!("ingest with token {token:?}"))
+            let token = rng.pick(&[
+                None,
+                Some("x"),
+                Some("not-a-token-not-a-token"),
+                Some(VIEWER),
+                Some(TENANT_A),
+            ]);
+            ingest(
+                token.as_deref(),
+                gzip(&good),
+                true,
+                format!("ingest with token {token:?}"),
+            )
         }
         1 => Request {
             method: reqwest::Method::POST,
@@ -192,15 +203,16 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
         2 => {
             let cut = rng.below(good.len());
             let noise = 1 + rng.below(300);
-            let body = rng.pick(&[
-                b"".to_vec(),
-                b"null".to_vec(),
-                b"[]".to_vec(),
-                good[..cut].to_vec(),
-                b"{\"v\":1".to_vec(),
-                vec![0xff; noise],
-            ])
-            .clone();
+            let body = rng
+                .pick(&[
+                    b"".to_vec(),
+                    b"null".to_vec(),
+                    b"[]".to_vec(),
+                    good[..cut].to_vec(),
+                    b"{\"v\":1".to_vec(),
+                    vec![0xff; noise],
+                ])
+                .clone();
             ingest(Some(N1), body, false, "not JSON".into())
         }
         3 => {
@@ -213,7 +225,12 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
             }
             ingest(Some(N1), body, true, "broken gzip".into())
         }
-        4 => ingest(Some(N1), good.clone(), true, "plain JSON labelled gzip".into()),
+        4 => ingest(
+            Some(N1),
+            good.clone(),
+            true,
+            "plain JSON labelled gzip".into(),
+        ),
         // Past the limits: values, samples, decoded bytes.
         5 => {
             // More values than 2,000 samples and 4,096 series may have (153,136).
@@ -222,7 +239,12 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
                 r#"{{"v":1,"batch_id":"01a2057d-f974-7779-95df-9092985a68aa","node":"n1","series":[{{"t":[{}1]}}]}}"#,
                 "1,".repeat(n)
             );
-            ingest(Some(N1), gzip(body.as_bytes()), true, "too many values".into())
+            ingest(
+                Some(N1),
+                gzip(body.as_bytes()),
+                true,
+                "too many values".into(),
+            )
         }
         6 => {
             // 8 MiB of JSON, past the 4.7 MB a batch of 2,000 samples may decode to.
@@ -232,7 +254,12 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
                 json.resize(8 << 20, b'a');
                 gzip(&json)
             });
-            ingest(Some(N1), bomb.clone(), true, "inflates past the bound".into())
+            ingest(
+                Some(N1),
+                bomb.clone(),
+                true,
+                "inflates past the bound".into(),
+            )
         }
         7 => {
             // Over --max-batch-samples with valid-looking seconds.
@@ -243,7 +270,12 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
             for c in ["sm_active", "fb_used_bytes", "fb_total_bytes"] {
                 b["series"][0].as_object_mut().unwrap().remove(c);
             }
-            ingest(Some(N1), gzip(&serde_json::to_vec(&b).unwrap()), true, "too many samples".into())
+            ingest(
+                Some(N1),
+                gzip(&serde_json::to_vec(&b).unwrap()),
+                true,
+                "too many samples".into(),
+            )
         }
         // Valid JSON breaking a rule.
         8 | 9 => {
@@ -254,7 +286,12 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
         }
         // Read APIs with hostile parameters.
         10 => {
-            let api = rng.pick(&["/api/v1/showback", "/api/v1/hoarding", "/api/v1/fragmentation", "/api/v1/shares"]);
+            let api = rng.pick(&[
+                "/api/v1/showback",
+                "/api/v1/hoarding",
+                "/api/v1/fragmentation",
+                "/api/v1/shares",
+            ]);
             // Each is invalid for every one of the four endpoints (some ignore parameters they
             // do not take, so those come with a bad time as well).
             let query = rng.pick(&[
@@ -281,18 +318,31 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
         }
         // Routes and methods that do not exist, admin actions without admin.
         _ => {
-            let (method, path, token) = rng.pick(&[
-                (reqwest::Method::GET, "/api/v1/ingest", Some(N1)),
-                (reqwest::Method::PUT, "/api/v1/ingest", Some(N1)),
-                (reqwest::Method::DELETE, "/api/v1/showback", Some(VIEWER)),
-                (reqwest::Method::GET, "/api/v2/showback", Some(VIEWER)),
-                (reqwest::Method::GET, "/../../etc/passwd", None),
-                (reqwest::Method::POST, "/api/v1/analytics/evaluate", Some(VIEWER)),
-                (reqwest::Method::POST, "/api/v1/analytics/evaluate", Some(TENANT_A)),
-                (reqwest::Method::POST, "/api/v1/analytics/evaluate", None),
-                (reqwest::Method::GET, "/metrics", Some("not-a-token-not-a-token")),
-            ])
-            .clone();
+            let (method, path, token) = rng
+                .pick(&[
+                    (reqwest::Method::GET, "/api/v1/ingest", Some(N1)),
+                    (reqwest::Method::PUT, "/api/v1/ingest", Some(N1)),
+                    (reqwest::Method::DELETE, "/api/v1/showback", Some(VIEWER)),
+                    (reqwest::Method::GET, "/api/v2/showback", Some(VIEWER)),
+                    (reqwest::Method::GET, "/../../etc/passwd", None),
+                    (
+                        reqwest::Method::POST,
+                        "/api/v1/analytics/evaluate",
+                        Some(VIEWER),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/api/v1/analytics/evaluate",
+                        Some(TENANT_A),
+                    ),
+                    (reqwest::Method::POST, "/api/v1/analytics/evaluate", None),
+                    (
+                        reqwest::Method::GET,
+                        "/metrics",
+                        Some("not-a-token-not-a-token"),
+                    ),
+                ])
+                .clone();
             Request {
                 method,
                 path: path.into(),
@@ -394,7 +444,11 @@ async fn ten_thousand_malformed_requests_get_4xx_and_change_nothing() {
                 for (k, v) in &r.headers {
                     req = req.header(*k, v);
                 }
-                let answer = req.body(r.body).send().await.expect("an answer, not a hang");
+                let answer = req
+                    .body(r.body)
+                    .send()
+                    .await
+                    .expect("an answer, not a hang");
                 let status = answer.status().as_u16();
                 let body = answer.text().await.unwrap_or_default();
                 seen.push((status, r.what, body));
@@ -408,19 +462,24 @@ async fn ten_thousand_malformed_requests_get_4xx_and_change_nothing() {
     assert_eq!(answers.len(), REQUESTS);
     let mut by_status = std::collections::BTreeMap::new();
     for (status, what, body) in &answers {
-        assert!(
-            (400..500).contains(status),
-            "{what}: HTTP {status}: {body}"
-        );
+        assert!((400..500).contains(status), "{what}: HTTP {status}: {body}");
         *by_status.entry(*status).or_insert(0) += 1;
         // One error shape for every refusal, the router's own 404/405 included.
-        let v: Value = serde_json::from_str(body)
-            .unwrap_or_else(|e| panic!("{what}: HTTP {status}: not the JSON error shape ({e}): {body:?}"));
+        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| {
+            panic!("{what}: HTTP {status}: not the JSON error shape ({e}): {body:?}")
+        });
         assert!(v["error"]["message"].is_string(), "{what}: {body}");
     }
     eprintln!("answers by status: {by_status:?}");
-    assert!(by_status.len() >= 6, "the categories reached the checks: {by_status:?}");
-    assert_eq!(ledger_state(&a, t).await, before, "a malformed request changed the ledger");
+    assert!(
+        by_status.len() >= 6,
+        "the categories reached the checks: {by_status:?}"
+    );
+    assert_eq!(
+        ledger_state(&a, t).await,
+        before,
+        "a malformed request changed the ledger"
+    );
     // A valid batch is still stored.
     let (status, body) = a.ingest(N1, &valid_batch(t + 200)).await;
     assert_eq!((status, body["stored"].as_u64()), (200, Some(15)), "{body}");

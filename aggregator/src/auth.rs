@@ -349,7 +349,10 @@ mod tests {
             "tokens:3: this token is already configured at tokens:1; each token must appear once"
         );
         let t = Tokens::parse("tokens", "tenant:a xxxxxxxxxxxxxxxxxxxx\n").unwrap();
-        let e = t.with_admin("xxxxxxxxxxxxxxxxxxxx").unwrap_err().to_string();
+        let e = t
+            .with_admin("xxxxxxxxxxxxxxxxxxxx")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("GPULEDGER_ADMIN_TOKEN: "), "{e}");
     }
 
@@ -364,7 +367,10 @@ mod tests {
             assert_eq!(t.authenticate(&h).unwrap(), Role::Viewer, "{scheme}");
         }
         let mut h = HeaderMap::new();
-        h.insert("authorization", "Basic xxxxxxxxxxxxxxxxxxxx".parse().unwrap());
+        h.insert(
+            "authorization",
+            "Basic xxxxxxxxxxxxxxxxxxxx".parse().unwrap(),
+        );
         assert_eq!(t.authenticate(&h).unwrap_err().status.as_u16(), 401);
     }
 

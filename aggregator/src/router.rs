@@ -48,7 +48,8 @@ pub const MAX_OTHER_BODY_BYTES: usize = 64 << 10;
 /// concurrency cap, a small body limit and the timeout (408).
 pub fn router(state: AppState) -> Router {
     let limits = &state.config.limits;
-    let timeout = || TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, limits.request_timeout);
+    let timeout =
+        || TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, limits.request_timeout);
     let exporters = Router::new()
         .route(gpuledger_schema::wire::INGEST_PATH, post(ingest::ingest))
         .layer(

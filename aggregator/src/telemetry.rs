@@ -461,7 +461,11 @@ impl LedgerFamilies {
             f.clear();
         }
         // Fragmentation is fleet-wide: no tenant scope sees it.
-        let fleet = if scope.is_none() { &current.nodes[..] } else { &[] };
+        let fleet = if scope.is_none() {
+            &current.nodes[..]
+        } else {
+            &[]
+        };
         for (node, (capacity, free, stranded)) in fleet {
             let l = NodeLabels { node: node.clone() };
             self.node_capacity.get_or_create(&l).set(*capacity);

@@ -380,7 +380,10 @@ async fn retention_removes_instances_and_holders_no_fact_refers_to() {
         .await
         .unwrap();
     let deleted: BTreeMap<_, _> = report.deleted.into_iter().collect();
-    assert!(deleted["instances"] > 0 && deleted["holders"] > 0, "{deleted:?}");
+    assert!(
+        deleted["instances"] > 0 && deleted["holders"] > 0,
+        "{deleted:?}"
+    );
     // Written again after the purge: stored as new, not as duplicates of forgotten ids.
     let later = t0 + 399 * 86400;
     let again = samples(later);
@@ -392,16 +395,24 @@ async fn retention_removes_instances_and_holders_no_fact_refers_to() {
     let (conn, _) = store::open(&path).unwrap();
     let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
     assert_eq!(
-        count("SELECT count(*) FROM rollup_1h r LEFT JOIN instances i USING (instance_id) WHERE i.instance_id IS NULL"),
+        count(
+            "SELECT count(*) FROM rollup_1h r LEFT JOIN instances i USING (instance_id) WHERE i.instance_id IS NULL"
+        ),
         0,
         "every fact has its instance"
     );
     assert_eq!(
-        count("SELECT count(*) FROM rollup_1h r LEFT JOIN holders h USING (holder_id) WHERE h.holder_id IS NULL"),
+        count(
+            "SELECT count(*) FROM rollup_1h r LEFT JOIN holders h USING (holder_id) WHERE h.holder_id IS NULL"
+        ),
         0,
         "every fact has its holder"
     );
-    assert_eq!(count("SELECT count(*) FROM holders WHERE holder_id = 0"), 1, "nobody stays");
+    assert_eq!(
+        count("SELECT count(*) FROM holders WHERE holder_id = 0"),
+        1,
+        "nobody stays"
+    );
 }
 
 #[test]

@@ -159,8 +159,18 @@ impl Counters {
     /// [`MAX_NVLINK_BYTES_PER_SECOND`]).
     pub fn validate(&self) -> Result<(), InvalidField> {
         for (field, v, max, what) in [
-            ("fb_used_bytes", self.fb_used_bytes, MAX_FB_BYTES, "bytes of HBM"),
-            ("fb_total_bytes", self.fb_total_bytes, MAX_FB_BYTES, "bytes of HBM"),
+            (
+                "fb_used_bytes",
+                self.fb_used_bytes,
+                MAX_FB_BYTES,
+                "bytes of HBM",
+            ),
+            (
+                "fb_total_bytes",
+                self.fb_total_bytes,
+                MAX_FB_BYTES,
+                "bytes of HBM",
+            ),
             (
                 "nvlink_tx_bytes",
                 self.nvlink_tx_bytes,
@@ -278,10 +288,7 @@ impl Sample {
             {
                 return bad(
                     field,
-                    format!(
-                        "is {} bytes long; at most {MAX_NAME_BYTES}",
-                        name.len()
-                    ),
+                    format!("is {} bytes long; at most {MAX_NAME_BYTES}", name.len()),
                 );
             }
         }
@@ -293,7 +300,10 @@ impl Sample {
             if let Some(v) = v
                 && v > MAX_MIG_ID
             {
-                return bad(field, format!("{v} is not a MIG value (at most {MAX_MIG_ID})"));
+                return bad(
+                    field,
+                    format!("{v} is not a MIG value (at most {MAX_MIG_ID})"),
+                );
             }
         }
         self.counters.validate()?;

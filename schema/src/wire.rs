@@ -261,8 +261,16 @@ impl Batch {
     /// Every entry of `series` and then `shares`, with the list it is in (`"series"`,
     /// `"shares"`) and its index there: what a JSON path to one of them starts with.
     pub fn entries(&self) -> impl Iterator<Item = (&'static str, usize, &Series)> {
-        let series = self.series.iter().enumerate().map(|(i, s)| ("series", i, s));
-        let shares = self.shares.iter().enumerate().map(|(i, s)| ("shares", i, s));
+        let series = self
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ("series", i, s));
+        let shares = self
+            .shares
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ("shares", i, s));
         series.chain(shares)
     }
 
@@ -725,7 +733,10 @@ mod tests {
             max_series: 10,
         };
         let e = Batch::decode_with(&batch.encode(), true, &limits).unwrap_err();
-        assert!(e.to_string().contains("21 samples and share seconds"), "{e}");
+        assert!(
+            e.to_string().contains("21 samples and share seconds"),
+            "{e}"
+        );
     }
 
     #[test]

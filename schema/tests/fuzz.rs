@@ -101,9 +101,32 @@ enum Edit {
 }
 
 const TOKENS: &[&str] = &[
-    "\"", "\\", ",", "[", "]", "{", "}", ":", "null", "-1", "1e999", "-0", "NaN",
-    "18446744073709551615", "18446744073709551616", "9223372036854775807", "4294967295",
-    "1.5", "\"t\":[]", ",\"v\":2", "\u{0}", "\u{2028}", "\"\\ud800\"", "\n", "\r\n", "\"\"",
+    "\"",
+    "\\",
+    ",",
+    "[",
+    "]",
+    "{",
+    "}",
+    ":",
+    "null",
+    "-1",
+    "1e999",
+    "-0",
+    "NaN",
+    "18446744073709551615",
+    "18446744073709551616",
+    "9223372036854775807",
+    "4294967295",
+    "1.5",
+    "\"t\":[]",
+    ",\"v\":2",
+    "\u{0}",
+    "\u{2028}",
+    "\"\\ud800\"",
+    "\n",
+    "\r\n",
+    "\"\"",
 ];
 
 fn edit(rng: &mut Rng) -> Edit {
@@ -166,13 +189,19 @@ fn check_wire(bytes: &[u8], gzip: bool) -> Result<(), Fail> {
     match Batch::decode_with(bytes, gzip, &limits) {
         Ok(batch) => {
             check!(batch.validate().is_ok(), "accepted an invalid batch");
-            check!(batch.weight() <= limits.max_samples, "accepted past the limit");
+            check!(
+                batch.weight() <= limits.max_samples,
+                "accepted past the limit"
+            );
             for s in batch.samples() {
                 check!(s.validate().is_ok(), "accepted an invalid sample {s:?}");
             }
             // What was accepted survives the trip an exporter makes.
             let again = Batch::decode_with(&batch.encode(), true, &limits);
-            check!(again.as_ref().ok() == Some(&batch), "no round trip: {again:?}");
+            check!(
+                again.as_ref().ok() == Some(&batch),
+                "no round trip: {again:?}"
+            );
         }
         Err(e) => {
             let field = e.field();

@@ -454,9 +454,23 @@ mod tests {
     #[test]
     fn the_config_loader_refuses_clearly_or_yields_a_runnable_config() {
         const TOKENS: &[&str] = &[
-            "\"", "=", "[", "]", "\n", "-1", "0", "1e999", "18446744073709551616", "\"soon\"",
-            "[limits]\n", "[prices]\n", "max_batch_samples = 0\n", "ingest_slots = -3\n",
-            "idle_threshold = nan\n", "body_read_timeout = \"-1s\"\n", "unknown_key = 1\n",
+            "\"",
+            "=",
+            "[",
+            "]",
+            "\n",
+            "-1",
+            "0",
+            "1e999",
+            "18446744073709551616",
+            "\"soon\"",
+            "[limits]\n",
+            "[prices]\n",
+            "max_batch_samples = 0\n",
+            "ingest_slots = -3\n",
+            "idle_threshold = nan\n",
+            "body_read_timeout = \"-1s\"\n",
+            "unknown_key = 1\n",
         ];
         let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let seed = std::fs::read(root.join("deploy/config/aggregator.toml")).unwrap();
@@ -481,10 +495,19 @@ mod tests {
                     accepted += 1;
                     let l = &c.limits;
                     assert!(l.batch.max_samples >= 1, "case {case}:\n{text}");
-                    assert!(l.ingest_slots >= 1 && l.ingest_slots_per_token >= 1, "case {case}");
+                    assert!(
+                        l.ingest_slots >= 1 && l.ingest_slots_per_token >= 1,
+                        "case {case}"
+                    );
                     assert!(l.max_instances_per_node >= 1, "case {case}");
-                    assert!((0.0..=1.0).contains(&c.analytics.idle_threshold), "case {case}");
-                    assert!(c.retention.raw_secs <= c.retention.rollup_secs, "case {case}");
+                    assert!(
+                        (0.0..=1.0).contains(&c.analytics.idle_threshold),
+                        "case {case}"
+                    );
+                    assert!(
+                        c.retention.raw_secs <= c.retention.rollup_secs,
+                        "case {case}"
+                    );
                 }
                 Err(e) => {
                     refused += 1;
@@ -492,7 +515,10 @@ mod tests {
                 }
             }
         }
-        assert!(accepted > 0 && refused > 0, "{accepted} accepted, {refused} refused");
+        assert!(
+            accepted > 0 && refused > 0,
+            "{accepted} accepted, {refused} refused"
+        );
     }
 
     #[test]
@@ -515,8 +541,14 @@ mod tests {
                 "no such MIG profile",
             ),
             ("hoarding_window = \"soon\"", "hoarding_window"),
-            ("[limits]\nmax_batch_samples = 0", "max_batch_samples must be at least 1"),
-            ("[limits]\nbody_read_timeout = \"soon\"", "body_read_timeout"),
+            (
+                "[limits]\nmax_batch_samples = 0",
+                "max_batch_samples must be at least 1",
+            ),
+            (
+                "[limits]\nbody_read_timeout = \"soon\"",
+                "body_read_timeout",
+            ),
             ("[limits]\nmax_bytes = 3", "unknown field `max_bytes`"),
         ] {
             let e = format!("{:#}", config_from(toml).unwrap_err());

@@ -64,10 +64,7 @@ impl Refused {
                 ),
                 1,
             ),
-            Refused::Full => ApiError::unavailable(
-                "every ingest slot is taken; retry shortly",
-                1,
-            ),
+            Refused::Full => ApiError::unavailable("every ingest slot is taken; retry shortly", 1),
         }
     }
 }
@@ -170,7 +167,14 @@ mod tests {
         assert_eq!(a.enter(TokenId(2)).await.err(), Some(Refused::Full));
         drop(x1);
         let _z = a.enter(TokenId(2)).await.unwrap();
-        assert!(a.enter(x).await.is_err(), "x's share is free but no slot is");
-        assert_eq!(a.held.lock().unwrap()[&x], 1, "a refused request gives its share back");
+        assert!(
+            a.enter(x).await.is_err(),
+            "x's share is free but no slot is"
+        );
+        assert_eq!(
+            a.held.lock().unwrap()[&x],
+            1,
+            "a refused request gives its share back"
+        );
     }
 }

@@ -178,7 +178,10 @@ pub async fn ingest(
             ),
         ));
     }
-    if let Some((list, i, s)) = batch.entries().find(|(_, _, s)| !role.may_ingest_for(&s.node)) {
+    if let Some((list, i, s)) = batch
+        .entries()
+        .find(|(_, _, s)| !role.may_ingest_for(&s.node))
+    {
         return Err(reject(
             RejectReason::Forbidden,
             node,
@@ -199,18 +202,21 @@ pub async fn ingest(
                 ApiError::bad_request(field, message),
             )
         })?;
-    let reservation = app.writer.try_reserve(batch.weight()).map_err(|e| match e {
-        QueueError::TooLarge { .. } => reject(
-            RejectReason::TooLarge,
-            node,
-            ApiError::too_large(e.to_string()),
-        ),
-        QueueError::Full { .. } | QueueError::Stopped => reject(
-            RejectReason::Overloaded,
-            node,
-            ApiError::unavailable(e.to_string(), 1),
-        ),
-    })?;
+    let reservation = app
+        .writer
+        .try_reserve(batch.weight())
+        .map_err(|e| match e {
+            QueueError::TooLarge { .. } => reject(
+                RejectReason::TooLarge,
+                node,
+                ApiError::too_large(e.to_string()),
+            ),
+            QueueError::Full { .. } | QueueError::Stopped => reject(
+                RejectReason::Overloaded,
+                node,
+                ApiError::unavailable(e.to_string(), 1),
+            ),
+        })?;
     app.metrics
         .queue_samples
         .set(app.writer.queued_samples() as i64);

@@ -316,7 +316,12 @@ mod tests {
             ("0", "253402300800", "to"),
         ] {
             let e = range_params(Some(from), Some(to), max).unwrap_err();
-            assert_eq!((e.status.as_u16(), e.field.as_deref()), (400, Some(field)), "{from}..{to}: {}", e.message);
+            assert_eq!(
+                (e.status.as_u16(), e.field.as_deref()),
+                (400, Some(field)),
+                "{from}..{to}: {}",
+                e.message
+            );
         }
         let e = range_params(Some("0"), Some("253402300799"), max).unwrap_err();
         assert!(e.message.contains("at most"), "{}", e.message);

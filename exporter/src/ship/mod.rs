@@ -521,7 +521,11 @@ mod tests {
         }
         let first: std::collections::HashSet<u128> =
             fleet.iter().map(|w| w[0].as_millis()).collect();
-        assert!(first.len() > 50, "first retries collide: {} distinct of 100", first.len());
+        assert!(
+            first.len() > 50,
+            "first retries collide: {} distinct of 100",
+            first.len()
+        );
         let after = Duration::from_secs(1);
         let told: std::collections::HashSet<u128> =
             (0..100).map(|_| jittered(after).as_millis()).collect();
