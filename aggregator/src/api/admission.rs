@@ -26,14 +26,20 @@ pub struct Admission {
     decode: Arc<Semaphore>,
 }
 
-/// One admitted ingest request; its slot is given back when this is dropped.
+/// One admitted ingest request; its slot and its token's share are given back when this is
+/// dropped.
 pub struct Slot {
     _permit: OwnedSemaphorePermit,
+    _share: Share,
+}
+
+/// One of a token's shares, counted while held.
+struct Share {
     token: TokenId,
     held: Arc<Mutex<HashMap<TokenId, usize>>>,
 }
 
-impl Drop for Slot {
+impl Drop for Share {
     fn drop(&mut self) {
         let mut held = self.held.lock().expect("admission lock");
         if let Some(n) = held.get_mut(&self.token) {
@@ -87,44 +93,26 @@ impl Admission {
     }
 
     /// Admits a request of `token`: its share first (no wait), then a free slot (waits up to the
-    /// configured time).
+    /// configured time). A refused request gives its share back.
     pub async fn enter(&self, token: TokenId) -> Result<Slot, Refused> {
-        {
+        let share = {
             let mut held = self.held.lock().expect("admission lock");
             let n = held.entry(token).or_insert(0);
             if *n >= self.per_token {
                 return Err(Refused::TokenBusy);
             }
             *n += 1;
-        }
-        // From here the count is ours: a Slot built now (or the guard below) gives it back.
-        let undo = Slot {
-            _permit: match self.slots.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(_) => {
-                    match tokio::time::timeout(self.wait, self.slots.clone().acquire_owned()).await
-                    {
-                        Ok(Ok(p)) => p,
-                        _ => {
-                            self.release(token);
-                            return Err(Refused::Full);
-                        }
-                    }
-                }
-            },
-            token,
-            held: self.held.clone(),
-        };
-        Ok(undo)
-    }
-
-    fn release(&self, token: TokenId) {
-        let mut held = self.held.lock().expect("admission lock");
-        if let Some(n) = held.get_mut(&token) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&token);
+            Share {
+                token,
+                held: self.held.clone(),
             }
+        };
+        match tokio::time::timeout(self.wait, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(Slot {
+                _permit: permit,
+                _share: share,
+            }),
+            _ => Err(Refused::Full),
         }
     }
 
