@@ -455,18 +455,18 @@ impl Dims {
         id
     }
 
-    /// The (instance, holder) ids of every series of the new batches, assigning new ones; a
-    /// batch that would give a node more instances than allowed is refused, naming its first
-    /// series that would.
+    /// The (instance, holder) ids of every series and every share of the new batches, assigning
+    /// new ones; a batch that would give a node more instances than allowed is refused, naming
+    /// its first entry that would.
     fn assign_ids(
         &mut self,
         max: usize,
         batches: &[(&Batch, i64)],
         new: &[usize],
-    ) -> Result<Vec<Vec<(i32, i32)>>, WriteError> {
+    ) -> Result<Vec<BatchIds>, WriteError> {
         let mut ids = Vec::with_capacity(new.len());
         for &i in new {
-            let mut per_series = Vec::with_capacity(batches[i].0.series.len());
+            let mut these = BatchIds::default();
             for (list, j, s) in batches[i].0.entries() {
                 let Some(iid) = self.instance_id(s, max) else {
                     return Err(WriteError::Rejected {
@@ -477,12 +477,13 @@ impl Dims {
                         ),
                     });
                 };
-                let hid = self.holder_id(s);
-                if list == "series" {
-                    per_series.push((iid, hid));
+                let pair = (iid, self.holder_id(s));
+                match list {
+                    "series" => these.series.push(pair),
+                    _ => these.shares.push(pair),
                 }
             }
-            ids.push(per_series);
+            ids.push(these);
         }
         Ok(ids)
     }
@@ -519,6 +520,13 @@ impl Dims {
         }
         Ok(())
     }
+}
+
+/// The (instance, holder) ids of one batch's entries, in the order of its lists.
+#[derive(Default)]
+struct BatchIds {
+    series: Vec<(i32, i32)>,
+    shares: Vec<(i32, i32)>,
 }
 
 /// Builds [`Dims`]' GPU index while loading.
@@ -1187,11 +1195,8 @@ impl WriterThread {
         // Shares inside the raw window (older ones could not be told from a re-send).
         let share_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
         let mut shares: Vec<(i64, i32, i32, u32, Option<u64>, Option<f64>)> = Vec::new();
-        for &i in &new {
-            for s in &batches[i].0.shares {
-                // Assigned by assign_ids above: known, so the bound cannot refuse it here.
-                let iid = self.dims.instance_id(s, usize::MAX).unwrap_or_default();
-                let hid = self.dims.holder_id(s);
+        for (k, &i) in new.iter().enumerate() {
+            for (s, &(iid, hid)) in batches[i].0.shares.iter().zip(&ids[k].shares) {
                 for share in s.shares().filter(|x| x.timestamp >= share_cutoff) {
                     shares.push((
                         share.timestamp,
@@ -1221,7 +1226,7 @@ impl WriterThread {
         // The seconds the ledger holds already, for this group's instances and minutes.
         let (mut lo_t, mut hi_t, mut lo_i, mut hi_i) = (i64::MAX, i64::MIN, i32::MAX, i32::MIN);
         for (k, &i) in new.iter().enumerate() {
-            for (s, &(iid, _)) in batches[i].0.series.iter().zip(&ids[k]) {
+            for (s, &(iid, _)) in batches[i].0.series.iter().zip(&ids[k].series) {
                 if let (Some(&first), Some(&last)) = (s.t.iter().min(), s.t.iter().max()) {
                     lo_t = lo_t.min(first);
                     hi_t = hi_t.max(last);
@@ -1263,7 +1268,8 @@ impl WriterThread {
         let mut newest: Option<i64> = None;
         for (k, &i) in new.iter().enumerate() {
             let mut stored = 0u64;
-            for (n, (s, &(iid, hid))) in batches[i].0.series.iter().zip(&ids[k]).enumerate() {
+            for (n, (s, &(iid, hid))) in batches[i].0.series.iter().zip(&ids[k].series).enumerate()
+            {
                 let gpu_slot = self.dims.gpu_of[&iid];
                 // A series' seconds are nearly always in one hour: its GPU counts are summed
                 // here and added to the map once per hour, not once per sample.
