@@ -5,7 +5,7 @@
 //! who held the instance in that second. This crate defines that sample ([`sample`]), the MIG
 //! geometry rules it refers to ([`mig`]), the trace CSV that stores samples as text ([`trace`]),
 //! the versioned ingest batch that carries them over HTTP ([`wire`]) and the Prometheus
-//! exposition formats ([`exposition`]).
+//! exposition formats ([`exposition`]) and the signed reclaim webhooks ([`webhook`]).
 //!
 //! Key design decision: one sample type, [`sample::Sample`], is the unit everywhere. The trace
 //! CSV is one sample per row, the wire batch is samples grouped column-wise per instance, and the
@@ -17,6 +17,7 @@ pub mod mig;
 pub mod migrations;
 pub mod sample;
 pub mod trace;
+pub mod webhook;
 pub mod wire;
 
 pub use sample::{Attribution, Counters, Instance, Sample, ShareSample, SloClass};
