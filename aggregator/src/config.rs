@@ -87,6 +87,8 @@ pub struct Config {
     pub limits: Limits,
     /// Hoarding, fragmentation and showback settings.
     pub analytics: crate::analytics::Settings,
+    /// The reclaim policy, its webhooks and Alertmanager.
+    pub reclaim: crate::reclaim::Settings,
 }
 
 impl Config {

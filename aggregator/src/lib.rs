@@ -19,6 +19,7 @@ pub mod auth;
 pub mod config;
 pub mod export;
 pub mod import;
+pub mod reclaim;
 pub mod router;
 pub mod server;
 pub mod store;

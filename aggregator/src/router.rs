@@ -4,12 +4,12 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use tower::ServiceBuilder;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::api::{self, AppState, fragmentation, hoarding, ingest, shares, showback};
+use crate::api::{self, AppState, fragmentation, hoarding, ingest, reclaim, shares, showback};
 
 /// Gives the answers no handler wrote — 404 for an unknown path, 405, the timeout's 408, a body
 /// limit's 413 — the one JSON error shape (`api::error`), so every 4xx and 5xx a client sees says
@@ -64,8 +64,22 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/hoarding", get(hoarding::hoarding))
         .route("/api/v1/fragmentation", get(fragmentation::fragmentation))
         .route("/api/v1/shares", get(shares::shares))
+        .route("/api/v1/reclaims", get(reclaim::reclaims))
+        .route(
+            "/api/v1/exemptions",
+            get(reclaim::list_exemptions).post(reclaim::create_exemption),
+        )
+        .route("/api/v1/exemptions/{id}", delete(reclaim::delete_exemption))
         // Admin
         .route("/api/v1/analytics/evaluate", post(api::evaluate_now))
+        .route("/api/v1/webhooks/deliveries", get(reclaim::deliveries))
+        .route("/api/v1/webhooks/replay", post(reclaim::replay))
+        .route(
+            "/api/v1/webhooks/endpoints/{name}/enable",
+            post(reclaim::enable_endpoint),
+        )
+        // Alertmanager's webhook receiver (an admin token in its http_config)
+        .route("/api/v1/alertmanager", post(reclaim::alertmanager_webhook))
         // Prometheus
         .route("/metrics", get(api::metrics))
         // Probes (Kubernetes, systemd, load balancers)

@@ -70,14 +70,40 @@ pub async fn run(
         analytics_lock: tokio::sync::Mutex::new(()),
         admission,
         readiness: tokio::sync::Mutex::new(None),
+        deliveries: Arc::new(tokio::sync::Notify::new()),
     }));
     let retention = tokio::spawn(retention_loop(state.clone()));
     let analytics = tokio::spawn(analytics_loop(state.clone()));
+    let client = reqwest::Client::builder()
+        .user_agent(concat!("gpuledger/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| ServeError::Serve(std::io::Error::other(e)))?;
+    let deliveries = tokio::spawn(
+        crate::reclaim::delivery::Deliverer {
+            endpoints: Arc::new(state.config.reclaim.endpoints.clone()),
+            readers: state.readers.clone(),
+            writer: state.writer.clone(),
+            metrics: state.metrics.clone(),
+            wake: state.deliveries.clone(),
+            client: client.clone(),
+        }
+        .run(),
+    );
+    let alerts = state
+        .config
+        .reclaim
+        .alertmanager
+        .clone()
+        .map(|am| tokio::spawn(alertmanager_loop(state.clone(), am, client)));
     let served = axum::serve(listener, crate::router::router(state.clone()))
         .with_graceful_shutdown(shutdown)
         .await;
     retention.abort();
     analytics.abort();
+    deliveries.abort();
+    if let Some(a) = alerts {
+        a.abort();
+    }
     drop(state);
     // The writer thread ends once every handle is gone and its queue is written.
     tokio::task::block_in_place(|| {
@@ -94,17 +120,55 @@ async fn analytics_loop(app: AppState) {
     loop {
         tick.tick().await;
         match app.evaluate().await {
-            Ok(r) if r.gpu_hours > 0 => tracing::debug!(
-                gpu_hours = r.gpu_hours,
-                gpus = r.gpus,
-                episodes = r.episodes,
-                "Analytics evaluated."
+            Ok(r) if r.analytics.gpu_hours > 0 || !r.reclaim.events.is_empty() => tracing::debug!(
+                gpu_hours = r.analytics.gpu_hours,
+                gpus = r.analytics.gpus,
+                episodes = r.analytics.episodes,
+                events = ?r.reclaim.events,
+                "Analytics and reclaim evaluated."
             ),
             Ok(_) => {}
             Err(e) => tracing::warn!(
                 error = %e,
                 "The analytics evaluation failed; it is retried at the next tick."
             ),
+        }
+    }
+}
+
+/// Pushes the open episodes to Alertmanager every interval (see `reclaim::alertmanager`).
+async fn alertmanager_loop(
+    app: AppState,
+    am: crate::reclaim::config::Alertmanager,
+    client: reqwest::Client,
+) {
+    let mut tick = tokio::time::interval(am.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = chrono::Utc::now().timestamp();
+        let Ok(conn) = app.readers.connect() else {
+            continue;
+        };
+        let (a, s, m) = (
+            app.config.analytics.clone(),
+            app.config.reclaim.clone(),
+            am.clone(),
+        );
+        let alerts = tokio::task::spawn_blocking(move || {
+            crate::reclaim::alertmanager::alerts(&conn, &a, &s, &m, now)
+        })
+        .await;
+        match alerts {
+            Ok(Ok(alerts)) => {
+                if let Err(e) = crate::reclaim::alertmanager::push(&client, &am, &alerts).await {
+                    tracing::warn!(error = %e, "Pushing hoarding alerts to Alertmanager failed; retried next interval.");
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "Reading the episodes for Alertmanager failed.")
+            }
+            Err(e) => tracing::warn!(error = %e, "The Alertmanager task failed."),
         }
     }
 }

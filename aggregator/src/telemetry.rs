@@ -56,6 +56,31 @@ pub struct EpisodeLabels {
     pub slo_class: String,
 }
 
+/// A webhook endpoint (its configured name; never the URL, which may carry credentials).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// The endpoint's name.
+    pub endpoint: String,
+}
+
+/// A webhook endpoint and what an attempt came to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointOutcomeLabels {
+    /// The endpoint's name.
+    pub endpoint: String,
+    /// delivered | retry | gone | failed.
+    pub outcome: &'static str,
+}
+
+/// A reclaim decision: `event` with the event type, or `hold` with its reason (fixed sets).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// event | hold.
+    pub decision: String,
+    /// The event type or the hold's reason.
+    pub reason: String,
+}
+
 /// A node.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabels {
@@ -167,6 +192,22 @@ pub struct AggregatorMetrics {
     pub analytics_last_success: Gauge,
     /// How long an evaluation takes.
     pub analytics_seconds: Histogram,
+    /// Reclaim decisions (events sent, holds first recorded).
+    pub reclaim_decisions: Family<DecisionLabels, Counter>,
+    /// Reclaims held back by the blast-radius bound, per pass.
+    pub reclaim_deferred: Counter,
+    /// When the reclaim pass last ran.
+    pub reclaim_last_pass: Gauge,
+    /// Webhook attempts by endpoint and outcome.
+    pub webhook_deliveries: Family<EndpointOutcomeLabels, Counter>,
+    /// Undelivered events per endpoint.
+    pub webhook_pending: Family<EndpointLabels, Gauge>,
+    /// Age of the oldest undelivered event per endpoint.
+    pub webhook_oldest_pending_age: Family<EndpointLabels, Gauge>,
+    /// 1 while an endpoint is disabled (it answered 410).
+    pub webhook_endpoint_disabled: Family<EndpointLabels, Gauge>,
+    /// Time one webhook attempt takes.
+    pub webhook_attempt_seconds: Histogram,
 }
 
 impl AggregatorMetrics {
@@ -194,6 +235,16 @@ impl AggregatorMetrics {
             analytics_last_success: Gauge::default(),
             analytics_seconds: Histogram::new([
                 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+            reclaim_decisions: Family::default(),
+            reclaim_deferred: Counter::default(),
+            reclaim_last_pass: Gauge::default(),
+            webhook_deliveries: Family::default(),
+            webhook_pending: Family::default(),
+            webhook_oldest_pending_age: Family::default(),
+            webhook_endpoint_disabled: Family::default(),
+            webhook_attempt_seconds: Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ]),
         };
         r.register(
@@ -275,6 +326,49 @@ impl AggregatorMetrics {
             "Time one hoarding and fragmentation evaluation takes",
             Unit::Seconds,
             m.analytics_seconds.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_reclaim_decisions",
+            "Reclaim decisions: decision=event with reason the event type sent, or decision=hold with the reason nothing was sent (counted when a hold starts)",
+            m.reclaim_decisions.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_reclaim_deferred",
+            "Reclaims the blast-radius bound held back, summed over passes (each pass counts what it deferred)",
+            m.reclaim_deferred.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_reclaim_last_pass_timestamp",
+            "Unix time the reclaim pass last ran",
+            Unit::Seconds,
+            m.reclaim_last_pass.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_webhook_deliveries",
+            "Webhook attempts by endpoint and outcome: delivered, retry, gone (410: endpoint disabled), failed (past max_age)",
+            m.webhook_deliveries.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_webhook_pending_events",
+            "Events waiting in the outbox per endpoint",
+            m.webhook_pending.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_webhook_oldest_pending_age",
+            "Age of the oldest event waiting in the outbox per endpoint",
+            Unit::Seconds,
+            m.webhook_oldest_pending_age.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_webhook_endpoint_disabled",
+            "1 while an endpoint is disabled because it answered 410 Gone",
+            m.webhook_endpoint_disabled.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_webhook_attempt_duration",
+            "Time one webhook attempt takes",
+            Unit::Seconds,
+            m.webhook_attempt_seconds.clone(),
         );
         AggregatorMetrics { registry: r, ..m }
     }

@@ -35,6 +35,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "writer_probe",
         sql: include_str!("../migrations/0004_writer_probe.sql"),
     },
+    Migration {
+        version: 5,
+        name: "reclaim",
+        sql: include_str!("../migrations/0005_reclaim.sql"),
+    },
 ];
 
 /// The schema version this build writes.

@@ -221,7 +221,10 @@ pub enum SecretError {
 impl Secret {
     /// Parses `whsec_<base64>`.
     pub fn parse(text: &str) -> Result<Secret, SecretError> {
-        let b64 = text.trim().strip_prefix(SECRET_PREFIX).ok_or(SecretError::Form)?;
+        let b64 = text
+            .trim()
+            .strip_prefix(SECRET_PREFIX)
+            .ok_or(SecretError::Form)?;
         let key = B64.decode(b64).map_err(|_| SecretError::Form)?;
         if key.len() < 24 {
             return Err(SecretError::Short(key.len()));
@@ -345,12 +348,14 @@ mod tests {
         let theirs = wh.sign("msg_1", now, body).unwrap();
         assert_eq!(ours, theirs);
         let mut headers = http_headers("msg_1", now, &ours);
-        wh.verify(body, &headers).expect("the reference accepts ours");
+        wh.verify(body, &headers)
+            .expect("the reference accepts ours");
         // Rotation: the old secret's signature first, the new one's second.
         let old = Secret(b"an-old-key-that-is-long-enough".to_vec());
         let both = signature_header(&[old, secret()], "msg_1", now, body);
         headers = http_headers("msg_1", now, &both);
-        wh.verify(body, &headers).expect("the reference accepts a rotation header");
+        wh.verify(body, &headers)
+            .expect("the reference accepts a rotation header");
         let get = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
         verify(&[secret()], get, body, now, DEFAULT_TOLERANCE_SECS).unwrap();
     }
@@ -397,7 +402,10 @@ mod tests {
             check(&hdr("msg_2", now.to_string(), sig.clone()), body, now),
             Err(VerifyError::NoMatch)
         );
-        assert_eq!(check(&good, body, now + 301), Err(VerifyError::Stale(301, 300)));
+        assert_eq!(
+            check(&good, body, now + 301),
+            Err(VerifyError::Stale(301, 300))
+        );
         let other = Secret(b"another-key-another-key-!".to_vec()).sign("msg_1", now, body);
         assert_eq!(
             check(&hdr("msg_1", now.to_string(), other), body, now),
@@ -412,9 +420,15 @@ mod tests {
     #[test]
     fn ids_are_stable_and_distinct() {
         let a = episode_id("GPU-1", Some(3), Some("t"), Some("ns/p"), 100);
-        assert_eq!(a, episode_id("GPU-1", Some(3), Some("t"), Some("ns/p"), 100));
+        assert_eq!(
+            a,
+            episode_id("GPU-1", Some(3), Some("t"), Some("ns/p"), 100)
+        );
         assert_ne!(a, episode_id("GPU-1", None, Some("t"), Some("ns/p"), 100));
-        assert_ne!(a, episode_id("GPU-1", Some(3), Some("t"), Some("ns/p"), 160));
+        assert_ne!(
+            a,
+            episode_id("GPU-1", Some(3), Some("t"), Some("ns/p"), 160)
+        );
         let ids: std::collections::HashSet<_> =
             EventType::ALL.iter().map(|&t| event_id(&a, t)).collect();
         assert_eq!(ids.len(), 4);

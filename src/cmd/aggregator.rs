@@ -9,6 +9,7 @@ use gpuledger_aggregator::analytics::Settings as AnalyticsSettings;
 use gpuledger_aggregator::auth::Tokens;
 use gpuledger_aggregator::export::{self, ExportOptions};
 use gpuledger_aggregator::import::{self, ImportOptions};
+use gpuledger_aggregator::reclaim::config::{AlertmanagerFile, ReclaimFile, WebhookFile};
 use gpuledger_aggregator::store::Retention;
 use gpuledger_aggregator::{Config, Limits};
 use serde::Deserialize;
@@ -182,6 +183,15 @@ struct FileConfig {
     demand_lookback: Option<String>,
     #[serde(default)]
     limits: LimitFlags,
+    /// The reclaim policy (`[reclaim]`, `[reclaim.classes.*]`, `[[reclaim.overrides]]`,
+    /// `[[reclaim.exemptions]]`); declared and checked in `gpuledger_aggregator::reclaim::config`.
+    #[serde(default)]
+    reclaim: ReclaimFile,
+    /// `[[webhooks]]`: the receivers of the reclaim events.
+    #[serde(default)]
+    webhooks: Vec<WebhookFile>,
+    /// `[alertmanager]`: push open episodes to Alertmanager.
+    alertmanager: Option<AlertmanagerFile>,
 }
 
 fn tokens(file: Option<PathBuf>) -> anyhow::Result<Tokens> {
@@ -286,8 +296,13 @@ fn config(args: Args) -> anyhow::Result<Config> {
             defaults_a.demand_lookback.as_secs(),
         )?,
     };
+    let reclaim = file
+        .reclaim
+        .resolve(file.webhooks, file.alertmanager)
+        .context("the config file's reclaim settings")?;
     Ok(Config {
         analytics,
+        reclaim,
         db: args
             .db
             .or(file.db)

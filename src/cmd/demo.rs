@@ -46,6 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         retention_interval: Duration::from_secs(600),
         limits: Limits::default(),
         analytics: demo_settings(),
+        reclaim: Default::default(),
     };
     eprintln!(
         "gpuledger demo: {} simulated nodes ({}) ship to an aggregator writing {}.",

@@ -6,6 +6,7 @@ pub mod error;
 pub mod fragmentation;
 pub mod hoarding;
 pub mod ingest;
+pub mod reclaim;
 pub mod shares;
 pub mod showback;
 
@@ -40,12 +41,24 @@ pub struct App {
     pub admission: admission::Admission,
     /// The last readiness answer and when it was found.
     pub readiness: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
+    /// Wakes the webhook delivery loop when a pass put events in the outbox.
+    pub deliveries: Arc<tokio::sync::Notify>,
+}
+
+/// What one evaluation did: the analytics, then the reclaim pass over their episodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EvaluateReport {
+    /// Recomputed GPU-hours, GPUs and episodes.
+    #[serde(flatten)]
+    pub analytics: crate::analytics::PassReport,
+    /// The reclaim decisions taken.
+    pub reclaim: crate::reclaim::pass::ReclaimReport,
 }
 
 impl App {
-    /// Evaluates hoarding and fragmentation for every dirty GPU-hour, then refreshes the
-    /// analytics metrics.
-    pub async fn evaluate(&self) -> Result<crate::analytics::PassReport, crate::store::StoreError> {
+    /// Evaluates hoarding and fragmentation for every dirty GPU-hour, refreshes the analytics
+    /// metrics, then runs the reclaim pass over the episodes as they now stand.
+    pub async fn evaluate(&self) -> Result<EvaluateReport, crate::store::StoreError> {
         let _one = self.analytics_lock.lock().await;
         let started = std::time::Instant::now();
         let report =
@@ -71,7 +84,22 @@ impl App {
         self.metrics
             .analytics_seconds
             .observe(started.elapsed().as_secs_f64());
-        Ok(report)
+        let reclaim = crate::reclaim::run_pass(
+            &self.readers,
+            &self.writer,
+            &self.config.analytics,
+            &self.config.reclaim,
+            &self.metrics,
+            chrono::Utc::now().timestamp(),
+        )
+        .await?;
+        if !reclaim.events.is_empty() {
+            self.deliveries.notify_one();
+        }
+        Ok(EvaluateReport {
+            analytics: report,
+            reclaim,
+        })
     }
 }
 
@@ -147,7 +175,7 @@ pub fn range_params(
 pub async fn evaluate_now(
     State(app): State<AppState>,
     headers: HeaderMap,
-) -> Result<axum::Json<crate::analytics::PassReport>, error::ApiError> {
+) -> Result<axum::Json<EvaluateReport>, error::ApiError> {
     app.tokens.authenticate(&headers)?.require_admin()?;
     let report = app
         .evaluate()

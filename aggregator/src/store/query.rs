@@ -7,9 +7,10 @@ use duckdb::{Connection, params};
 
 use super::StoreError;
 
-/// Hands out reader connections to the ledger the writer owns.
+/// Hands out reader connections to the ledger the writer owns (clones share one base).
+#[derive(Clone)]
 pub struct Readers {
-    base: Mutex<Connection>,
+    base: std::sync::Arc<Mutex<Connection>>,
     path: Option<PathBuf>,
 }
 
@@ -17,7 +18,7 @@ impl Readers {
     /// Readers of the database `conn` is connected to (`path`: its file, `None` in memory).
     pub fn new(conn: &Connection, path: Option<PathBuf>) -> Result<Readers, StoreError> {
         Ok(Readers {
-            base: Mutex::new(conn.try_clone().map_err(StoreError::from_db)?),
+            base: std::sync::Arc::new(Mutex::new(conn.try_clone().map_err(StoreError::from_db)?)),
             path,
         })
     }

@@ -1,0 +1,382 @@
+//! The reclaim API (README, "Reclaim"):
+//!
+//! - `GET /api/v1/reclaims?from=&to=&limit=`: every decision and its reason (viewer, admin, or a
+//!   `tenant:` token for its own);
+//! - `GET /api/v1/exemptions`, `POST /api/v1/exemptions` (admin, or a `tenant:` token for its own
+//!   workloads: the "keep it 4 more hours" answer to a notice), `DELETE /api/v1/exemptions/{id}`;
+//! - admin: `GET /api/v1/webhooks/deliveries?state=&endpoint=&event_id=`,
+//!   `POST /api/v1/webhooks/replay`, `POST /api/v1/webhooks/endpoints/{name}/enable`;
+//! - `POST /api/v1/alertmanager` (admin): Alertmanager's webhook.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use super::showback::only_params;
+use super::{AppState, time_param};
+use crate::auth::Role;
+use crate::reclaim::alertmanager::{self, IntakeReport, WebhookMessage};
+use crate::reclaim::records::{self, Decision, Delivery, Exemption, NewExemption, Replay};
+
+/// Parses a JSON body, naming the field at fault.
+fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::bad_request(
+            if path == "." { "body".to_owned() } else { path },
+            e.into_inner().to_string(),
+        )
+    })
+}
+
+async fn read<T: Send + 'static>(
+    app: &AppState,
+    f: impl FnOnce(&duckdb::Connection) -> duckdb::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
+    tokio::task::spawn_blocking(move || f(&conn))
+        .await
+        .map_err(|e| ApiError::internal(&e))?
+        .map_err(|e| ApiError::internal(&e))
+}
+
+async fn write<T: Default + Send + 'static>(
+    app: &AppState,
+    f: impl FnOnce(&duckdb::Transaction<'_>) -> duckdb::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let out = Arc::new(Mutex::new(T::default()));
+    let slot = out.clone();
+    app.writer
+        .apply(Box::new(move |tx| {
+            *slot.lock().expect("one writer") = f(tx)?;
+            Ok(())
+        }))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("the ledger cannot be written: {e}"), 5))?;
+    let v = std::mem::take(&mut *out.lock().expect("one writer"));
+    Ok(v)
+}
+
+fn limit(q: &HashMap<String, String>) -> Result<i64, ApiError> {
+    match q.get("limit") {
+        None => Ok(1000),
+        Some(s) => s
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=100_000).contains(n))
+            .ok_or_else(|| ApiError::bad_request("limit", format!("{s:?} is not 1 to 100000"))),
+    }
+}
+
+/// The answer of `GET /api/v1/reclaims`.
+#[derive(Debug, serde::Serialize)]
+pub struct Reclaims {
+    /// Whether the aggregator runs in dry-run.
+    pub dry_run: bool,
+    /// The decisions, newest first.
+    pub decisions: Vec<Decision>,
+}
+
+/// `GET /api/v1/reclaims`.
+pub async fn reclaims(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Reclaims>, ApiError> {
+    let role = app.tokens.authenticate(&headers)?;
+    let tenant = role.read_scope()?.map(str::to_owned);
+    only_params(&q, &["from", "to", "limit"])?;
+    let from = time_param("from", q.get("from").map(String::as_str))?.unwrap_or(0);
+    let to = time_param("to", q.get("to").map(String::as_str))?.unwrap_or(i64::MAX);
+    let limit = limit(&q)?;
+    let decisions = read(&app, move |c| {
+        records::decisions(c, from, to, tenant.as_deref(), limit)
+    })
+    .await?;
+    Ok(Json(Reclaims {
+        dry_run: app.config.reclaim.dry_run,
+        decisions,
+    }))
+}
+
+/// The answer of `GET /api/v1/exemptions`.
+#[derive(Debug, serde::Serialize)]
+pub struct Exemptions {
+    /// Exemptions in force.
+    pub exemptions: Vec<Exemption>,
+}
+
+/// `GET /api/v1/exemptions`: those in force (a `tenant:` token sees its own).
+pub async fn list_exemptions(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Exemptions>, ApiError> {
+    let role = app.tokens.authenticate(&headers)?;
+    let tenant = role.read_scope()?.map(str::to_owned);
+    only_params(&q, &[])?;
+    let now = chrono::Utc::now().timestamp();
+    let exemptions = read(&app, move |c| {
+        records::exemptions(c, now, tenant.as_deref())
+    })
+    .await?;
+    Ok(Json(Exemptions { exemptions }))
+}
+
+/// Longest snooze: a week (a permanent exemption belongs in the config file).
+const MAX_SNOOZE_SECS: u64 = 7 * 86400;
+
+/// `POST /api/v1/exemptions`: keep a workload for a while.
+pub async fn create_exemption(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<(StatusCode, Json<Exemption>), ApiError> {
+    let role = app.tokens.authenticate(&headers)?;
+    let req: NewExemption = body(&bytes)?;
+    let tenant = match (&role, req.tenant) {
+        (Role::Admin, t) => t,
+        (Role::Tenant(own), None) => Some(own.clone()),
+        (Role::Tenant(own), Some(t)) if *own == t => Some(t),
+        (Role::Tenant(_), Some(_)) => {
+            return Err(ApiError::forbidden(
+                "tenant",
+                "a tenant: token can only exempt its own tenant's workloads",
+            ));
+        }
+        _ => {
+            return Err(ApiError::forbidden(
+                "authorization",
+                "this needs an admin token or the tenant's own token",
+            ));
+        }
+    };
+    let span = humantime::parse_duration(&req.duration).map_err(|e| {
+        ApiError::bad_request(
+            "duration",
+            format!("{:?} is not a duration: {e}", req.duration),
+        )
+    })?;
+    if span.is_zero() || span.as_secs() > MAX_SNOOZE_SECS {
+        return Err(ApiError::bad_request(
+            "duration",
+            format!(
+                "must be more than 0 s and at most {MAX_SNOOZE_SECS} s (a week); use reclaim.exemptions in the config for longer"
+            ),
+        ));
+    }
+    if let Some(w) = &req.workload
+        && (w.is_empty() || w.len() > gpuledger_schema::sample::MAX_NAME_BYTES)
+    {
+        return Err(ApiError::bad_request("workload", "must be 1 to 512 bytes"));
+    }
+    let now = chrono::Utc::now().timestamp();
+    let e = Exemption {
+        exemption_id: format!("exm_{}", uuid::Uuid::now_v7().simple()),
+        tenant,
+        workload: req.workload,
+        until: now + span.as_secs() as i64,
+        reason: req
+            .reason
+            .unwrap_or_else(|| "snoozed through the API".into()),
+        created_by: match &role {
+            Role::Tenant(t) => format!("tenant:{t}"),
+            _ => "admin".into(),
+        },
+        created_at: now,
+    };
+    let stored = e.clone();
+    write(&app, move |tx| records::insert_exemption(tx, &stored)).await?;
+    tracing::info!(
+        exemption = e.exemption_id,
+        tenant = e.tenant.as_deref().unwrap_or("*"),
+        workload = e.workload.as_deref().unwrap_or("*"),
+        until = e.until,
+        by = e.created_by,
+        "A reclaim exemption was added."
+    );
+    Ok((StatusCode::CREATED, Json(e)))
+}
+
+/// `DELETE /api/v1/exemptions/{id}`: ends it now (admin, or the tenant's own token).
+pub async fn delete_exemption(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let role = app.tokens.authenticate(&headers)?;
+    let scope = match &role {
+        Role::Admin => None,
+        Role::Tenant(t) => Some(t.clone()),
+        _ => {
+            return Err(ApiError::forbidden(
+                "authorization",
+                "this needs an admin or tenant: token",
+            ));
+        }
+    };
+    let now = chrono::Utc::now().timestamp();
+    let n = write(&app, move |tx| {
+        records::end_exemption(tx, &id, scope.as_deref(), now)
+    })
+    .await?;
+    if n == 0 {
+        return Err(ApiError::status(
+            StatusCode::NOT_FOUND,
+            "no exemption in force with that id",
+        ));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The answer of `GET /api/v1/webhooks/deliveries`.
+#[derive(Debug, serde::Serialize)]
+pub struct Deliveries {
+    /// Endpoints a 410 disabled.
+    pub disabled_endpoints: Vec<String>,
+    /// The rows, newest first.
+    pub deliveries: Vec<Delivery>,
+}
+
+/// `GET /api/v1/webhooks/deliveries` (admin).
+pub async fn deliveries(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Deliveries>, ApiError> {
+    app.tokens.authenticate(&headers)?.require_admin()?;
+    only_params(&q, &["state", "endpoint", "event_id", "limit"])?;
+    let state = q.get("state").cloned();
+    if let Some(s) = &state
+        && !records::DELIVERY_STATES.contains(&s.as_str())
+    {
+        return Err(ApiError::bad_request(
+            "state",
+            format!("{s:?} is not one of {:?}", records::DELIVERY_STATES),
+        ));
+    }
+    let endpoint = q.get("endpoint").cloned();
+    let event_id = q.get("event_id").cloned();
+    let limit = limit(&q)?;
+    let (deliveries, disabled_endpoints) = read(&app, move |c| {
+        let rows = records::deliveries(
+            c,
+            state.as_deref(),
+            endpoint.as_deref(),
+            event_id.as_deref(),
+            limit,
+        )?;
+        let mut stmt = c.prepare_cached("SELECT endpoint FROM webhook_endpoints ORDER BY 1")?;
+        let off = stmt
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        Ok((rows, off))
+    })
+    .await?;
+    Ok(Json(Deliveries {
+        disabled_endpoints,
+        deliveries,
+    }))
+}
+
+/// The answer of a replay or an enable.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Requeued {
+    /// Rows put back to pending.
+    pub requeued: usize,
+}
+
+/// `POST /api/v1/webhooks/replay` (admin): sends matching events again, under their own ids.
+pub async fn replay(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Json<Requeued>, ApiError> {
+    app.tokens.authenticate(&headers)?.require_admin()?;
+    let req: Replay = if bytes.is_empty() {
+        body(b"{}")?
+    } else {
+        body(&bytes)?
+    };
+    let from = time_param("from", req.from.as_deref())?.unwrap_or(0);
+    let to = time_param("to", req.to.as_deref())?.unwrap_or(i64::MAX);
+    let mut states = req.states;
+    if states.is_empty() {
+        states = vec!["failed".into(), "disabled".into()];
+    }
+    for (i, s) in states.iter().enumerate() {
+        if !["delivered", "failed", "cancelled", "disabled"].contains(&s.as_str()) {
+            return Err(ApiError::bad_request(
+                format!("states[{i}]"),
+                format!("{s:?} is not one of delivered, failed, cancelled, disabled"),
+            ));
+        }
+    }
+    let now = chrono::Utc::now().timestamp();
+    let (event_id, endpoint) = (req.event_id, req.endpoint);
+    let requeued = write(&app, move |tx| {
+        records::requeue(
+            tx,
+            event_id.as_deref(),
+            from,
+            to,
+            endpoint.as_deref(),
+            &states,
+            now,
+        )
+    })
+    .await?;
+    app.deliveries.notify_one();
+    Ok(Json(Requeued { requeued }))
+}
+
+/// `POST /api/v1/webhooks/endpoints/{name}/enable` (admin): undoes a 410's disabling.
+pub async fn enable_endpoint(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<Requeued>, ApiError> {
+    app.tokens.authenticate(&headers)?.require_admin()?;
+    if !app.config.reclaim.endpoints.iter().any(|e| e.name == name) {
+        return Err(ApiError::status(
+            StatusCode::NOT_FOUND,
+            "no endpoint is configured with that name",
+        ));
+    }
+    let now = chrono::Utc::now().timestamp();
+    let requeued = write(&app, move |tx| records::enable_endpoint(tx, &name, now)).await?;
+    app.deliveries.notify_one();
+    Ok(Json(Requeued { requeued }))
+}
+
+/// `POST /api/v1/alertmanager` (admin token in Alertmanager's `http_config.authorization`).
+pub async fn alertmanager_webhook(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Json<IntakeReport>, ApiError> {
+    app.tokens.authenticate(&headers)?.require_admin()?;
+    let msg: WebhookMessage = body(&bytes)?;
+    if msg.version != "4" {
+        return Err(ApiError::bad_request(
+            "version",
+            format!(
+                "{:?}: only Alertmanager's webhook payload version 4 is understood",
+                msg.version
+            ),
+        ));
+    }
+    let (ids, report) = alertmanager::confirmed(&msg);
+    let now = chrono::Utc::now().timestamp();
+    if !ids.is_empty() {
+        write(&app, move |tx| alertmanager::store(tx, &ids, now)).await?;
+    }
+    Ok(Json(report))
+}

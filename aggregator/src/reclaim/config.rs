@@ -1,0 +1,627 @@
+//! The reclaim settings: the aggregator config file's `[reclaim]`, `[[webhooks]]` and
+//! `[alertmanager]` tables (the key names are the contract of issue #12 and README "Reclaim").
+//! Declared once, here, with their checks: the binary only deserializes and calls
+//! [`ReclaimFile::resolve`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gpuledger_schema::SloClass;
+use gpuledger_schema::webhook::{Action, Secret};
+use serde::Deserialize;
+
+/// A humantime duration in TOML (`"15m"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span(pub Duration);
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map(Span)
+            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))
+    }
+}
+
+/// `[reclaim.classes.<class>]` and `[[reclaim.overrides]]`: what to do with idle episodes.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuleFile {
+    /// notify | reclaim.
+    pub action: Option<Action>,
+    /// Idle time since the episode's start before a reclaim is requested.
+    pub after: Option<Span>,
+    /// Least time between the first delivered notice and the reclaim.
+    pub notice: Option<Span>,
+}
+
+/// `[[reclaim.overrides]]`: a rule for some tenants or workloads (first match wins).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideFile {
+    /// The tenant it applies to (any when absent).
+    pub tenant: Option<String>,
+    /// A glob (`*`, `?`) over the workload (any when absent).
+    pub workload: Option<String>,
+    /// The SLO class it applies to (any when absent).
+    pub class: Option<String>,
+    /// The rule.
+    #[serde(flatten)]
+    pub rule: RuleFile,
+}
+
+/// `[[reclaim.exemptions]]`: workloads never reclaimed, always or in weekly windows (UTC).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExemptionFile {
+    /// Tenant (any when absent).
+    pub tenant: Option<String>,
+    /// Glob over the workload (any when absent).
+    pub workload: Option<String>,
+    /// Days of the week (`mon` … `sun`); every day when absent.
+    #[serde(default)]
+    pub days: Vec<String>,
+    /// Start of the daily window, `HH:MM` UTC (default `00:00`).
+    pub from: Option<String>,
+    /// End of the daily window, `HH:MM` UTC, exclusive (default `24:00`).
+    pub to: Option<String>,
+    /// Why, shown with each decision it causes.
+    pub reason: Option<String>,
+}
+
+/// `[reclaim]`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimFile {
+    /// Decide and deliver, but every event says `dry_run = true`.
+    pub dry_run: Option<bool>,
+    /// Never act on an episode whose GPU has not reported within this (default 2m).
+    pub max_staleness: Option<Span>,
+    /// Reclaims requested per pass at most (default 10).
+    pub max_per_pass: Option<usize>,
+    /// Reclaims requested per tenant per hour at most (default 5).
+    pub max_per_tenant_per_hour: Option<usize>,
+    /// Only reclaim episodes whose alert reached `POST /api/v1/alertmanager` within this long
+    /// (so a silence in Alertmanager keeps the workload); off when absent.
+    pub alertmanager_confirmation: Option<Span>,
+    /// Per-class rules: `latency_critical`, `interactive`, `batch`, `unclassified`.
+    #[serde(default)]
+    pub classes: BTreeMap<String, RuleFile>,
+    /// Per-tenant or per-workload rules, first match first.
+    #[serde(default)]
+    pub overrides: Vec<OverrideFile>,
+    /// Exemptions.
+    #[serde(default)]
+    pub exemptions: Vec<ExemptionFile>,
+}
+
+/// `[[webhooks]]`: one receiver.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookFile {
+    /// Its name in metrics, logs and the API (default: the URL's host and port).
+    pub name: Option<String>,
+    /// Where events are POSTed.
+    pub url: String,
+    /// The signing secret, `whsec_…`.
+    pub secret: Option<String>,
+    /// Several secrets: every one signs each attempt (rotation).
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// A file holding one secret per line.
+    pub secret_file: Option<PathBuf>,
+    /// How long one attempt may take (default 10s).
+    pub timeout: Option<Span>,
+    /// Give up on an event this long after it was created (default 3 days); it is then
+    /// `failed` and can be retried from the admin API.
+    pub max_age: Option<Span>,
+    /// Only these event types (all when absent).
+    #[serde(default)]
+    pub events: Vec<String>,
+}
+
+/// `[alertmanager]`: push open episodes to Alertmanager.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AlertmanagerFile {
+    /// Alertmanager's base URL (`http://alertmanager:9093`).
+    pub url: String,
+    /// How often open episodes are re-sent (default 1m).
+    pub interval: Option<Span>,
+    /// A file holding a bearer token for Alertmanager, if it wants one.
+    pub token_file: Option<PathBuf>,
+}
+
+/// A resolved rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// What to do.
+    pub action: Action,
+    /// Idle time before a reclaim.
+    pub after: Duration,
+    /// Notice period.
+    pub notice: Duration,
+}
+
+/// A resolved override.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    /// Tenant, or any.
+    pub tenant: Option<String>,
+    /// Workload glob, or any.
+    pub workload: Option<String>,
+    /// Class name, or any.
+    pub class: Option<String>,
+    /// The rule (unset keys taken from the class's rule).
+    pub rule: RuleFile,
+}
+
+/// A resolved configured exemption.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    /// Tenant, or any.
+    pub tenant: Option<String>,
+    /// Workload glob, or any.
+    pub workload: Option<String>,
+    /// Days (0 = Monday); all when empty.
+    pub days: Vec<u32>,
+    /// Minute of the day it starts.
+    pub from_minute: u32,
+    /// Minute of the day it ends (exclusive; 1440 = midnight).
+    pub to_minute: u32,
+    /// Why.
+    pub reason: String,
+}
+
+/// A resolved webhook endpoint.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// Name (metrics label, outbox key).
+    pub name: String,
+    /// URL.
+    pub url: String,
+    /// Signing secrets.
+    pub secrets: Vec<Secret>,
+    /// Per-attempt timeout.
+    pub timeout: Duration,
+    /// When to give up.
+    pub max_age: Duration,
+    /// Event types it gets (all when empty).
+    pub events: Vec<gpuledger_schema::webhook::EventType>,
+}
+
+/// Alertmanager push settings.
+#[derive(Debug, Clone)]
+pub struct Alertmanager {
+    /// Base URL.
+    pub url: String,
+    /// Re-send interval.
+    pub interval: Duration,
+    /// Bearer token.
+    pub token: Option<String>,
+}
+
+/// Everything about reclaim, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Dry run.
+    pub dry_run: bool,
+    /// Staleness bound.
+    pub max_staleness: Duration,
+    /// Blast radius per pass.
+    pub max_per_pass: usize,
+    /// Blast radius per tenant per hour.
+    pub max_per_tenant_per_hour: usize,
+    /// Alertmanager as the gate.
+    pub alertmanager_confirmation: Option<Duration>,
+    /// Rule per class name (`latency_critical`, `interactive`, `batch`, `unclassified`).
+    pub classes: BTreeMap<String, Rule>,
+    /// Overrides.
+    pub overrides: Vec<Override>,
+    /// Configured exemptions.
+    pub exemptions: Vec<Window>,
+    /// Webhook receivers.
+    pub endpoints: Vec<Endpoint>,
+    /// Alertmanager push.
+    pub alertmanager: Option<Alertmanager>,
+}
+
+/// The class name of holders without one.
+pub const UNCLASSIFIED: &str = "unclassified";
+
+/// The default notice period.
+pub const DEFAULT_NOTICE: Duration = Duration::from_secs(15 * 60);
+/// The default idle time before a reclaim.
+pub const DEFAULT_AFTER: Duration = Duration::from_secs(3600);
+
+impl Default for Settings {
+    /// A fresh install: every class notify-only, so nothing is ever evicted until an operator
+    /// opts a class in.
+    fn default() -> Self {
+        let notify = Rule {
+            action: Action::Notify,
+            after: DEFAULT_AFTER,
+            notice: DEFAULT_NOTICE,
+        };
+        Settings {
+            dry_run: false,
+            max_staleness: Duration::from_secs(120),
+            max_per_pass: 10,
+            max_per_tenant_per_hour: 5,
+            alertmanager_confirmation: None,
+            classes: SloClass::ALL
+                .iter()
+                .map(|c| c.as_str())
+                .chain([UNCLASSIFIED])
+                .map(|c| (c.to_owned(), notify))
+                .collect(),
+            overrides: Vec::new(),
+            exemptions: Vec::new(),
+            endpoints: Vec::new(),
+            alertmanager: None,
+        }
+    }
+}
+
+/// A reclaim setting that cannot be used; names the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ConfigError {
+    /// The key, as written in the config file (`reclaim.classes.batch.after`).
+    pub key: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+fn err(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+fn class_known(key: &str, class: &str) -> Result<(), ConfigError> {
+    if class == UNCLASSIFIED || SloClass::ALL.iter().any(|c| c.as_str() == class) {
+        Ok(())
+    } else {
+        Err(err(
+            key,
+            format!(
+                "{class:?} is not an SLO class (latency_critical, interactive, batch, {UNCLASSIFIED})"
+            ),
+        ))
+    }
+}
+
+fn minute_of_day(key: &str, text: &str) -> Result<u32, ConfigError> {
+    let bad = || err(key, format!("{text:?} is not HH:MM (00:00 to 24:00)"));
+    let (h, m) = text.split_once(':').ok_or_else(bad)?;
+    let (h, m): (u32, u32) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+    if m >= 60 || h > 24 || (h == 24 && m != 0) {
+        return Err(bad());
+    }
+    Ok(h * 60 + m)
+}
+
+const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+
+impl ReclaimFile {
+    /// Checks every key and resolves the defaults; `webhooks` and `alertmanager` are the
+    /// config file's other two tables.
+    pub fn resolve(
+        self,
+        webhooks: Vec<WebhookFile>,
+        alertmanager: Option<AlertmanagerFile>,
+    ) -> Result<Settings, ConfigError> {
+        let mut s = Settings::default();
+        s.dry_run = self.dry_run.unwrap_or(s.dry_run);
+        if let Some(Span(d)) = self.max_staleness {
+            if d.is_zero() {
+                return Err(err("reclaim.max_staleness", "must be more than 0s"));
+            }
+            s.max_staleness = d;
+        }
+        for (key, v, slot) in [
+            (
+                "reclaim.max_per_pass",
+                self.max_per_pass,
+                &mut s.max_per_pass,
+            ),
+            (
+                "reclaim.max_per_tenant_per_hour",
+                self.max_per_tenant_per_hour,
+                &mut s.max_per_tenant_per_hour,
+            ),
+        ] {
+            if let Some(n) = v {
+                if n == 0 {
+                    return Err(err(
+                        key,
+                        "must be at least 1 (use action = \"notify\" to never reclaim)",
+                    ));
+                }
+                *slot = n;
+            }
+        }
+        s.alertmanager_confirmation = self.alertmanager_confirmation.map(|d| d.0);
+        for (class, rule) in self.classes {
+            let key = format!("reclaim.classes.{class}");
+            class_known(&key, &class)?;
+            let base = s.classes[&class];
+            let action = rule.action.unwrap_or(base.action);
+            if action == Action::Reclaim && class == SloClass::LatencyCritical.as_str() {
+                tracing::warn!(
+                    "reclaim.classes.latency_critical has action = \"reclaim\": latency-critical work will be reclaimed when idle"
+                );
+            }
+            s.classes.insert(
+                class,
+                Rule {
+                    action,
+                    after: rule.after.map_or(base.after, |d| d.0),
+                    notice: rule.notice.map_or(base.notice, |d| d.0),
+                },
+            );
+        }
+        for (i, o) in self.overrides.into_iter().enumerate() {
+            if let Some(c) = &o.class {
+                class_known(&format!("reclaim.overrides[{i}].class"), c)?;
+            }
+            if o.tenant.is_none() && o.workload.is_none() && o.class.is_none() {
+                return Err(err(
+                    format!("reclaim.overrides[{i}]"),
+                    "names no tenant, workload or class; set the class's rule instead",
+                ));
+            }
+            s.overrides.push(Override {
+                tenant: o.tenant,
+                workload: o.workload,
+                class: o.class,
+                rule: o.rule,
+            });
+        }
+        for (i, e) in self.exemptions.into_iter().enumerate() {
+            let key = format!("reclaim.exemptions[{i}]");
+            let mut days = Vec::new();
+            for d in &e.days {
+                let n = DAYS
+                    .iter()
+                    .position(|x| x.eq_ignore_ascii_case(d))
+                    .ok_or_else(|| {
+                        err(
+                            format!("{key}.days"),
+                            format!("{d:?} is not one of {DAYS:?}"),
+                        )
+                    })?;
+                days.push(n as u32);
+            }
+            let from_minute =
+                minute_of_day(&format!("{key}.from"), e.from.as_deref().unwrap_or("00:00"))?;
+            let to_minute =
+                minute_of_day(&format!("{key}.to"), e.to.as_deref().unwrap_or("24:00"))?;
+            if from_minute >= to_minute {
+                return Err(err(format!("{key}.to"), "must be after from"));
+            }
+            s.exemptions.push(Window {
+                tenant: e.tenant,
+                workload: e.workload,
+                days,
+                from_minute,
+                to_minute,
+                reason: e
+                    .reason
+                    .unwrap_or_else(|| format!("configured exemption {i}")),
+            });
+        }
+        for (i, w) in webhooks.into_iter().enumerate() {
+            s.endpoints.push(w.resolve(i)?);
+        }
+        let mut names: Vec<&str> = s.endpoints.iter().map(|e| e.name.as_str()).collect();
+        names.sort();
+        if let Some(d) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(err(
+                "webhooks",
+                format!("two endpoints are named {:?}; give each a name", d[0]),
+            ));
+        }
+        if let Some(a) = alertmanager {
+            s.alertmanager = Some(a.resolve()?);
+        }
+        Ok(s)
+    }
+}
+
+impl WebhookFile {
+    fn resolve(self, i: usize) -> Result<Endpoint, ConfigError> {
+        let key = format!("webhooks[{i}]");
+        let url = reqwest::Url::parse(&self.url).map_err(|e| {
+            err(
+                format!("{key}.url"),
+                format!("{:?} is not a URL: {e}", self.url),
+            )
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(err(format!("{key}.url"), "must be http or https"));
+        }
+        let mut texts: Vec<(String, String)> = Vec::new();
+        if let Some(s) = self.secret {
+            texts.push((format!("{key}.secret"), s));
+        }
+        for (j, s) in self.secrets.into_iter().enumerate() {
+            texts.push((format!("{key}.secrets[{j}]"), s));
+        }
+        if let Some(path) = &self.secret_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                err(
+                    format!("{key}.secret_file"),
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+            for (j, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
+                texts.push((
+                    format!("{key}.secret_file line {}", j + 1),
+                    line.trim().to_owned(),
+                ));
+            }
+        }
+        if texts.is_empty() {
+            return Err(err(
+                format!("{key}.secret"),
+                "every webhook is signed: set secret, secrets or secret_file (whsec_…)",
+            ));
+        }
+        let secrets = texts
+            .into_iter()
+            .map(|(k, t)| Secret::parse(&t).map_err(|e| err(k, e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut events = Vec::new();
+        for e in &self.events {
+            events.push(
+                gpuledger_schema::webhook::EventType::parse(e).ok_or_else(|| {
+                    err(
+                        format!("{key}.events"),
+                        format!("{e:?} is not an event type"),
+                    )
+                })?,
+            );
+        }
+        let name = self.name.unwrap_or_else(|| {
+            format!(
+                "{}:{}",
+                url.host_str().unwrap_or("?"),
+                url.port_or_known_default().unwrap_or(0)
+            )
+        });
+        Ok(Endpoint {
+            name,
+            url: self.url,
+            secrets,
+            timeout: self.timeout.map_or(Duration::from_secs(10), |d| d.0),
+            max_age: self.max_age.map_or(Duration::from_secs(3 * 86400), |d| d.0),
+            events,
+        })
+    }
+}
+
+impl AlertmanagerFile {
+    fn resolve(self) -> Result<Alertmanager, ConfigError> {
+        reqwest::Url::parse(&self.url).map_err(|e| {
+            err(
+                "alertmanager.url",
+                format!("{:?} is not a URL: {e}", self.url),
+            )
+        })?;
+        let token = match &self.token_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| err("alertmanager.token_file", format!("{}: {e}", p.display())))?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        Ok(Alertmanager {
+            url: self.url.trim_end_matches('/').to_owned(),
+            interval: self.interval.map_or(Duration::from_secs(60), |d| d.0),
+            token,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Settings, String> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct F {
+            #[serde(default)]
+            reclaim: ReclaimFile,
+            #[serde(default)]
+            webhooks: Vec<WebhookFile>,
+            alertmanager: Option<AlertmanagerFile>,
+        }
+        let f: F = toml::from_str(text).map_err(|e| e.to_string())?;
+        f.reclaim
+            .resolve(f.webhooks, f.alertmanager)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_fresh_install_never_reclaims() {
+        let s = parse("").unwrap();
+        assert!(s.classes.values().all(|r| r.action == Action::Notify));
+        assert_eq!(s.classes.len(), 4);
+    }
+
+    #[test]
+    fn the_issue_example_parses() {
+        let secret = Secret::encode(b"0123456789abcdef01234567");
+        let s = parse(&format!(
+            r#"
+            [reclaim]
+            dry_run = false
+            max_staleness = "2m"
+            [reclaim.classes.latency_critical]
+            action = "notify"
+            [reclaim.classes.interactive]
+            action = "reclaim"
+            after = "1h"
+            notice = "15m"
+            [reclaim.classes.batch]
+            action = "reclaim"
+            after = "30m"
+            [[webhooks]]
+            url = "https://scheduler-bridge.example/hooks/gpuledger"
+            secret = "{secret}"
+            "#
+        ))
+        .unwrap();
+        assert_eq!(s.classes["interactive"].action, Action::Reclaim);
+        assert_eq!(s.classes["batch"].after, Duration::from_secs(1800));
+        assert_eq!(s.classes["batch"].notice, DEFAULT_NOTICE);
+        assert_eq!(s.classes["latency_critical"].action, Action::Notify);
+        assert_eq!(s.endpoints[0].name, "scheduler-bridge.example:443");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        for (text, key) in [
+            (
+                "[reclaim.classes.gold]\naction = \"reclaim\"",
+                "reclaim.classes.gold",
+            ),
+            ("[reclaim]\nmax_per_pass = 0", "reclaim.max_per_pass"),
+            ("[[webhooks]]\nurl = \"http://x\"", "webhooks[0].secret"),
+            (
+                "[[webhooks]]\nurl = \"http://x\"\nsecret = \"nope\"",
+                "webhooks[0].secret",
+            ),
+            (
+                "[[reclaim.exemptions]]\ndays = [\"funday\"]",
+                "reclaim.exemptions[0].days",
+            ),
+            (
+                "[[reclaim.exemptions]]\nfrom = \"25:00\"",
+                "reclaim.exemptions[0].from",
+            ),
+            (
+                "[[reclaim.overrides]]\naction = \"reclaim\"",
+                "reclaim.overrides[0]",
+            ),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.starts_with(key), "{text}: {e}");
+        }
+        let e = parse("[reclaim.classes.batch]\naction = \"evict\"").unwrap_err();
+        assert!(e.contains("evict"), "{e}");
+        let e = parse("[reclaim.classes.batch]\nafter = \"soon\"").unwrap_err();
+        assert!(e.contains("soon"), "{e}");
+    }
+}

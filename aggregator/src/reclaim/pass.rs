@@ -1,0 +1,631 @@
+//! One reclaim pass: read the episodes and what was done about them in one snapshot, run the
+//! policy ([`super::policy::decide`]) over each, bound the blast radius, then commit the decisions,
+//! the new states and the outbox rows of the events through the one writer in one transaction.
+//!
+//! A crash before the commit loses the pass; the next pass finds the same episodes in the same
+//! states and takes the same decisions, under the same event ids. A crash after it loses nothing.
+
+use std::collections::{HashMap, HashSet};
+
+use duckdb::{Connection, OptionalExt, params};
+use gpuledger_schema::webhook::{self, EpisodeData, Event, EventType, PolicyData};
+
+use super::config::Settings;
+use super::policy::{self, Before, Context, Hold, Now, State, Step};
+use crate::analytics::{self, EpisodeRow, EpisodeState};
+
+/// Ended episodes are looked at for this long after their end (to send their resolution).
+const LOOKBACK_SECS: i64 = 2 * 86400;
+
+/// What a pass did; part of `POST /api/v1/analytics/evaluate`'s answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReclaimReport {
+    /// Events decided, by type.
+    pub events: std::collections::BTreeMap<String, usize>,
+    /// Holds first recorded this pass, by reason.
+    pub holds: std::collections::BTreeMap<String, usize>,
+    /// Reclaims deferred by the blast-radius bound this pass.
+    pub deferred: usize,
+}
+
+/// One episode's stored state.
+#[derive(Debug, Clone)]
+struct Stored {
+    state: State,
+    last_hold: Option<String>,
+    notice_delivered_at: Option<i64>,
+    request_delivered: bool,
+    data: String,
+}
+
+/// What the read side found.
+pub struct Snapshot {
+    episodes: Vec<(String, EpisodeRow)>,
+    stored: HashMap<String, Stored>,
+    exemptions: Vec<(Option<String>, Option<String>, String)>,
+    confirmed: HashSet<String>,
+    requested_last_hour: HashMap<Option<String>, usize>,
+}
+
+/// The stable id of a stored episode.
+pub fn id_of(e: &EpisodeRow) -> String {
+    webhook::episode_id(
+        &e.gpu_uuid,
+        e.gpu_instance_id,
+        e.tenant.as_deref(),
+        e.workload.as_deref(),
+        e.started_at,
+    )
+}
+
+/// Reads what a pass needs, in one transaction on a reader connection.
+pub fn read(
+    conn: &Connection,
+    analytics: &analytics::Settings,
+    settings: &Settings,
+    now: i64,
+) -> duckdb::Result<Snapshot> {
+    conn.execute_batch("BEGIN TRANSACTION")?;
+    let r = read_in_snapshot(conn, analytics, settings, now);
+    conn.execute_batch("COMMIT")?;
+    r
+}
+
+fn read_in_snapshot(
+    conn: &Connection,
+    analytics: &analytics::Settings,
+    settings: &Settings,
+    now: i64,
+) -> duckdb::Result<Snapshot> {
+    let episodes = analytics::episodes(
+        conn,
+        EpisodeState::All,
+        now - LOOKBACK_SECS,
+        i64::MAX,
+        None,
+        analytics,
+    )?
+    .into_iter()
+    .map(|e| (id_of(&e), e))
+    .collect();
+    let no_endpoints = settings.endpoints.is_empty();
+    let mut stmt = conn.prepare_cached(
+        "SELECT r.episode_id, r.state, r.last_hold, r.data, r.notified_at,
+                (SELECT min(o.delivered_at) FROM webhook_outbox o
+                 WHERE o.episode_id = r.episode_id AND o.event_type = 'hoarding.detected'
+                   AND o.state = 'delivered'),
+                EXISTS (SELECT 1 FROM webhook_outbox o
+                 WHERE o.episode_id = r.episode_id AND o.event_type = 'reclaim.requested'
+                   AND o.state = 'delivered')
+         FROM reclaim_episodes r WHERE r.state <> 'resolved'",
+    )?;
+    let stored = stmt
+        .query_map([], |r| {
+            let state: String = r.get(1)?;
+            let notified_at: Option<i64> = r.get(4)?;
+            let delivered: Option<i64> = r.get(5)?;
+            Ok((
+                r.get::<_, String>(0)?,
+                Stored {
+                    state: State::parse(&state).unwrap_or(State::Seen),
+                    last_hold: r.get(2)?,
+                    data: r.get(3)?,
+                    // With no receivers configured, the decision is the notice (shown by the API).
+                    notice_delivered_at: if no_endpoints { notified_at } else { delivered },
+                    request_delivered: no_endpoints || r.get::<_, bool>(6)?,
+                },
+            ))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT tenant, workload, reason FROM reclaim_exemptions WHERE until > ?",
+    )?;
+    let exemptions = stmt
+        .query_map([now], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?;
+    let since = settings
+        .alertmanager_confirmation
+        .map_or(now, |d| now - d.as_secs() as i64);
+    let mut stmt = conn.prepare_cached(
+        "SELECT episode_id FROM alertmanager_confirmations WHERE confirmed_at >= ?",
+    )?;
+    let confirmed = stmt
+        .query_map([since], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT tenant, count(*) FROM reclaim_episodes WHERE requested_at >= ? GROUP BY tenant",
+    )?;
+    let requested_last_hour = stmt
+        .query_map([now - 3600], |r| {
+            Ok((r.get(0)?, r.get::<_, i64>(1)? as usize))
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(Snapshot {
+        episodes,
+        stored,
+        exemptions,
+        confirmed,
+        requested_last_hour,
+    })
+}
+
+/// A row of `reclaim_episodes` to write.
+#[derive(Debug, Clone)]
+pub struct EpisodeWrite {
+    id: String,
+    row: Option<EpisodeRow>,
+    state: State,
+    decided_at: i64,
+    sent: Option<EventType>,
+    last_hold: Option<String>,
+    data: String,
+}
+
+/// A row of `reclaim_decisions`.
+#[derive(Debug, Clone)]
+pub struct DecisionWrite {
+    episode_id: String,
+    tenant: Option<String>,
+    workload: Option<String>,
+    node: String,
+    decision: &'static str,
+    reason: String,
+    detail: String,
+    event_id: Option<String>,
+}
+
+/// An outbox row.
+#[derive(Debug, Clone)]
+pub struct OutboxWrite {
+    event_id: String,
+    endpoint: String,
+    kind: EventType,
+    episode_id: String,
+    body: String,
+}
+
+/// What a pass commits.
+#[derive(Debug, Default)]
+pub struct Plan {
+    now: i64,
+    dry_run: bool,
+    episodes: Vec<EpisodeWrite>,
+    decisions: Vec<DecisionWrite>,
+    outbox: Vec<OutboxWrite>,
+    /// Undelivered `reclaim.requested` rows withdrawn by a cancellation.
+    withdraw: Vec<String>,
+    /// The report.
+    pub report: ReclaimReport,
+}
+
+impl Plan {
+    /// Whether anything is written.
+    pub fn is_empty(&self) -> bool {
+        self.episodes.is_empty() && self.decisions.is_empty()
+    }
+
+    /// Whether an event was put in the outbox.
+    pub fn has_events(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+}
+
+struct Candidate {
+    id: String,
+    idle: i64,
+    tenant: Option<String>,
+}
+
+/// Runs the policy over a snapshot.
+pub fn plan(
+    snap: Snapshot,
+    analytics: &analytics::Settings,
+    settings: &Settings,
+    now: i64,
+) -> Plan {
+    let mut plan = Plan {
+        now,
+        dry_run: settings.dry_run,
+        ..Plan::default()
+    };
+    let by_id: HashMap<&str, &EpisodeRow> = snap
+        .episodes
+        .iter()
+        .map(|(id, e)| (id.as_str(), e))
+        .collect();
+    let mut steps: Vec<(String, Option<EpisodeRow>, Step, PolicyData)> = Vec::new();
+    let mut requests: Vec<Candidate> = Vec::new();
+    // Open episodes, and ended ones the policy still follows.
+    let mut ids: Vec<&str> = snap
+        .episodes
+        .iter()
+        .filter(|(id, e)| e.ended_at.is_none() || snap.stored.contains_key(id))
+        .map(|(id, _)| id.as_str())
+        .collect();
+    // Followed episodes late data removed.
+    ids.extend(
+        snap.stored
+            .keys()
+            .map(String::as_str)
+            .filter(|id| !by_id.contains_key(id)),
+    );
+    for id in ids {
+        let row = by_id.get(id).copied();
+        let stored = snap.stored.get(id);
+        let (tenant, workload, class) = match (row, stored) {
+            (Some(e), _) => (e.tenant.clone(), e.workload.clone(), e.slo_class.clone()),
+            (None, Some(s)) => {
+                let d: Option<EpisodeData> = serde_json::from_str(&s.data).ok();
+                (
+                    d.as_ref().and_then(|d| d.tenant.clone()),
+                    d.as_ref().and_then(|d| d.workload.clone()),
+                    d.as_ref().and_then(|d| d.slo_class.clone()),
+                )
+            }
+            (None, None) => continue,
+        };
+        let (class_name, rule, rule_name) = policy::rule_for(
+            settings,
+            tenant.as_deref(),
+            workload.as_deref(),
+            class.as_deref(),
+        );
+        let now_view = row.map(|e| Now {
+            tenant: e.tenant.clone(),
+            workload: e.workload.clone(),
+            slo_class: e.slo_class.clone(),
+            started_at: e.started_at,
+            last_second: e.last_second,
+            ended_at: e.ended_at,
+        });
+        let before = stored.map(|s| Before {
+            state: s.state,
+            notice_delivered_at: s.notice_delivered_at,
+            request_delivered: s.request_delivered,
+        });
+        let exemption = snap
+            .exemptions
+            .iter()
+            .find(|(t, w, _)| {
+                t.as_deref().is_none_or(|t| Some(t) == tenant.as_deref())
+                    && w.as_deref()
+                        .is_none_or(|g| policy::glob(g, workload.as_deref()))
+            })
+            .map(|(_, _, r)| r.clone())
+            .or_else(|| {
+                settings
+                    .exemptions
+                    .iter()
+                    .find(|w| policy::window_covers(w, tenant.as_deref(), workload.as_deref(), now))
+                    .map(|w| w.reason.clone())
+            });
+        let context = Context {
+            exemption: exemption.clone(),
+            confirmed: snap.confirmed.contains(id),
+        };
+        let step = policy::decide(
+            now,
+            settings,
+            &rule,
+            now_view.as_ref(),
+            before.as_ref(),
+            &context,
+        );
+        let reason = match &step {
+            Step::Hold(Hold::Exempt) => {
+                format!("exempt: {}", exemption.as_deref().unwrap_or("an exemption"))
+            }
+            Step::Hold(h) => hold_sentence(*h, &rule, now_view.as_ref(), settings),
+            Step::Send(kind, cause) => format!("{}: {cause}", kind.as_str()),
+            Step::Close => "ended before anything was sent".into(),
+        };
+        let policy = PolicyData {
+            class: class_name,
+            action: rule.action,
+            after_seconds: (rule.action == webhook::Action::Reclaim)
+                .then(|| rule.after.as_secs() as i64),
+            notice_seconds: (rule.action == webhook::Action::Reclaim)
+                .then(|| rule.notice.as_secs() as i64),
+            rule: rule_name,
+            reason,
+        };
+        if let Step::Send(EventType::ReclaimRequested, _) = step {
+            requests.push(Candidate {
+                id: id.to_owned(),
+                idle: now_view.as_ref().map_or(0, Now::idle_seconds),
+                tenant: tenant.clone(),
+            });
+        }
+        steps.push((id.to_owned(), row.cloned(), step, policy));
+    }
+    // The blast radius: longest idle first, at most max_per_pass, and per tenant per hour.
+    requests.sort_by(|a, b| b.idle.cmp(&a.idle).then_with(|| a.id.cmp(&b.id)));
+    let mut granted: HashSet<String> = HashSet::new();
+    let mut per_tenant = snap.requested_last_hour.clone();
+    for c in &requests {
+        let used = per_tenant.entry(c.tenant.clone()).or_default();
+        if granted.len() < settings.max_per_pass && *used < settings.max_per_tenant_per_hour {
+            *used += 1;
+            granted.insert(c.id.clone());
+        }
+    }
+    for (id, row, mut step, mut policy) in steps {
+        if matches!(step, Step::Send(EventType::ReclaimRequested, _)) && !granted.contains(&id) {
+            step = Step::Hold(Hold::Deferred);
+            policy.reason = format!(
+                "deferred: the blast-radius bound ({} per pass, {} per tenant per hour) bit; longer-idle episodes went first",
+                settings.max_per_pass, settings.max_per_tenant_per_hour
+            );
+            plan.report.deferred += 1;
+        }
+        record(
+            &mut plan,
+            &snap.stored,
+            id,
+            row,
+            step,
+            policy,
+            analytics,
+            settings,
+        );
+    }
+    plan
+}
+
+fn hold_sentence(h: Hold, rule: &super::config::Rule, e: Option<&Now>, s: &Settings) -> String {
+    let idle = e.map_or(0, Now::idle_seconds);
+    match h {
+        Hold::Stale => format!(
+            "stale: the GPU has not reported within max_staleness ({} s)",
+            s.max_staleness.as_secs()
+        ),
+        Hold::NotifyOnly => "notify_only: the rule's action is notify".into(),
+        Hold::Exempt => "exempt".into(),
+        Hold::WaitingAfter => format!(
+            "waiting_after: idle {idle} s of the {} s before a reclaim",
+            rule.after.as_secs()
+        ),
+        Hold::WaitingNotice => format!(
+            "waiting_notice: the notice period is {} s",
+            rule.notice.as_secs()
+        ),
+        Hold::NoticeUndelivered => "notice_undelivered: no receiver has the notice yet".into(),
+        Hold::Deferred => "deferred".into(),
+        Hold::AwaitingAlertmanager => {
+            "awaiting_alertmanager: no alert for it reached POST /api/v1/alertmanager lately (silenced or inhibited?)".into()
+        }
+        Hold::Requested => "requested: waiting for the allocation to end".into(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(
+    plan: &mut Plan,
+    stored: &HashMap<String, Stored>,
+    id: String,
+    row: Option<EpisodeRow>,
+    step: Step,
+    policy: PolicyData,
+    analytics: &analytics::Settings,
+    settings: &Settings,
+) {
+    let before = stored.get(&id);
+    let state = policy::next_state(before.map(|b| b.state), &step);
+    let data = match &row {
+        Some(e) => episode_data(&id, e, policy.clone(), analytics, settings.dry_run),
+        None => {
+            let mut d: EpisodeData = before
+                .and_then(|b| serde_json::from_str(&b.data).ok())
+                .expect("a followed episode has its data stored");
+            d.policy = policy.clone();
+            d.dry_run = settings.dry_run;
+            d
+        }
+    };
+    let data_json = serde_json::to_string(&data).expect("episode data serializes");
+    let (tenant, workload, node) = (
+        data.tenant.clone(),
+        data.workload.clone(),
+        data.node.clone(),
+    );
+    let mut write = EpisodeWrite {
+        id: id.clone(),
+        row,
+        state,
+        decided_at: plan.now,
+        sent: None,
+        last_hold: before.and_then(|b| b.last_hold.clone()),
+        data: data_json,
+    };
+    let decision =
+        |decision: &'static str, reason: String, event_id: Option<String>| DecisionWrite {
+            episode_id: id.clone(),
+            tenant: tenant.clone(),
+            workload: workload.clone(),
+            node: node.clone(),
+            decision,
+            reason,
+            detail: policy.reason.clone(),
+            event_id,
+        };
+    match step {
+        Step::Hold(h) => {
+            // A hold is recorded when it changes, not every pass.
+            if write.last_hold.as_deref() == Some(h.as_str())
+                && before.is_some_and(|b| b.state == state)
+            {
+                return;
+            }
+            *plan.report.holds.entry(h.as_str().into()).or_default() += 1;
+            write.last_hold = Some(h.as_str().into());
+            plan.decisions
+                .push(decision("hold", h.as_str().into(), None));
+        }
+        Step::Close => {
+            plan.decisions
+                .push(decision("close", "ended_before_notice".into(), None));
+        }
+        Step::Send(kind, cause) => {
+            let event_id = webhook::event_id(&id, kind);
+            let mut data = data;
+            if kind == EventType::HoardingResolved || kind == EventType::ReclaimCancelled {
+                data.ended_at = data.ended_at.or_else(|| Some(webhook::rfc3339(plan.now)));
+            }
+            let body = serde_json::to_string(&Event {
+                kind,
+                timestamp: webhook::rfc3339(plan.now),
+                data,
+            })
+            .expect("events serialize");
+            for ep in &settings.endpoints {
+                if ep.events.is_empty() || ep.events.contains(&kind) {
+                    plan.outbox.push(OutboxWrite {
+                        event_id: event_id.clone(),
+                        endpoint: ep.name.clone(),
+                        kind,
+                        episode_id: id.clone(),
+                        body: body.clone(),
+                    });
+                }
+            }
+            if kind == EventType::ReclaimCancelled {
+                plan.withdraw
+                    .push(webhook::event_id(&id, EventType::ReclaimRequested));
+            }
+            *plan.report.events.entry(kind.as_str().into()).or_default() += 1;
+            write.sent = Some(kind);
+            write.last_hold = None;
+            let verb = match kind {
+                EventType::HoardingDetected => "notify",
+                EventType::ReclaimRequested => "request",
+                EventType::ReclaimCancelled => "cancel",
+                EventType::HoardingResolved => "resolve",
+            };
+            plan.decisions
+                .push(decision(verb, cause.into(), Some(event_id)));
+        }
+    }
+    plan.episodes.push(write);
+}
+
+/// The episode as events carry it.
+pub fn episode_data(
+    id: &str,
+    e: &EpisodeRow,
+    policy: PolicyData,
+    analytics: &analytics::Settings,
+    dry_run: bool,
+) -> EpisodeData {
+    EpisodeData {
+        episode_id: id.to_owned(),
+        tenant: e.tenant.clone(),
+        workload: e.workload.clone(),
+        node: e.node.clone(),
+        gpu_uuid: e.gpu_uuid.clone(),
+        gpu_model: e.gpu_model.clone(),
+        mig_profile: e.mig_profile.clone(),
+        gpu_instance_id: e.gpu_instance_id,
+        slo_class: e.slo_class.clone(),
+        gpu_equivalents: e.gpu_equivalents,
+        idle_since: webhook::rfc3339(e.started_at),
+        ended_at: e.ended_at.map(webhook::rfc3339),
+        idle_seconds: e.last_second + 1 - e.started_at,
+        mean_sm_active: e.mean_sm_active,
+        idle_gpu_seconds: e.idle_gpu_seconds,
+        idle_cost: e.cost,
+        currency: analytics.currency.clone(),
+        policy,
+        dry_run,
+    }
+}
+
+/// Commits a plan, in the writer's transaction.
+pub fn store(tx: &duckdb::Transaction<'_>, plan: &Plan) -> duckdb::Result<()> {
+    let now = plan.now;
+    for w in &plan.episodes {
+        let existing: Option<(Option<i64>, Option<i64>)> = tx
+            .query_row(
+                "SELECT notified_at, requested_at FROM reclaim_episodes WHERE episode_id = ?",
+                [&w.id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (mut notified_at, mut requested_at) = existing.unwrap_or_default();
+        match w.sent {
+            Some(EventType::HoardingDetected) => notified_at = Some(w.decided_at),
+            Some(EventType::ReclaimRequested) => requested_at = Some(w.decided_at),
+            _ => {}
+        }
+        let data: EpisodeData = serde_json::from_str(&w.data).expect("written above");
+        tx.execute("DELETE FROM reclaim_episodes WHERE episode_id = ?", [&w.id])?;
+        tx.execute(
+            "INSERT INTO reclaim_episodes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            params![
+                w.id,
+                data.tenant,
+                data.workload,
+                data.node,
+                data.gpu_uuid,
+                data.gpu_instance_id,
+                data.slo_class,
+                w.row.as_ref().map_or_else(
+                    || chrono::DateTime::parse_from_rfc3339(&data.idle_since)
+                        .map_or(0, |t| t.timestamp()),
+                    |r| r.started_at
+                ),
+                w.state.as_str(),
+                notified_at,
+                requested_at,
+                (!w.state.is_open()).then_some(now),
+                w.last_hold,
+                w.data,
+                now
+            ],
+        )?;
+    }
+    {
+        let mut app = tx.appender("reclaim_decisions")?;
+        for d in &plan.decisions {
+            app.append_row(params![
+                now,
+                d.episode_id,
+                d.tenant,
+                d.workload,
+                d.node,
+                d.decision,
+                d.reason,
+                d.detail,
+                plan.dry_run,
+                d.event_id
+            ])?;
+        }
+        app.flush()?;
+    }
+    for id in &plan.withdraw {
+        tx.execute(
+            "UPDATE webhook_outbox SET state = 'cancelled', last_error = 'withdrawn by reclaim.cancelled'
+             WHERE event_id = ? AND state = 'pending'",
+            [id],
+        )?;
+    }
+    for o in &plan.outbox {
+        // Idempotent: an event already in the outbox for that endpoint is not added twice.
+        tx.execute(
+            "INSERT INTO webhook_outbox
+             SELECT ?, ?, ?, ?, ?, ?, 'pending', 0, ?, NULL, NULL, NULL
+             WHERE NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE event_id = ? AND endpoint = ?)",
+            params![
+                o.event_id,
+                o.endpoint,
+                o.kind.as_str(),
+                o.episode_id,
+                o.body,
+                now,
+                now,
+                o.event_id,
+                o.endpoint
+            ],
+        )?;
+    }
+    Ok(())
+}
