@@ -5,6 +5,10 @@
 -- keeps all of it. No indexes, like the ledger: the writer keeps (episode_id) and
 -- (event_id, endpoint) unique.
 
+-- How an episode ended: true when its holder became active again, false when the allocation
+-- ended (or it goes on). Reclaim tells a cancelled reclaim (the user came back) from a done one.
+ALTER TABLE hoarding_episodes ADD COLUMN resumed BOOLEAN;
+
 -- One row per episode the policy has seen (episode_id: schema/src/webhook.rs::episode_id).
 CREATE TABLE reclaim_episodes (
     episode_id       VARCHAR NOT NULL,

@@ -54,6 +54,9 @@ pub struct Run {
     pub sm_samples: i64,
     /// Σ SM activity.
     pub sm_sum: f64,
+    /// Whether it ended because the holder became active again (false: the allocation ended,
+    /// or it has not ended).
+    pub resumed: bool,
 }
 
 impl Run {
@@ -87,6 +90,7 @@ pub fn runs(rows: &[MinuteRow], threshold: f64, gpu_newest: i64) -> Vec<Run> {
                 held_seconds: 0,
                 sm_samples: 0,
                 sm_sum: 0.0,
+                resumed: false,
             });
             run.last_second = row.last_second();
             run.held_seconds += i64::from(row.mask.count_ones());
@@ -94,6 +98,7 @@ pub fn runs(rows: &[MinuteRow], threshold: f64, gpu_newest: i64) -> Vec<Run> {
             run.sm_sum += row.sm_sum;
         } else if let Some(mut run) = current.take() {
             run.ended_at = Some(row.bucket);
+            run.resumed = true;
             out.push(run);
         }
         previous = Some(row);
@@ -295,7 +300,8 @@ pub fn store(tx: &duckdb::Transaction<'_>, r: &Recomputed) -> duckdb::Result<()>
             e.run.sm_samples,
             e.run.sm_sum,
             e.gpu_equivalents,
-            e.idle_gpu_seconds()
+            e.idle_gpu_seconds(),
+            e.run.resumed
         ])?;
     }
     app.flush()
@@ -340,6 +346,7 @@ mod tests {
         let r = runs(&rows, 0.05, T0 + 16 * 60 - 1);
         assert_eq!(r.len(), 2);
         assert_eq!((r[0].started_at, r[0].ended_at), (T0, Some(T0 + 600)));
+        assert!(r[0].resumed, "a busy minute is activity resuming");
         assert_eq!((r[1].started_at, r[1].ended_at), (T0 + 660, None));
     }
 
@@ -365,6 +372,7 @@ mod tests {
         let r = runs(&rows, 0.05, T0 + 12 * 60);
         assert_eq!(r.len(), 2);
         assert_eq!(r[0].ended_at, Some(T0 + 300));
+        assert!(!r[0].resumed, "a gap is the allocation ending");
         assert_eq!(r[1].started_at, T0 + 420);
     }
 

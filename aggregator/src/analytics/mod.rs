@@ -323,6 +323,9 @@ pub struct EpisodeRow {
     pub idle_gpu_seconds: f64,
     /// idle × price.
     pub cost: f64,
+    /// Whether it ended because its holder became active again (not because the allocation
+    /// ended).
+    pub resumed: bool,
 }
 
 /// Which episodes.
@@ -349,7 +352,7 @@ pub fn episodes(
         "SELECT h.tenant, h.workload, i.node, i.gpu_uuid, i.gpu_instance_id, i.mig_profile,
                 i.gpu_model, h.slo_class, e.started_at, e.detected_at, e.ended_at, e.last_second,
                 CASE WHEN e.sm_active_samples > 0 THEN e.sm_active_sum / e.sm_active_samples END,
-                e.gpu_equivalents, e.idle_gpu_seconds
+                e.gpu_equivalents, e.idle_gpu_seconds, coalesce(e.resumed, false)
          FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
          WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
            AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
@@ -381,6 +384,7 @@ pub fn episodes(
             gpu_equivalents: r.get(13)?,
             idle_gpu_seconds: idle,
             cost: idle * price_per_gpu_second(settings, &gpu_model),
+            resumed: r.get(15)?,
             gpu_model,
         })
     })?;

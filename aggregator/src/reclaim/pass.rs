@@ -277,6 +277,7 @@ pub fn plan(
             started_at: e.started_at,
             last_second: e.last_second,
             ended_at: e.ended_at,
+            resumed: e.resumed,
         });
         let before = stored.map(|s| Before {
             state: s.state,

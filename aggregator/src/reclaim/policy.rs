@@ -113,6 +113,8 @@ pub struct Now {
     pub last_second: i64,
     /// End, if it ended.
     pub ended_at: Option<i64>,
+    /// Whether it ended because the holder became active again.
+    pub resumed: bool,
 }
 
 impl Now {
@@ -123,7 +125,7 @@ impl Now {
 
     /// Whether it ended because the allocation did (not because activity resumed).
     pub fn allocation_ended(&self) -> bool {
-        self.ended_at == Some(self.last_second + 1)
+        self.ended_at.is_some() && !self.resumed
     }
 }
 
@@ -343,6 +345,7 @@ mod tests {
             started_at: last + 1 - idle,
             last_second: last,
             ended_at: None,
+            resumed: false,
         }
     }
 
@@ -444,7 +447,8 @@ mod tests {
     fn an_ended_episode_is_cancelled_or_resolved() {
         let ctx = Context::default();
         let mut resumed = open(3600, 5);
-        resumed.ended_at = Some(resumed.last_second + 61);
+        resumed.ended_at = Some(resumed.last_second + 1);
+        resumed.resumed = true;
         let mut released = open(3600, 5);
         released.ended_at = Some(released.last_second + 1);
         let requested = |delivered| Before {
