@@ -68,7 +68,7 @@ impl Readers {
 }
 
 /// The tables whose row counts the aggregator exports.
-pub const COUNTED_TABLES: [&str; 11] = [
+pub const COUNTED_TABLES: [&str; 14] = [
     "samples_raw",
     "rollup_1m",
     "rollup_1h",
@@ -80,6 +80,9 @@ pub const COUNTED_TABLES: [&str; 11] = [
     "ingested_batches",
     "instances",
     "holders",
+    "reclaim_episodes",
+    "reclaim_decisions",
+    "webhook_outbox",
 ];
 
 /// Rows per ledger table (DuckDB's own count, kept in its metadata: no scan).

@@ -633,6 +633,34 @@ const RETENTION: &[(&str, &str, Window)] = &[
         "DELETE FROM rollup_share_1h WHERE bucket + 3600 <= ?",
         Window::Rollup,
     ),
+    // Reclaim (migration 0005): the record of decisions and deliveries is kept as long as the
+    // rollups; a finished episode's state as long as its hoarding episode (so it is never
+    // noticed twice); the outbox keeps undelivered rows whatever their age.
+    (
+        "reclaim_decisions",
+        "DELETE FROM reclaim_decisions WHERE decided_at <= ?",
+        Window::Rollup,
+    ),
+    (
+        "reclaim_episodes",
+        "DELETE FROM reclaim_episodes WHERE state = 'resolved' AND closed_at <= ?",
+        Window::Rollup,
+    ),
+    (
+        "webhook_outbox",
+        "DELETE FROM webhook_outbox WHERE state IN ('delivered', 'cancelled') AND created_at <= ?",
+        Window::Rollup,
+    ),
+    (
+        "reclaim_exemptions",
+        "DELETE FROM reclaim_exemptions WHERE until <= ?",
+        Window::Raw,
+    ),
+    (
+        "alertmanager_confirmations",
+        "DELETE FROM alertmanager_confirmations WHERE confirmed_at <= ?",
+        Window::Raw,
+    ),
 ];
 
 /// Dimension rows no fact refers to any more, deleted after the facts' retention: (table,
