@@ -11,7 +11,24 @@ use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
 async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
-    let a = Aggregator::start(&dir.join("ledger.duckdb"), 0, &["--hoarding-window", "1m"]).await;
+    // A webhook receiver nobody listens on: the reclaim and webhook families have series (the
+    // episode's notice waits in the outbox, retried).
+    let cfg = dir.join("aggregator.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[webhooks]]\nname = \"bridge\"\nurl = \"http://127.0.0.1:{}/hook\"\nsecret = \"{}\"\n",
+            common::free_port(),
+            common::receiver::secret()
+        ),
+    )
+    .unwrap();
+    let a = Aggregator::start(
+        &dir.join("ledger.duckdb"),
+        0,
+        &["--hoarding-window", "1m", "--config", cfg.to_str().unwrap()],
+    )
+    .await;
     // Three idle minutes of a held GPU: a hoarding episode under a one-minute window.
     let now = chrono::Utc::now().timestamp();
     let t = now - now.rem_euclid(60) - 240;

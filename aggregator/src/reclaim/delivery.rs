@@ -372,6 +372,19 @@ impl Deliverer {
 
     /// Runs rounds forever: at once when woken, else every second.
     pub async fn run(self) {
+        // Every endpoint's series exist from the start (a rate over a series that appears with
+        // its first failure misses that failure).
+        for e in self.endpoints.iter() {
+            for outcome in ["delivered", "retry", "gone", "failed"] {
+                self.metrics
+                    .webhook_deliveries
+                    .get_or_create(&EndpointOutcomeLabels {
+                        endpoint: e.name.clone(),
+                        outcome,
+                    })
+                    .inc_by(0);
+            }
+        }
         loop {
             match self.round().await {
                 Ok(n) if n >= ROUND => continue,
