@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fake_aggregator;
+pub mod receiver;
 pub mod traces;
 
 use std::net::TcpListener;

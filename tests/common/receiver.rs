@@ -1,0 +1,130 @@
+//! A webhook receiver on loopback for the reclaim tests: it checks every request's signature with
+//! the `standardwebhooks` crate (an implementation independent of gpuledger's), answers with a
+//! status the test sets (to play a receiver that is down, throttling or gone), and records what
+//! it accepted.
+
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+
+/// The signing key every test endpoint uses.
+pub const KEY: &[u8] = b"reclaim-test-key-0123456789abcdef";
+
+/// The secret in the `whsec_` form.
+pub fn secret() -> String {
+    gpuledger_schema::webhook::Secret::encode(KEY)
+}
+
+/// One accepted delivery.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// `webhook-id`.
+    pub id: String,
+    /// The parsed body.
+    pub body: serde_json::Value,
+    /// The raw body.
+    pub raw: String,
+    /// When it arrived (Unix seconds, fractional).
+    pub at: f64,
+}
+
+impl Received {
+    /// The event type.
+    pub fn kind(&self) -> &str {
+        self.body["type"].as_str().unwrap()
+    }
+    /// The workload.
+    pub fn workload(&self) -> &str {
+        self.body["data"]["workload"].as_str().unwrap_or("")
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    status: AtomicU16,
+    attempts: AtomicUsize,
+    refused: AtomicUsize,
+    received: Mutex<Vec<Received>>,
+}
+
+/// A running receiver.
+#[derive(Clone)]
+pub struct Receiver {
+    inner: Arc<Inner>,
+    /// Its URL.
+    pub url: String,
+}
+
+async fn hook(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    inner.attempts.fetch_add(1, Ordering::SeqCst);
+    let status = StatusCode::from_u16(inner.status.load(Ordering::SeqCst)).unwrap();
+    if !status.is_success() {
+        return status;
+    }
+    let wh = standardwebhooks::Webhook::new(&secret()).unwrap();
+    if let Err(e) = wh.verify(&body, &headers) {
+        eprintln!("receiver: refused a delivery: {e}");
+        inner.refused.fetch_add(1, Ordering::SeqCst);
+        return StatusCode::UNAUTHORIZED;
+    }
+    let raw = String::from_utf8(body.to_vec()).unwrap();
+    inner.received.lock().unwrap().push(Received {
+        id: headers["webhook-id"].to_str().unwrap().to_owned(),
+        body: serde_json::from_str(&raw).unwrap(),
+        raw,
+        at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64(),
+    });
+    StatusCode::NO_CONTENT
+}
+
+impl Receiver {
+    /// Starts one answering `status` to every attempt (2xx: after checking the signature).
+    pub async fn start(status: u16) -> Receiver {
+        let inner = Arc::new(Inner::default());
+        inner.status.store(status, Ordering::SeqCst);
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(hook))
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Receiver { inner, url }
+    }
+
+    /// From now on, answer `status`.
+    pub fn answer(&self, status: u16) {
+        self.inner.status.store(status, Ordering::SeqCst);
+    }
+
+    /// Attempts seen (accepted or not).
+    pub fn attempts(&self) -> usize {
+        self.inner.attempts.load(Ordering::SeqCst)
+    }
+
+    /// Deliveries refused for a bad signature.
+    pub fn refused(&self) -> usize {
+        self.inner.refused.load(Ordering::SeqCst)
+    }
+
+    /// What was accepted so far.
+    pub fn received(&self) -> Vec<Received> {
+        self.inner.received.lock().unwrap().clone()
+    }
+
+    /// The distinct events accepted, as sorted (workload, type) pairs.
+    pub fn events(&self) -> Vec<(String, String)> {
+        let mut seen = std::collections::BTreeMap::new();
+        for r in self.received() {
+            seen.insert(r.id.clone(), (r.workload().to_owned(), r.kind().to_owned()));
+        }
+        let mut v: Vec<_> = seen.into_values().collect();
+        v.sort();
+        v
+    }
+}
