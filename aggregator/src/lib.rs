@@ -20,6 +20,7 @@ pub mod config;
 pub mod export;
 pub mod import;
 pub mod reclaim;
+pub mod reclaimer;
 pub mod router;
 pub mod server;
 pub mod store;

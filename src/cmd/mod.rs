@@ -3,6 +3,7 @@
 mod aggregator;
 mod demo;
 mod exporter;
+mod reclaimer;
 mod simulate;
 
 use std::time::Duration;
@@ -24,6 +25,9 @@ enum Command {
     Exporter(Box<exporter::Args>),
     /// Run the aggregator: authenticated ingest into the DuckDB ledger, rollups, retention.
     Aggregator(Box<aggregator::Args>),
+    /// Run the reclaimer beside a scheduler: verify signed reclaim webhooks and evict the pod,
+    /// deactivate its Kueue Workload, or requeue the Slurm job.
+    Reclaimer(reclaimer::Args),
     /// Backfill trace CSVs into a ledger file (all or nothing).
     Import(aggregator::ImportArgs),
     /// Write a ledger's rollups (and raw samples) as Hive-partitioned Parquet.
@@ -39,6 +43,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Exporter(args) => exporter::run(*args),
         Command::Aggregator(args) => aggregator::run(*args),
+        Command::Reclaimer(args) => reclaimer::run(args),
         Command::Import(args) => aggregator::import(args),
         Command::Export(args) => aggregator::export(args),
         Command::Simulate(args) => simulate::run(args),

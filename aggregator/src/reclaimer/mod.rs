@@ -1,0 +1,432 @@
+//! `gpuledger reclaimer`: the small receiver that runs beside a scheduler and carries out
+//! `reclaim.requested` events (README, "Reclaim"; events: `schema/WEBHOOK.md`).
+//!
+//! Every request is checked first: the Standard Webhooks signature against the configured
+//! secrets and the timestamp within the tolerance (5 min); an unsigned, badly signed or replayed
+//! request gets 401 and a log line. A `webhook-id` already acted on is answered 200 without acting
+//! again (the ids are kept in an fsynced file, so a restart remembers them).
+//!
+//! Key decision: the reclaimer keeps no queue. When the scheduler cannot act now — a
+//! PodDisruptionBudget answers the eviction with 429, the API server or `scontrol` fails — it
+//! answers 503 with `Retry-After`, and the aggregator's durable outbox retries; a
+//! `reclaim.cancelled` withdraws the request there. So durability lives in one place.
+
+pub mod kubernetes;
+pub mod slurm;
+
+use std::collections::HashSet;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use gpuledger_schema::webhook::{self, Event, EventType, Secret};
+use serde::{Deserialize, Serialize};
+
+use crate::reclaim::config::Span;
+
+/// `gpuledger reclaimer --config FILE`: the file's keys.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimerFile {
+    /// Address to listen on (default `0.0.0.0:9837`).
+    pub listen: Option<std::net::SocketAddr>,
+    /// The path events are POSTed to (default `/hooks/gpuledger`).
+    pub path: Option<String>,
+    /// The aggregator's signing secret (`whsec_…`).
+    pub secret: Option<String>,
+    /// Several secrets (rotation): any one matching is enough.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// A file with one secret per line.
+    pub secret_file: Option<PathBuf>,
+    /// How far a webhook's timestamp may be from this clock (default 5m).
+    pub tolerance: Option<Span>,
+    /// Log what would be done, do nothing.
+    pub dry_run: Option<bool>,
+    /// Where the ids acted on are kept (default `./reclaimer-acted.log`).
+    pub state_file: Option<PathBuf>,
+    /// Act on Kubernetes pods (`namespace/name` workloads).
+    pub kubernetes: Option<kubernetes::KubernetesFile>,
+    /// Act on Slurm jobs (numeric workloads).
+    pub slurm: Option<slurm::SlurmFile>,
+}
+
+/// The reclaimer, resolved.
+pub struct Reclaimer {
+    path: String,
+    secrets: Vec<Secret>,
+    tolerance: i64,
+    dry_run: bool,
+    acted: Mutex<Acted>,
+    kubernetes: Option<kubernetes::Kubernetes>,
+    slurm: Option<slurm::Slurm>,
+}
+
+/// The ids acted on, in memory and in an append-only file.
+struct Acted {
+    ids: HashSet<String>,
+    file: std::fs::File,
+}
+
+impl Acted {
+    fn open(path: &std::path::Path) -> std::io::Result<Acted> {
+        let ids = match std::fs::read_to_string(path) {
+            Ok(text) => text
+                .lines()
+                .map(|l| l.trim().to_owned())
+                .filter(|l| !l.is_empty())
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashSet::new(),
+            Err(e) => return Err(e),
+        };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Acted { ids, file })
+    }
+
+    fn record(&mut self, id: &str) -> std::io::Result<()> {
+        writeln!(self.file, "{id}")?;
+        self.file.sync_data()?;
+        self.ids.insert(id.to_owned());
+        Ok(())
+    }
+}
+
+impl ReclaimerFile {
+    /// Checks every key (errors name it) and opens the state file.
+    pub fn resolve(self) -> anyhow::Result<(std::net::SocketAddr, Reclaimer)> {
+        use anyhow::Context;
+        let mut texts: Vec<(String, String)> = Vec::new();
+        if let Some(s) = self.secret {
+            texts.push(("secret".into(), s));
+        }
+        for (i, s) in self.secrets.into_iter().enumerate() {
+            texts.push((format!("secrets[{i}]"), s));
+        }
+        if let Some(p) = &self.secret_file {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("secret_file: {}", p.display()))?;
+            for (i, l) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
+                texts.push((format!("secret_file line {}", i + 1), l.trim().to_owned()));
+            }
+        }
+        anyhow::ensure!(
+            !texts.is_empty(),
+            "secret: the reclaimer verifies every request; set secret, secrets or secret_file"
+        );
+        let secrets = texts
+            .into_iter()
+            .map(|(k, t)| Secret::parse(&t).map_err(|e| anyhow::anyhow!("{k}: {e}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        anyhow::ensure!(
+            self.kubernetes.is_some() || self.slurm.is_some(),
+            "kubernetes / slurm: configure at least one scheduler to act on"
+        );
+        let state = self
+            .state_file
+            .unwrap_or_else(|| PathBuf::from("reclaimer-acted.log"));
+        let acted =
+            Acted::open(&state).with_context(|| format!("state_file: {}", state.display()))?;
+        let path = self.path.unwrap_or_else(|| "/hooks/gpuledger".into());
+        anyhow::ensure!(path.starts_with('/'), "path: {path:?} must start with /");
+        Ok((
+            self.listen
+                .unwrap_or_else(|| "0.0.0.0:9837".parse().expect("a valid address")),
+            Reclaimer {
+                path,
+                secrets,
+                tolerance: self
+                    .tolerance
+                    .map_or(webhook::DEFAULT_TOLERANCE_SECS, |d| d.0.as_secs() as i64),
+                dry_run: self.dry_run.unwrap_or(false),
+                acted: Mutex::new(acted),
+                kubernetes: self.kubernetes.map(|k| k.resolve()).transpose()?,
+                slurm: self.slurm.map(|s| s.resolve()).transpose()?,
+            },
+        ))
+    }
+}
+
+/// What the reclaimer did with one request (its JSON answer).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Answer {
+    /// acted | already_acted | dry_run | ignored.
+    pub outcome: String,
+    /// What was or would be done, in words.
+    pub action: String,
+}
+
+/// Why an action could not be taken now.
+#[derive(Debug)]
+pub enum ActError {
+    /// Try again later (PDB, API server down, command failed): 503 + Retry-After.
+    Later {
+        /// Seconds.
+        retry_after: u64,
+        /// Why.
+        message: String,
+    },
+    /// This workload cannot be acted on here (422): the aggregator keeps retrying until
+    /// max_age, so an operator sees it in the deliveries.
+    Cannot(String),
+}
+
+fn answer(status: StatusCode, body: &impl Serialize) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    answer(
+        status,
+        &serde_json::json!({"error": {"field": null, "message": message}}),
+    )
+}
+
+/// What a workload names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A pod.
+    Pod {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// A Slurm job (array tasks as `1234_7`).
+    Job(String),
+}
+
+impl Target {
+    /// Parses a workload: `namespace/name` is a pod, digits (with an optional `_index`) a job.
+    pub fn parse(workload: &str) -> Option<Target> {
+        let dns = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        };
+        if let Some((ns, name)) = workload.split_once('/') {
+            return (dns(ns) && dns(name)).then(|| Target::Pod {
+                namespace: ns.into(),
+                name: name.into(),
+            });
+        }
+        let (job, task) = workload.split_once('_').unwrap_or((workload, "0"));
+        let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+        (digits(job) && digits(task)).then(|| Target::Job(workload.into()))
+    }
+}
+
+impl Reclaimer {
+    async fn act(&self, event: &Event) -> Result<String, ActError> {
+        let workload = event.data.workload.as_deref().unwrap_or("");
+        match Target::parse(workload) {
+            Some(Target::Pod { namespace, name }) => match &self.kubernetes {
+                Some(k) => k.reclaim(&namespace, &name).await,
+                None => Err(ActError::Cannot(format!(
+                    "{workload:?} is a pod, and no [kubernetes] is configured"
+                ))),
+            },
+            Some(Target::Job(job)) => match &self.slurm {
+                Some(s) => s.reclaim(&job).await,
+                None => Err(ActError::Cannot(format!(
+                    "{workload:?} is a Slurm job, and no [slurm] is configured"
+                ))),
+            },
+            None => Err(ActError::Cannot(format!(
+                "workload {workload:?} is neither a pod (namespace/name) nor a Slurm job id"
+            ))),
+        }
+    }
+
+    fn describe(&self, event: &Event) -> String {
+        let workload = event.data.workload.as_deref().unwrap_or("");
+        match Target::parse(workload) {
+            Some(Target::Pod { namespace, name }) => match &self.kubernetes {
+                Some(k) => k.describe(&namespace, &name),
+                None => format!("nothing: no [kubernetes] for pod {namespace}/{name}"),
+            },
+            Some(Target::Job(job)) => match &self.slurm {
+                Some(s) => s.describe(&job),
+                None => format!("nothing: no [slurm] for job {job}"),
+            },
+            None => format!("nothing: {workload:?} is not a pod or a job"),
+        }
+    }
+}
+
+async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) -> Response {
+    let now = chrono::Utc::now().timestamp();
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Err(e) = webhook::verify(&r.secrets, get, &body, now, r.tolerance) {
+        tracing::warn!(
+            error = %e,
+            webhook_id = get(webhook::HEADER_ID).unwrap_or("-"),
+            "Refused a webhook: unsigned, badly signed or replayed."
+        );
+        return error(StatusCode::UNAUTHORIZED, &e.to_string());
+    }
+    let id = get(webhook::HEADER_ID).unwrap_or_default().to_owned();
+    let event: Event = match serde_json::from_slice(&body) {
+        Ok(e) => e,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("not a gpuledger event: {e}"),
+            );
+        }
+    };
+    if event.kind != EventType::ReclaimRequested {
+        tracing::info!(
+            webhook_id = id,
+            event = event.kind.as_str(),
+            workload = event.data.workload.as_deref().unwrap_or("-"),
+            "Noted an event that needs no action."
+        );
+        return answer(
+            StatusCode::OK,
+            &Answer {
+                outcome: "ignored".into(),
+                action: format!("{} needs no action", event.kind.as_str()),
+            },
+        );
+    }
+    if r.acted.lock().expect("acted lock").ids.contains(&id) {
+        tracing::info!(
+            webhook_id = id,
+            "Already acted on this webhook-id; not acting again."
+        );
+        return answer(
+            StatusCode::OK,
+            &Answer {
+                outcome: "already_acted".into(),
+                action: r.describe(&event),
+            },
+        );
+    }
+    let what = r.describe(&event);
+    if r.dry_run || event.data.dry_run {
+        tracing::info!(webhook_id = id, action = what, "Dry run: would act.");
+        return answer(
+            StatusCode::OK,
+            &Answer {
+                outcome: "dry_run".into(),
+                action: what,
+            },
+        );
+    }
+    match r.act(&event).await {
+        Ok(done) => {
+            if let Err(e) = r.acted.lock().expect("acted lock").record(&id) {
+                tracing::error!(error = %e, "Cannot record the webhook-id acted on; a resend may act again.");
+            }
+            tracing::info!(
+                webhook_id = id,
+                tenant = event.data.tenant.as_deref().unwrap_or("-"),
+                action = done,
+                reason = event.data.policy.reason,
+                "Reclaimed."
+            );
+            answer(
+                StatusCode::OK,
+                &Answer {
+                    outcome: "acted".into(),
+                    action: done,
+                },
+            )
+        }
+        Err(ActError::Later {
+            retry_after,
+            message,
+        }) => {
+            tracing::warn!(
+                webhook_id = id,
+                error = message,
+                retry_after,
+                "Cannot act now; the aggregator retries."
+            );
+            let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, &message);
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                retry_after.to_string().parse().expect("digits"),
+            );
+            resp
+        }
+        Err(ActError::Cannot(message)) => {
+            tracing::error!(
+                webhook_id = id,
+                error = message,
+                "Cannot act on this workload."
+            );
+            error(StatusCode::UNPROCESSABLE_ENTITY, &message)
+        }
+    }
+}
+
+/// The receiver's routes: the hook at its path, `/healthz`.
+pub fn router(r: Reclaimer) -> axum::Router {
+    let path = r.path.clone();
+    axum::Router::new()
+        .route(&path, axum::routing::post(hook))
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .layer(axum::extract::DefaultBodyLimit::max(256 << 10))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(60),
+        ))
+        .with_state(Arc::new(r))
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn run(
+    addr: std::net::SocketAddr,
+    r: Reclaimer,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(listen = %addr, path = r.path, dry_run = r.dry_run, "The reclaimer is listening.");
+    axum::serve(listener, router(r))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads_name_pods_or_jobs() {
+        assert_eq!(
+            Target::parse("ml/nb-0"),
+            Some(Target::Pod {
+                namespace: "ml".into(),
+                name: "nb-0".into()
+            })
+        );
+        assert_eq!(Target::parse("4242"), Some(Target::Job("4242".into())));
+        assert_eq!(Target::parse("4242_7"), Some(Target::Job("4242_7".into())));
+        for bad in [
+            "",
+            "ml/",
+            "/x",
+            "ML/x",
+            "a/b/c",
+            "42a",
+            "4242_",
+            "x; rm -rf /",
+        ] {
+            assert_eq!(Target::parse(bad), None, "{bad}");
+        }
+    }
+}
