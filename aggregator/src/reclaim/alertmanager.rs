@@ -20,7 +20,7 @@ use super::pass::id_of;
 use crate::analytics::{self, EpisodeState};
 
 /// The alert name.
-pub const ALERT_NAME: &str = "GpuledgerIdleHoarding";
+pub const ALERT_NAME: &str = "GpuledgerHoardingEpisode";
 
 /// One alert as `POST /api/v2/alerts` takes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,7 +90,7 @@ pub fn alerts(
                 ("idle_cost", format!("{:.2} {}", e.cost, analytics.currency)),
                 (
                     "runbook_url",
-                    "https://github.com/gpuledger/gpuledger/blob/main/alerts/RUNBOOK.md#gpuledgeridlehoarding".into(),
+                    "alerts/RUNBOOK.md#gpuledgerhoardingepisode".into(),
                 ),
             ]
             .into_iter()
