@@ -707,3 +707,137 @@ async fn resumed_activity_cancels_and_a_released_gpu_resolves() {
         cancelled.raw
     );
 }
+
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The Alertmanager loop with the real Debian `prometheus-alertmanager`: the aggregator pushes its
+/// open episodes to Alertmanager, Alertmanager routes them back to `POST /api/v1/alertmanager`,
+/// and with `alertmanager_confirmation` on only those reclaims go ahead — a silence on the batch
+/// job keeps it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_alertmanager_silence_exempts_an_episode() {
+    common::require_tool("prometheus-alertmanager");
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(204).await;
+    let am_port = common::free_port();
+    let agg_port = common::free_port();
+    let am_config = dir.path().join("alertmanager.yml");
+    std::fs::write(
+        &am_config,
+        format!(
+            r#"route:
+  receiver: gpuledger
+  group_by: [episode_id]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1m
+receivers:
+  - name: gpuledger
+    webhook_configs:
+      - url: http://127.0.0.1:{agg_port}/api/v1/alertmanager
+        http_config:
+          authorization:
+            credentials: {ADMIN_TOKEN}
+"#
+        ),
+    )
+    .unwrap();
+    let _am = Killed(
+        std::process::Command::new("prometheus-alertmanager")
+            .arg(format!("--config.file={}", am_config.display()))
+            .arg(format!("--storage.path={}", dir.path().join("am").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
+            .arg("--cluster.listen-address=")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("alertmanager starts"),
+    );
+    let am = format!("http://127.0.0.1:{am_port}");
+    eventually("alertmanager", Duration::from_secs(30), async || {
+        reqwest::get(format!("{am}/-/ready")).await.ok().filter(|r| r.status().is_success())
+    })
+    .await;
+    // Someone silenced the batch job's alert.
+    let now = chrono::Utc::now();
+    let r = reqwest::Client::new()
+        .post(format!("{am}/api/v2/silences"))
+        .json(&serde_json::json!({
+            "matchers": [{"name": "workload", "value": "4242", "isRegex": false, "isEqual": true}],
+            "startsAt": now.to_rfc3339(),
+            "endsAt": (now + chrono::Duration::hours(4)).to_rfc3339(),
+            "createdBy": "test",
+            "comment": "checkpointing, keep it"
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let extra = format!(
+        "[alertmanager]\nurl = \"{am}\"\ninterval = \"1s\"\n"
+    );
+    let cfg = config(dir.path(), &rx.url, &extra);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("[reclaim]\n", "[reclaim]\nalertmanager_confirmation = \"10m\"\n");
+    std::fs::write(&cfg, text).unwrap();
+    let a = Aggregator::start(&dir.path().join("ledger.duckdb"), agg_port, &["--config", cfg.to_str().unwrap()]).await;
+    feed(&a, chrono::Utc::now().timestamp()).await;
+    a.evaluate(ADMIN_TOKEN).await;
+    eventually("the notices", Duration::from_secs(20), async || {
+        (rx.events().len() >= 4).then_some(())
+    })
+    .await;
+    // The notebook's alert comes back through Alertmanager; the next passes reclaim it.
+    eventually("the notebook's reclaim", Duration::from_secs(60), async || {
+        a.evaluate(ADMIN_TOKEN).await;
+        rx.events()
+            .contains(&("lab/nb-idle".to_owned(), "reclaim.requested".to_owned()))
+            .then_some(())
+    })
+    .await;
+    // Alertmanager holds the pushed alerts, labelled with the episode.
+    let alerts: Value = reqwest::get(format!("{am}/api/v2/alerts"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = alerts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["labels"]["workload"].as_str().unwrap())
+        .collect();
+    for w in ["lab/nb-idle", "4242", "serve/llm-0", "lab/nb-recent"] {
+        assert!(names.contains(&w), "{w} in {names:?}");
+    }
+    assert!(!names.contains(&"4444"), "the stale node's episode is not pushed: {names:?}");
+    // A few more passes: the silenced batch job is never reclaimed, and says why.
+    for _ in 0..3 {
+        a.evaluate(ADMIN_TOKEN).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    assert!(
+        !rx.events().contains(&("4242".to_owned(), "reclaim.requested".to_owned())),
+        "{:?}",
+        rx.events()
+    );
+    let (_, list) = get(&a, ADMIN_TOKEN, "/api/v1/reclaims").await;
+    assert!(
+        list["decisions"].as_array().unwrap().iter().any(|d| {
+            d["workload"] == "4242" && d["reason"] == "awaiting_alertmanager"
+        }),
+        "{list}"
+    );
+    // A payload that is not version 4 is refused, naming the field.
+    let (status, err) = post(&a, ADMIN_TOKEN, "/api/v1/alertmanager", serde_json::json!({"version": "3", "alerts": []})).await;
+    assert_eq!((status, err["error"]["field"].as_str()), (400, Some("version")), "{err}");
+}
