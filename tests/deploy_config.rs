@@ -187,3 +187,93 @@ fn the_grafana_dashboard_queries_only_documented_metrics() {
     }
     assert!(used > 10);
 }
+
+/// Every key of the example aggregator and reclaimer configs is checked (`--check-config`), with
+/// the systemd credential paths pointed at files that exist here.
+#[test]
+fn the_example_reclaim_configs_pass_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = common::root();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "admin 0123456789abcdef0123\n").unwrap();
+    let secret = dir.path().join("webhook-secret");
+    std::fs::write(&secret, format!("{}\n", common::receiver::secret())).unwrap();
+    let text = std::fs::read_to_string(root.join("deploy/config/aggregator.toml"))
+        .unwrap()
+        .replace(
+            "/run/credentials/gpuledger-aggregator.service/tokens",
+            tokens.to_str().unwrap(),
+        )
+        .replace(
+            "/run/credentials/gpuledger-aggregator.service/webhook-secret",
+            secret.to_str().unwrap(),
+        );
+    let cfg = dir.path().join("aggregator.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let out = common::gpuledger()
+        .args(["aggregator", "--check-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("batch=reclaim interactive=reclaim latency_critical=notify"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(dry run), 1 webhook endpoint(s), Alertmanager push on"),
+        "{stdout}"
+    );
+    // A bad key is named with its table.
+    std::fs::write(
+        &cfg,
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("after = \"30m\"", "after = \"half an hour\""),
+    )
+    .unwrap();
+    let out = common::gpuledger()
+        .args(["aggregator", "--check-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("half an hour") && stderr.contains("after"),
+        "{stderr}"
+    );
+
+    let text = std::fs::read_to_string(root.join("deploy/config/reclaimer.toml"))
+        .unwrap()
+        .replace(
+            "/run/credentials/gpuledger-reclaimer.service/webhook-secret",
+            secret.to_str().unwrap(),
+        )
+        .replace(
+            "/var/lib/gpuledger-reclaimer/acted.log",
+            dir.path().join("acted.log").to_str().unwrap(),
+        );
+    let cfg = dir.path().join("reclaimer.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let out = common::gpuledger()
+        .args(["reclaimer", "--check-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("Kubernetes evictions and Slurm, dry run"),
+        "{stdout}"
+    );
+}

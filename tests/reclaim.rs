@@ -752,7 +752,10 @@ receivers:
     let _am = Killed(
         std::process::Command::new("prometheus-alertmanager")
             .arg(format!("--config.file={}", am_config.display()))
-            .arg(format!("--storage.path={}", dir.path().join("am").display()))
+            .arg(format!(
+                "--storage.path={}",
+                dir.path().join("am").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
             .arg("--cluster.listen-address=")
             .stdout(std::process::Stdio::null())
@@ -762,7 +765,10 @@ receivers:
     );
     let am = format!("http://127.0.0.1:{am_port}");
     eventually("alertmanager", Duration::from_secs(30), async || {
-        reqwest::get(format!("{am}/-/ready")).await.ok().filter(|r| r.status().is_success())
+        reqwest::get(format!("{am}/-/ready"))
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
     })
     .await;
     // Someone silenced the batch job's alert.
@@ -780,15 +786,19 @@ receivers:
         .await
         .unwrap();
     assert!(r.status().is_success(), "{:?}", r.text().await);
-    let extra = format!(
-        "[alertmanager]\nurl = \"{am}\"\ninterval = \"1s\"\n"
-    );
+    let extra = format!("[alertmanager]\nurl = \"{am}\"\ninterval = \"1s\"\n");
     let cfg = config(dir.path(), &rx.url, &extra);
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace("[reclaim]\n", "[reclaim]\nalertmanager_confirmation = \"10m\"\n");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "[reclaim]\n",
+        "[reclaim]\nalertmanager_confirmation = \"10m\"\n",
+    );
     std::fs::write(&cfg, text).unwrap();
-    let a = Aggregator::start(&dir.path().join("ledger.duckdb"), agg_port, &["--config", cfg.to_str().unwrap()]).await;
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        agg_port,
+        &["--config", cfg.to_str().unwrap()],
+    )
+    .await;
     feed(&a, chrono::Utc::now().timestamp()).await;
     a.evaluate(ADMIN_TOKEN).await;
     eventually("the notices", Duration::from_secs(20), async || {
@@ -796,12 +806,16 @@ receivers:
     })
     .await;
     // The notebook's alert comes back through Alertmanager; the next passes reclaim it.
-    eventually("the notebook's reclaim", Duration::from_secs(60), async || {
-        a.evaluate(ADMIN_TOKEN).await;
-        rx.events()
-            .contains(&("lab/nb-idle".to_owned(), "reclaim.requested".to_owned()))
-            .then_some(())
-    })
+    eventually(
+        "the notebook's reclaim",
+        Duration::from_secs(60),
+        async || {
+            a.evaluate(ADMIN_TOKEN).await;
+            rx.events()
+                .contains(&("lab/nb-idle".to_owned(), "reclaim.requested".to_owned()))
+                .then_some(())
+        },
+    )
     .await;
     // Alertmanager holds the pushed alerts, labelled with the episode.
     let alerts: Value = reqwest::get(format!("{am}/api/v2/alerts"))
@@ -819,25 +833,41 @@ receivers:
     for w in ["lab/nb-idle", "4242", "serve/llm-0", "lab/nb-recent"] {
         assert!(names.contains(&w), "{w} in {names:?}");
     }
-    assert!(!names.contains(&"4444"), "the stale node's episode is not pushed: {names:?}");
+    assert!(
+        !names.contains(&"4444"),
+        "the stale node's episode is not pushed: {names:?}"
+    );
     // A few more passes: the silenced batch job is never reclaimed, and says why.
     for _ in 0..3 {
         a.evaluate(ADMIN_TOKEN).await;
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     assert!(
-        !rx.events().contains(&("4242".to_owned(), "reclaim.requested".to_owned())),
+        !rx.events()
+            .contains(&("4242".to_owned(), "reclaim.requested".to_owned())),
         "{:?}",
         rx.events()
     );
     let (_, list) = get(&a, ADMIN_TOKEN, "/api/v1/reclaims").await;
     assert!(
-        list["decisions"].as_array().unwrap().iter().any(|d| {
-            d["workload"] == "4242" && d["reason"] == "awaiting_alertmanager"
-        }),
+        list["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| { d["workload"] == "4242" && d["reason"] == "awaiting_alertmanager" }),
         "{list}"
     );
     // A payload that is not version 4 is refused, naming the field.
-    let (status, err) = post(&a, ADMIN_TOKEN, "/api/v1/alertmanager", serde_json::json!({"version": "3", "alerts": []})).await;
-    assert_eq!((status, err["error"]["field"].as_str()), (400, Some("version")), "{err}");
+    let (status, err) = post(
+        &a,
+        ADMIN_TOKEN,
+        "/api/v1/alertmanager",
+        serde_json::json!({"version": "3", "alerts": []}),
+    )
+    .await;
+    assert_eq!(
+        (status, err["error"]["field"].as_str()),
+        (400, Some("version")),
+        "{err}"
+    );
 }

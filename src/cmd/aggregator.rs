@@ -74,6 +74,10 @@ pub struct Args {
     /// Ingest admission and batch limits (config file: the `[limits]` table).
     #[command(flatten)]
     limits: LimitFlags,
+    /// Check the flags, the config file, the token file and the webhook secrets, print a summary
+    /// and exit (0: the aggregator would start with them).
+    #[arg(long)]
+    check_config: bool,
 }
 
 /// The ingest limits added with admission control, declared once: each is a flag and a key of
@@ -296,6 +300,7 @@ fn config(args: Args) -> anyhow::Result<Config> {
             defaults_a.demand_lookback.as_secs(),
         )?,
     };
+    let tokens = tokens(args.token_file.or(file.token_file))?;
     let reclaim = file
         .reclaim
         .resolve(file.webhooks, file.alertmanager)
@@ -311,7 +316,7 @@ fn config(args: Args) -> anyhow::Result<Config> {
             .listen
             .or(file.listen)
             .unwrap_or_else(|| "0.0.0.0:9836".parse().expect("a valid address")),
-        tokens: tokens(args.token_file.or(file.token_file))?,
+        tokens,
         retention,
         retention_interval: duration(
             "retention_interval",
@@ -345,7 +350,29 @@ fn config(args: Args) -> anyhow::Result<Config> {
 
 /// Runs the aggregator until SIGINT/SIGTERM.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let check = args.check_config;
     let config = config(args)?;
+    if check {
+        let r = &config.reclaim;
+        println!(
+            "gpuledger aggregator: the configuration is valid: ledger {}, listen {}, reclaim {} ({}), {} webhook endpoint(s){}",
+            config.db.display(),
+            config.listen,
+            r.classes
+                .iter()
+                .map(|(c, rule)| format!("{c}={}", rule.action.as_str()))
+                .collect::<Vec<_>>()
+                .join(" "),
+            if r.dry_run { "dry run" } else { "acting" },
+            r.endpoints.len(),
+            if r.alertmanager.is_some() {
+                ", Alertmanager push on"
+            } else {
+                ""
+            },
+        );
+        return Ok(());
+    }
     if let Some(dir) = config.db.parent()
         && !dir.as_os_str().is_empty()
     {

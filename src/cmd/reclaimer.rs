@@ -15,6 +15,9 @@ pub struct Args {
     /// Log what would be done, act on nothing (overrides the file's dry_run).
     #[arg(long)]
     dry_run: bool,
+    /// Check the file (secrets, token, CA, command), print a summary and exit.
+    #[arg(long)]
+    check_config: bool,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -24,6 +27,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         file.dry_run = Some(true);
     }
     let (addr, r) = file.resolve()?;
+    if args.check_config {
+        println!(
+            "gpuledger reclaimer: the configuration is valid: listen {addr}, {}",
+            r.summary()
+        );
+        return Ok(());
+    }
     super::runtime()?.block_on(async {
         reclaimer::run(addr, r, super::shutdown_signal())
             .await

@@ -110,6 +110,14 @@ impl Kubernetes {
         }
     }
 
+    /// The mode, in words.
+    pub fn mode_name(&self) -> &'static str {
+        match self.mode {
+            Mode::Evict => "Kubernetes evictions",
+            Mode::Kueue => "Kueue Workload deactivation",
+        }
+    }
+
     /// What `reclaim` would do.
     pub fn describe(&self, ns: &str, name: &str) -> String {
         match self.mode {

@@ -229,6 +229,27 @@ impl Target {
 }
 
 impl Reclaimer {
+    /// One line: the path, what it acts on, dry run or not.
+    pub fn summary(&self) -> String {
+        format!(
+            "path {}, {} secret(s), {}{}{}",
+            self.path,
+            self.secrets.len(),
+            self.kubernetes.as_ref().map_or("", |k| k.mode_name()),
+            if self.kubernetes.is_some() && self.slurm.is_some() {
+                " and "
+            } else {
+                ""
+            },
+            match (&self.slurm, self.dry_run) {
+                (Some(_), false) => "Slurm",
+                (Some(_), true) => "Slurm, dry run",
+                (None, true) => ", dry run",
+                (None, false) => "",
+            }
+        )
+    }
+
     async fn act(&self, event: &Event) -> Result<String, ActError> {
         let workload = event.data.workload.as_deref().unwrap_or("");
         match Target::parse(workload) {
