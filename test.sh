@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every gpuledger test. On a fresh Debian machine it first installs what the tests need:
 # Prometheus (promtool and the scrape test), Alertmanager, shellcheck, the TLS headers the HTTP
-# client links against, and Python's prometheus-client (the reference OpenMetrics parser).
+# client links against, Python's prometheus-client (the reference OpenMetrics parser) and
+# jsonschema (validates the webhook events).
 # Tests never skip for a missing tool; they fail naming it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,6 +26,11 @@ fi
 if ! python3 -c 'import prometheus_client.openmetrics.parser' 2>/dev/null; then
   echo "test.sh: installing the Python prometheus-client (OpenMetrics reference parser)"
   python3 -m pip install -q --disable-pip-version-check prometheus-client
+fi
+
+if ! python3 -c 'import jsonschema' 2>/dev/null; then
+  echo "test.sh: installing the Python jsonschema package (checks the webhook events' JSON Schema)"
+  python3 -m pip install -q --disable-pip-version-check jsonschema
 fi
 
 shellcheck test.sh .ci/run deploy/slurm/*.sh

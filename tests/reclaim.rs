@@ -264,6 +264,7 @@ async fn each_episode_gets_exactly_what_its_class_rule_says() {
     let cost = d["idle_cost"].as_f64().unwrap();
     assert!((cost - 2.7).abs() < 0.01, "{cost}");
     assert_eq!(d["currency"], "USD");
+    common::receiver::assert_schema_valid(&rx.received());
 
     // Every decision is listed with its reason.
     let (status, list) = get(&a, ADMIN_TOKEN, "/api/v1/reclaims").await;

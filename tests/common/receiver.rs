@@ -128,3 +128,37 @@ impl Receiver {
         v
     }
 }
+
+/// Validates every accepted body against `schema/webhook.schema.json` with Python's
+/// `jsonschema` (Draft 2020-12), an implementation independent of the serializer.
+pub fn assert_schema_valid(received: &[Received]) {
+    let dir = tempfile::tempdir().unwrap();
+    let bodies = dir.path().join("bodies.json");
+    let all: Vec<&serde_json::Value> = received.iter().map(|r| &r.body).collect();
+    std::fs::write(&bodies, serde_json::to_string(&all).unwrap()).unwrap();
+    let schema = super::root().join("schema/webhook.schema.json");
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import json, sys, jsonschema\n\
+             schema = json.load(open(sys.argv[1]))\n\
+             jsonschema.Draft202012Validator.check_schema(schema)\n\
+             v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())\n\
+             for b in json.load(open(sys.argv[2])):\n\
+             \x20   v.validate(b)\n\
+             print(len(json.load(open(sys.argv[2]))))\n",
+        )
+        .arg(&schema)
+        .arg(&bodies)
+        .output()
+        .expect("python3 runs (./test.sh installs jsonschema)");
+    assert!(
+        out.status.success(),
+        "an event does not match schema/webhook.schema.json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        received.len().to_string()
+    );
+}
