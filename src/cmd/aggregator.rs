@@ -62,7 +62,7 @@ pub struct Args {
     /// How long an idle run lasts before it is a hoarding episode [default: 30m].
     #[arg(long)]
     hoarding_window: Option<humantime::Duration>,
-    /// How often hoarding and fragmentation are evaluated [default: 1m].
+    /// How often hoarding and fragmentation are evaluated, then the reclaim policy [default: 15s].
     #[arg(long)]
     analytics_interval: Option<humantime::Duration>,
     /// Price of a GPU-hour for models without an entry in the config file's [prices] [default: 0].
