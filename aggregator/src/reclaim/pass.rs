@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use duckdb::{Connection, OptionalExt, params};
+use duckdb::{Connection, params};
 use gpuledger_schema::webhook::{self, EpisodeData, Event, EventType, PolicyData};
 
 use super::config::Settings;
@@ -32,6 +32,8 @@ pub struct ReclaimReport {
 #[derive(Debug, Clone)]
 struct Stored {
     state: State,
+    notified_at: Option<i64>,
+    requested_at: Option<i64>,
     last_hold: Option<String>,
     notice_delivered_at: Option<i64>,
     request_delivered: bool,
@@ -90,14 +92,15 @@ fn read_in_snapshot(
     .collect();
     let no_endpoints = settings.endpoints.is_empty();
     let mut stmt = conn.prepare_cached(
-        "SELECT r.episode_id, r.state, r.last_hold, r.data, r.notified_at,
-                (SELECT min(o.delivered_at) FROM webhook_outbox o
-                 WHERE o.episode_id = r.episode_id AND o.event_type = 'hoarding.detected'
-                   AND o.state = 'delivered'),
-                EXISTS (SELECT 1 FROM webhook_outbox o
-                 WHERE o.episode_id = r.episode_id AND o.event_type = 'reclaim.requested'
-                   AND o.state = 'delivered')
-         FROM reclaim_episodes r WHERE r.state <> 'resolved'",
+        "WITH delivered AS (
+             SELECT episode_id,
+                    min(delivered_at) FILTER (WHERE event_type = 'hoarding.detected') AS notice,
+                    count(*) FILTER (WHERE event_type = 'reclaim.requested') > 0 AS request
+             FROM webhook_outbox WHERE state = 'delivered' GROUP BY episode_id)
+         SELECT r.episode_id, r.state, r.last_hold, r.data, r.notified_at, d.notice,
+                coalesce(d.request, false), r.requested_at
+         FROM reclaim_episodes r LEFT JOIN delivered d USING (episode_id)
+         WHERE r.state <> 'resolved'",
     )?;
     let stored = stmt
         .query_map([], |r| {
@@ -108,6 +111,8 @@ fn read_in_snapshot(
                 r.get::<_, String>(0)?,
                 Stored {
                     state: State::parse(&state).unwrap_or(State::Seen),
+                    notified_at,
+                    requested_at: r.get(7)?,
                     last_hold: r.get(2)?,
                     data: r.get(3)?,
                     // With no receivers configured, the decision is the notice (shown by the API).
@@ -153,9 +158,10 @@ fn read_in_snapshot(
 #[derive(Debug, Clone)]
 pub struct EpisodeWrite {
     id: String,
+    notified_at: Option<i64>,
+    requested_at: Option<i64>,
     row: Option<EpisodeRow>,
     state: State,
-    decided_at: i64,
     sent: Option<EventType>,
     last_hold: Option<String>,
     data: String,
@@ -431,9 +437,10 @@ fn record(
     );
     let mut write = EpisodeWrite {
         id: id.clone(),
+        notified_at: before.and_then(|b| b.notified_at),
+        requested_at: before.and_then(|b| b.requested_at),
         row,
         state,
-        decided_at: plan.now,
         sent: None,
         last_hold: before.and_then(|b| b.last_hold.clone()),
         data: data_json,
@@ -494,6 +501,11 @@ fn record(
                     .push(webhook::event_id(&id, EventType::ReclaimRequested));
             }
             *plan.report.events.entry(kind.as_str().into()).or_default() += 1;
+            match kind {
+                EventType::HoardingDetected => write.notified_at = Some(plan.now),
+                EventType::ReclaimRequested => write.requested_at = Some(plan.now),
+                _ => {}
+            }
             write.sent = Some(kind);
             write.last_hold = None;
             let verb = match kind {
@@ -540,28 +552,30 @@ pub fn episode_data(
     }
 }
 
-/// Commits a plan, in the writer's transaction.
+/// Commits a plan, in the writer's transaction: the new episode states replace the old ones,
+/// the decisions are appended, and the events go into the outbox unless already there (by event
+/// id and endpoint) — set-wise, through two scratch tables, so a pass costs a few statements
+/// however many episodes it decides about.
 pub fn store(tx: &duckdb::Transaction<'_>, plan: &Plan) -> duckdb::Result<()> {
     let now = plan.now;
-    for w in &plan.episodes {
-        let existing: Option<(Option<i64>, Option<i64>)> = tx
-            .query_row(
-                "SELECT notified_at, requested_at FROM reclaim_episodes WHERE episode_id = ?",
-                [&w.id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        let (mut notified_at, mut requested_at) = existing.unwrap_or_default();
-        match w.sent {
-            Some(EventType::HoardingDetected) => notified_at = Some(w.decided_at),
-            Some(EventType::ReclaimRequested) => requested_at = Some(w.decided_at),
-            _ => {}
-        }
-        let data: EpisodeData = serde_json::from_str(&w.data).expect("written above");
-        tx.execute("DELETE FROM reclaim_episodes WHERE episode_id = ?", [&w.id])?;
-        tx.execute(
-            "INSERT INTO reclaim_episodes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            params![
+    tx.execute_batch(
+        "CREATE TEMP TABLE IF NOT EXISTS reclaim_new AS SELECT * FROM reclaim_episodes LIMIT 0;
+         DELETE FROM temp.reclaim_new;
+         CREATE TEMP TABLE IF NOT EXISTS outbox_new AS SELECT * FROM webhook_outbox LIMIT 0;
+         DELETE FROM temp.outbox_new;",
+    )?;
+    {
+        let mut app = tx.appender("reclaim_new")?;
+        for w in &plan.episodes {
+            let data: EpisodeData = serde_json::from_str(&w.data).expect("written above");
+            let started_at = w.row.as_ref().map_or_else(
+                || {
+                    chrono::DateTime::parse_from_rfc3339(&data.idle_since)
+                        .map_or(0, |t| t.timestamp())
+                },
+                |r| r.started_at,
+            );
+            app.append_row(params![
                 w.id,
                 data.tenant,
                 data.workload,
@@ -569,21 +583,22 @@ pub fn store(tx: &duckdb::Transaction<'_>, plan: &Plan) -> duckdb::Result<()> {
                 data.gpu_uuid,
                 data.gpu_instance_id,
                 data.slo_class,
-                w.row.as_ref().map_or_else(
-                    || chrono::DateTime::parse_from_rfc3339(&data.idle_since)
-                        .map_or(0, |t| t.timestamp()),
-                    |r| r.started_at
-                ),
+                started_at,
                 w.state.as_str(),
-                notified_at,
-                requested_at,
+                w.notified_at,
+                w.requested_at,
                 (!w.state.is_open()).then_some(now),
                 w.last_hold,
                 w.data,
                 now
-            ],
-        )?;
+            ])?;
+        }
+        app.flush()?;
     }
+    tx.execute_batch(
+        "DELETE FROM reclaim_episodes WHERE episode_id IN (SELECT episode_id FROM temp.reclaim_new);
+         INSERT INTO reclaim_episodes SELECT * FROM temp.reclaim_new;",
+    )?;
     {
         let mut app = tx.appender("reclaim_decisions")?;
         for d in &plan.decisions {
@@ -609,24 +624,31 @@ pub fn store(tx: &duckdb::Transaction<'_>, plan: &Plan) -> duckdb::Result<()> {
             [id],
         )?;
     }
-    for o in &plan.outbox {
-        // Idempotent: an event already in the outbox for that endpoint is not added twice.
-        tx.execute(
-            "INSERT INTO webhook_outbox
-             SELECT ?, ?, ?, ?, ?, ?, 'pending', 0, ?, NULL, NULL, NULL
-             WHERE NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE event_id = ? AND endpoint = ?)",
-            params![
+    {
+        let mut app = tx.appender("outbox_new")?;
+        for o in &plan.outbox {
+            app.append_row(params![
                 o.event_id,
                 o.endpoint,
                 o.kind.as_str(),
                 o.episode_id,
                 o.body,
                 now,
+                "pending",
+                0,
                 now,
-                o.event_id,
-                o.endpoint
-            ],
-        )?;
+                None::<i64>,
+                None::<i32>,
+                None::<String>
+            ])?;
+        }
+        app.flush()?;
     }
+    // Idempotent: an event already in the outbox for that endpoint is not added twice.
+    tx.execute_batch(
+        "INSERT INTO webhook_outbox SELECT n.* FROM temp.outbox_new n
+         WHERE NOT EXISTS (SELECT 1 FROM webhook_outbox o
+                           WHERE o.event_id = n.event_id AND o.endpoint = n.endpoint)",
+    )?;
     Ok(())
 }
