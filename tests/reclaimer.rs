@@ -424,3 +424,93 @@ async fn dry_run_logs_and_does_nothing() {
     assert_eq!(v["action"], "evict pod lab/nb");
     assert!(api.seen.lock().unwrap().is_empty());
 }
+
+/// The whole path: a real aggregator fed an idle notebook pod and an idle Slurm job over HTTP
+/// sends its signed `reclaim.requested` events to a real `gpuledger reclaimer`, which evicts the
+/// pod through the (fake) API server and requeues the job through the stand-in `scontrol`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_aggregator_and_the_reclaimer_hand_the_gpus_back() {
+    use common::traces::{H100, held, sample};
+    use gpuledger_schema::{Instance, SloClass, wire::Batch};
+    let (api_url, api) = fake_api().await;
+    let r = start(&api_url, "evict", "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("aggregator.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "hoarding_window = \"10m\"\nanalytics_interval = \"1h\"\n\
+             [reclaim.classes.interactive]\naction = \"reclaim\"\nafter = \"20m\"\nnotice = \"0s\"\n\
+             [reclaim.classes.batch]\naction = \"reclaim\"\nafter = \"20m\"\nnotice = \"0s\"\n\
+             [[webhooks]]\nurl = \"{}/hooks/gpuledger\"\nsecret = \"{}\"\n",
+            r.url,
+            secret()
+        ),
+    )
+    .unwrap();
+    let a = common::Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &["--config", cfg.to_str().unwrap()],
+    )
+    .await;
+    let now = chrono::Utc::now().timestamp();
+    let gpu = |uuid: &str| Instance {
+        node: "n1".into(),
+        gpu_uuid: uuid.into(),
+        gpu_model: H100.into(),
+        mig_profile: None,
+        gpu_instance_id: None,
+        placement_start: None,
+        placement_size: None,
+    };
+    let (nb, job) = (gpu("GPU-NB"), gpu("GPU-JOB"));
+    let samples: Vec<_> = (now - 40 * 60..now)
+        .flat_map(|t| {
+            [
+                sample(
+                    t,
+                    &nb,
+                    held("ml", "lab/nb-idle", SloClass::Interactive),
+                    Some(0.0),
+                ),
+                sample(t, &job, held("ml", "4242", SloClass::Batch), Some(0.0)),
+            ]
+        })
+        .collect();
+    let (status, body) = a
+        .ingest(common::ADMIN_TOKEN, &Batch::from_samples("n1", &samples))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Pass 1 notifies; once the notices are delivered, pass 2 requests; the reclaimer acts.
+    common::eventually("both reclaimed", Duration::from_secs(60), async || {
+        a.evaluate(common::ADMIN_TOKEN).await;
+        let evicted = api
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, p, _)| p == "/api/v1/namespaces/lab/pods/nb-idle/eviction");
+        let requeued = std::fs::read_to_string(r.dir.path().join("scontrol.log"))
+            .is_ok_and(|l| l == "requeue 4242\n");
+        (evicted && requeued).then_some(())
+    })
+    .await;
+    let (_, out) = {
+        let resp = reqwest::Client::new()
+            .get(format!("{}/api/v1/webhooks/deliveries", a.url()))
+            .bearer_auth(common::ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        (resp.status(), resp.json::<Value>().await.unwrap())
+    };
+    let delivered = out["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["state"] == "delivered")
+        .count();
+    assert_eq!(delivered, 4, "two notices and two requests: {out}");
+    assert_eq!(api.seen.lock().unwrap().len(), 1, "evicted once");
+}
