@@ -79,10 +79,17 @@ fn read_in_snapshot(
     settings: &Settings,
     now: i64,
 ) -> duckdb::Result<Snapshot> {
+    // Ended episodes are read back to the oldest one still followed, so a followed episode whose
+    // end is old is seen ended, not mistaken for one late data removed.
+    let oldest: Option<i64> = conn.query_row(
+        "SELECT min(started_at) FROM reclaim_episodes WHERE state <> 'resolved'",
+        [],
+        |r| r.get(0),
+    )?;
     let episodes = analytics::episodes(
         conn,
         EpisodeState::All,
-        now - LOOKBACK_SECS,
+        oldest.map_or(now - LOOKBACK_SECS, |o| o.min(now - LOOKBACK_SECS)),
         i64::MAX,
         None,
         analytics,
@@ -421,9 +428,15 @@ fn record(
     let data = match &row {
         Some(e) => episode_data(&id, e, policy.clone(), analytics, settings.dry_run),
         None => {
-            let mut d: EpisodeData = before
-                .and_then(|b| serde_json::from_str(&b.data).ok())
-                .expect("a followed episode has its data stored");
+            let Some(mut d) =
+                before.and_then(|b| serde_json::from_str::<EpisodeData>(&b.data).ok())
+            else {
+                tracing::error!(
+                    episode_id = id,
+                    "A followed episode's stored data cannot be read; it is skipped."
+                );
+                return;
+            };
             d.policy = policy.clone();
             d.dry_run = settings.dry_run;
             d
@@ -476,7 +489,7 @@ fn record(
         Step::Send(kind, cause) => {
             let event_id = webhook::event_id(&id, kind);
             let mut data = data;
-            if kind == EventType::HoardingResolved || kind == EventType::ReclaimCancelled {
+            if kind == EventType::HoardingResolved {
                 data.ended_at = data.ended_at.or_else(|| Some(webhook::rfc3339(plan.now)));
             }
             let body = serde_json::to_string(&Event {
@@ -496,7 +509,11 @@ fn record(
                     });
                 }
             }
-            if kind == EventType::ReclaimCancelled {
+            // A request that is cancelled, or whose episode ended, must never go out later (a
+            // disabled endpoint enabled again, a replay, another endpoint still retrying).
+            if kind == EventType::ReclaimCancelled
+                || before.is_some_and(|b| b.state == State::Requested)
+            {
                 plan.withdraw
                     .push(webhook::event_id(&id, EventType::ReclaimRequested));
             }
@@ -619,8 +636,9 @@ pub fn store(tx: &duckdb::Transaction<'_>, plan: &Plan) -> duckdb::Result<()> {
     }
     for id in &plan.withdraw {
         tx.execute(
-            "UPDATE webhook_outbox SET state = 'cancelled', last_error = 'withdrawn by reclaim.cancelled'
-             WHERE event_id = ? AND state = 'pending'",
+            "UPDATE webhook_outbox SET state = 'cancelled',
+                 last_error = 'withdrawn: the reclaim was cancelled or its episode ended'
+             WHERE event_id = ? AND state IN ('pending', 'disabled', 'failed')",
             [id],
         )?;
     }

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use gpuledger_schema::SloClass;
 use gpuledger_schema::webhook::{Action, EventType};
 
 use super::config::{Override, Rule, Settings, UNCLASSIFIED, Window};
@@ -177,8 +178,13 @@ pub fn rule_for(
         .expect("the defaults name every class");
     for (i, o) in settings.overrides.iter().enumerate() {
         if matches(o, tenant, workload, &class) {
+            // Latency-critical work is reclaimed only by a rule that names its class.
+            let action = match o.class {
+                None if class == SloClass::LatencyCritical.as_str() => base.action,
+                _ => o.rule.action.unwrap_or(base.action),
+            };
             let rule = Rule {
-                action: o.rule.action.unwrap_or(base.action),
+                action,
                 after: o.rule.after.map_or(base.after, |d| d.0),
                 notice: o.rule.notice.map_or(base.notice, |d| d.0),
             };
@@ -267,8 +273,18 @@ pub fn decide(
             _ => Step::Close,
         };
     }
-    // Open. Nothing is sent about a GPU that has not reported lately: backfilled or replayed
-    // history, a node that stopped reporting, or an exporter that is behind.
+    // Open. A request not yet delivered is re-checked every pass: if it would not be made now
+    // (the GPU went quiet, a snooze or silence came, the rule changed), it is withdrawn before a
+    // receiver that comes back can act on it.
+    if let Some(b) = before
+        && b.state == State::Requested
+        && !b.request_delivered
+        && let Some(cause) = withdrawn(now, settings, rule, e, context)
+    {
+        return Step::Send(EventType::ReclaimCancelled, cause);
+    }
+    // Nothing is sent about a GPU that has not reported lately: backfilled or replayed history, a
+    // node that stopped reporting, or an exporter that is behind.
     if now - (e.last_second + 1) > secs(settings.max_staleness) {
         return Step::Hold(Hold::Stale);
     }
@@ -303,6 +319,27 @@ pub fn decide(
         return Step::Hold(Hold::AwaitingAlertmanager);
     }
     Step::Send(EventType::ReclaimRequested, "idle_past_after")
+}
+
+/// Why an undelivered request would not be made now, if it would not.
+fn withdrawn(
+    now: i64,
+    settings: &Settings,
+    rule: &Rule,
+    e: &Now,
+    context: &Context,
+) -> Option<&'static str> {
+    if now - (e.last_second + 1) > secs(settings.max_staleness) {
+        Some("stale_before_delivery")
+    } else if rule.action == Action::Notify {
+        Some("rule_is_notify_only")
+    } else if context.exemption.is_some() {
+        Some("exempt_before_delivery")
+    } else if settings.alertmanager_confirmation.is_some() && !context.confirmed {
+        Some("unconfirmed_before_delivery")
+    } else {
+        None
+    }
 }
 
 /// The state after a step.
@@ -499,6 +536,74 @@ mod tests {
         );
         let (_, r, name) = rule_for(&s, Some("vip"), Some("eval-7"), Some("batch"));
         assert_eq!((r.action, name.as_str()), (Action::Reclaim, "class"));
+    }
+
+    /// Regression (review): a request waiting for a receiver that is down must not be delivered
+    /// once the GPU went quiet, a snooze came, or the rule changed to notify.
+    #[test]
+    fn an_undelivered_request_is_withdrawn_when_it_would_not_be_made_now() {
+        let waiting = Before {
+            state: State::Requested,
+            notice_delivered_at: Some(0),
+            request_delivered: false,
+        };
+        let ctx = Context::default();
+        assert_eq!(
+            step(Some(&open(7200, 5)), Some(&waiting), &ctx),
+            Step::Hold(Hold::Requested)
+        );
+        assert_eq!(
+            step(Some(&open(7200, 600)), Some(&waiting), &ctx),
+            Step::Send(EventType::ReclaimCancelled, "stale_before_delivery")
+        );
+        let snoozed = Context {
+            exemption: Some("snooze".into()),
+            confirmed: false,
+        };
+        assert_eq!(
+            step(Some(&open(7200, 5)), Some(&waiting), &snoozed),
+            Step::Send(EventType::ReclaimCancelled, "exempt_before_delivery")
+        );
+        let delivered = Before {
+            request_delivered: true,
+            ..waiting
+        };
+        assert_eq!(
+            step(Some(&open(7200, 600)), Some(&delivered), &ctx),
+            Step::Hold(Hold::Stale)
+        );
+    }
+
+    #[test]
+    fn an_override_without_a_class_leaves_latency_critical_notify_only() {
+        let mut s = settings();
+        s.overrides.push(Override {
+            tenant: Some("t".into()),
+            workload: None,
+            class: None,
+            rule: super::super::config::RuleFile {
+                action: Some(Action::Reclaim),
+                after: None,
+                notice: None,
+            },
+        });
+        assert_eq!(
+            rule_for(&s, Some("t"), None, Some("latency_critical"))
+                .1
+                .action,
+            Action::Notify
+        );
+        assert_eq!(
+            rule_for(&s, Some("t"), None, Some("interactive")).1.action,
+            Action::Reclaim
+        );
+        s.overrides[0].class = Some("latency_critical".into());
+        assert_eq!(
+            rule_for(&s, Some("t"), None, Some("latency_critical"))
+                .1
+                .action,
+            Action::Reclaim
+        );
     }
 
     #[test]
