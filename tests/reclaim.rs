@@ -872,3 +872,110 @@ receivers:
         "{err}"
     );
 }
+
+/// Regression (review): a reclaim request stuck behind a disabled endpoint, then cancelled
+/// because the user came back, is never sent when the endpoint is enabled again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_request_stays_unsent_when_its_endpoint_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(204).await;
+    let cfg = config(dir.path(), &rx.url, "");
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &["--config", cfg.to_str().unwrap()],
+    )
+    .await;
+    let now = chrono::Utc::now().timestamp();
+    feed(&a, now).await;
+    a.evaluate(ADMIN_TOKEN).await;
+    eventually("the notices", Duration::from_secs(20), async || {
+        (rx.events().len() >= 4).then_some(())
+    })
+    .await;
+    rx.answer(410);
+    let (_, report) = a.evaluate(ADMIN_TOKEN).await;
+    assert_eq!(
+        report["reclaim"]["events"]["reclaim.requested"], 2,
+        "{report}"
+    );
+    eventually(
+        "the endpoint disabled",
+        Duration::from_secs(20),
+        async || {
+            let (_, out) = get(
+                &a,
+                ADMIN_TOKEN,
+                "/api/v1/webhooks/deliveries?state=disabled",
+            )
+            .await;
+            (out["deliveries"].as_array().unwrap().len() == 2).then_some(())
+        },
+    )
+    .await;
+    // The notebook's user is back; the batch job is still idle.
+    let more = run(
+        "n1",
+        "GPU-NB1",
+        "lab/nb-idle",
+        SloClass::Interactive,
+        now,
+        now + 120,
+        |_| 0.9,
+    );
+    let (status, body) = a.ingest(NODE, &Batch::from_samples("n1", &more)).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, report) = a.evaluate(ADMIN_TOKEN).await;
+    assert_eq!(
+        report["reclaim"]["events"]["reclaim.cancelled"], 1,
+        "{report}"
+    );
+    rx.answer(204);
+    let (status, r) = post(
+        &a,
+        ADMIN_TOKEN,
+        "/api/v1/webhooks/endpoints/bridge/enable",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    eventually(
+        "the batch job's request and the cancellation",
+        Duration::from_secs(20),
+        async || {
+            let e = rx.events();
+            (e.contains(&("4242".into(), "reclaim.requested".into()))
+                && e.contains(&("lab/nb-idle".into(), "reclaim.cancelled".into())))
+            .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !rx.events()
+            .contains(&("lab/nb-idle".into(), "reclaim.requested".into())),
+        "the cancelled request was sent: {:?}",
+        rx.events()
+    );
+    let (_, out) = get(
+        &a,
+        ADMIN_TOKEN,
+        "/api/v1/webhooks/deliveries?state=cancelled",
+    )
+    .await;
+    assert_eq!(out["deliveries"].as_array().unwrap().len(), 1, "{out}");
+    // Nor can a replay send it.
+    let (_, r) = post(
+        &a,
+        ADMIN_TOKEN,
+        "/api/v1/webhooks/replay",
+        serde_json::json!({"states": ["delivered", "failed", "disabled"]}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !rx.events()
+            .contains(&("lab/nb-idle".into(), "reclaim.requested".into())),
+        "{r}"
+    );
+}

@@ -312,10 +312,12 @@ pub async fn replay(
         states = vec!["failed".into(), "disabled".into()];
     }
     for (i, s) in states.iter().enumerate() {
-        if !["delivered", "failed", "cancelled", "disabled"].contains(&s.as_str()) {
+        if !["delivered", "failed", "disabled"].contains(&s.as_str()) {
             return Err(ApiError::bad_request(
                 format!("states[{i}]"),
-                format!("{s:?} is not one of delivered, failed, cancelled, disabled"),
+                format!(
+                    "{s:?} is not one of delivered, failed, disabled (a cancelled event is never sent again)"
+                ),
             ));
         }
     }

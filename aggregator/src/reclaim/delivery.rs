@@ -163,23 +163,31 @@ fn without_url(e: &reqwest::Error) -> String {
     }
 }
 
-fn due(conn: &Connection, now: i64) -> duckdb::Result<Vec<Due>> {
+/// The due rows of each configured endpoint (oldest first, at most a round's worth each): rows
+/// of an endpoint no longer configured wait, listed by the admin API, without holding up others.
+fn due(conn: &Connection, endpoints: &[String], now: i64) -> duckdb::Result<Vec<Due>> {
     let mut stmt = conn.prepare_cached(
         "SELECT event_id, endpoint, body, created_at, attempts FROM webhook_outbox
-         WHERE state = 'pending' AND next_attempt_at <= ?
+         WHERE state = 'pending' AND next_attempt_at <= ? AND endpoint = ?
            AND endpoint NOT IN (SELECT endpoint FROM webhook_endpoints)
          ORDER BY created_at, event_id LIMIT ?",
     )?;
-    stmt.query_map(params![now, ROUND as i64], |r| {
-        Ok(Due {
-            event_id: r.get(0)?,
-            endpoint: r.get(1)?,
-            body: r.get(2)?,
-            created_at: r.get(3)?,
-            attempts: r.get(4)?,
-        })
-    })?
-    .collect()
+    let mut out = Vec::new();
+    for e in endpoints {
+        let rows = stmt.query_map(params![now, e, ROUND as i64], |r| {
+            Ok(Due {
+                event_id: r.get(0)?,
+                endpoint: r.get(1)?,
+                body: r.get(2)?,
+                created_at: r.get(3)?,
+                attempts: r.get(4)?,
+            })
+        })?;
+        for row in rows {
+            out.push(row?);
+        }
+    }
+    Ok(out)
 }
 
 /// Pending rows per endpoint and the age of the oldest, for the metrics.
@@ -270,8 +278,13 @@ impl Deliverer {
     pub async fn round(&self) -> Result<usize, StoreError> {
         let now = chrono::Utc::now().timestamp();
         let conn = self.readers.connect()?;
+        let names: Vec<String> = self.endpoints.iter().map(|e| e.name.clone()).collect();
         let (rows, backlog, off) = tokio::task::spawn_blocking(move || {
-            Ok::<_, duckdb::Error>((due(&conn, now)?, backlog(&conn, now)?, disabled(&conn)?))
+            Ok::<_, duckdb::Error>((
+                due(&conn, &names, now)?,
+                backlog(&conn, now)?,
+                disabled(&conn)?,
+            ))
         })
         .await
         .map_err(|e| StoreError::Io(format!("the delivery task failed: {e}")))?
@@ -387,7 +400,7 @@ impl Deliverer {
         }
         loop {
             match self.round().await {
-                Ok(n) if n >= ROUND => continue,
+                Ok(n) if n >= ROUND * self.endpoints.len().max(1) => continue,
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "A webhook delivery round failed; retried in a second.")

@@ -162,7 +162,7 @@ pub struct Delivery {
     pub event_type: String,
     /// The episode.
     pub episode_id: String,
-    /// When it was decided.
+    /// When it was decided, or last re-queued by a replay (`max_age` counts from it).
     pub created_at: i64,
     /// pending | delivered | failed | cancelled | disabled.
     pub state: String,
@@ -248,11 +248,19 @@ pub fn requeue(
 ) -> duckdb::Result<usize> {
     let mut n = 0;
     for state in states {
+        // A reclaim request is only sent again while its episode is still `requested`: a
+        // cancelled one, or one whose episode ended, must never reach a scheduler. The row's age
+        // (max_age) counts from the re-queue.
         n += tx.execute(
-            "UPDATE webhook_outbox SET state = 'pending', next_attempt_at = ?, last_error = NULL
+            "UPDATE webhook_outbox SET state = 'pending', next_attempt_at = ?, created_at = ?,
+                 attempts = 0, last_error = NULL
              WHERE state = ? AND created_at >= ? AND created_at < ?
-               AND (? IS NULL OR event_id = ?) AND (? IS NULL OR endpoint = ?)",
-            params![now, state, from, to, event_id, event_id, endpoint, endpoint],
+               AND (? IS NULL OR event_id = ?) AND (? IS NULL OR endpoint = ?)
+               AND (event_type <> 'reclaim.requested' OR episode_id IN
+                    (SELECT episode_id FROM reclaim_episodes WHERE state = 'requested'))",
+            params![
+                now, now, state, from, to, event_id, event_id, endpoint, endpoint
+            ],
         )?;
     }
     Ok(n)
@@ -270,7 +278,9 @@ pub fn enable_endpoint(
     )?;
     tx.execute(
         "UPDATE webhook_outbox SET state = 'pending', next_attempt_at = ?
-         WHERE endpoint = ? AND state = 'disabled'",
+         WHERE endpoint = ? AND state = 'disabled'
+           AND (event_type <> 'reclaim.requested' OR episode_id IN
+                (SELECT episode_id FROM reclaim_episodes WHERE state = 'requested'))",
         params![now, endpoint],
     )
 }
