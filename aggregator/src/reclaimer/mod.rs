@@ -63,6 +63,8 @@ pub struct Reclaimer {
     tolerance: i64,
     dry_run: bool,
     acted: Mutex<Acted>,
+    /// Ids being acted on now: a retry that arrives meanwhile gets 503 instead of acting twice.
+    inflight: Mutex<HashSet<String>>,
     kubernetes: Option<kubernetes::Kubernetes>,
     slurm: Option<slurm::Slurm>,
 }
@@ -151,6 +153,7 @@ impl ReclaimerFile {
                     .map_or(webhook::DEFAULT_TOLERANCE_SECS, |d| d.0.as_secs() as i64),
                 dry_run: self.dry_run.unwrap_or(false),
                 acted: Mutex::new(acted),
+                inflight: Mutex::new(HashSet::new()),
                 kubernetes: self.kubernetes.map(|k| k.resolve()).transpose()?,
                 slurm: self.slurm.map(|s| s.resolve()).transpose()?,
             },
@@ -210,11 +213,19 @@ pub enum Target {
 impl Target {
     /// Parses a workload: `namespace/name` is a pod, digits (with an optional `_index`) a job.
     pub fn parse(workload: &str) -> Option<Target> {
+        // DNS-1123 subdomain: dot-separated labels of [a-z0-9-], each starting and ending
+        // alphanumeric (no `..`, no leading dot: nothing that normalises to another API path).
         let dns = |s: &str| {
             !s.is_empty()
                 && s.len() <= 253
-                && s.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+                && s.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && l.chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                        && !l.starts_with('-')
+                        && !l.ends_with('-')
+                })
         };
         if let Some((ns, name)) = workload.split_once('/') {
             return (dns(ns) && dns(name)).then(|| Target::Pod {
@@ -347,11 +358,50 @@ async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) 
             },
         );
     }
-    match r.act(&event).await {
-        Ok(done) => {
-            if let Err(e) = r.acted.lock().expect("acted lock").record(&id) {
+    if !r.inflight.lock().expect("inflight lock").insert(id.clone()) {
+        let mut resp = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this webhook-id is being acted on now; retry for its outcome",
+        );
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, "5".parse().expect("digits"));
+        return resp;
+    }
+    // Acted on while this request waited (the first attempt finished and left the in-flight set).
+    if r.acted.lock().expect("acted lock").ids.contains(&id) {
+        r.inflight.lock().expect("inflight lock").remove(&id);
+        return answer(
+            StatusCode::OK,
+            &Answer {
+                outcome: "already_acted".into(),
+                action: r.describe(&event),
+            },
+        );
+    }
+    // Run to the end even if the sender hangs up (its timeout): the outcome is recorded, so the
+    // retry finds it acted on instead of acting again.
+    let task = {
+        let (r, id, event) = (r.clone(), id.clone(), event.clone());
+        tokio::spawn(async move {
+            let outcome = r.act(&event).await;
+            if outcome.is_ok()
+                && let Err(e) = r.acted.lock().expect("acted lock").record(&id)
+            {
                 tracing::error!(error = %e, "Cannot record the webhook-id acted on; a resend may act again.");
             }
+            r.inflight.lock().expect("inflight lock").remove(&id);
+            outcome
+        })
+    };
+    let outcome = match task.await {
+        Ok(o) => o,
+        Err(e) => Err(ActError::Later {
+            retry_after: 30,
+            message: format!("the action failed: {e}"),
+        }),
+    };
+    match outcome {
+        Ok(done) => {
             tracing::info!(
                 webhook_id = id,
                 tenant = event.data.tenant.as_deref().unwrap_or("-"),
@@ -446,6 +496,10 @@ mod tests {
             "42a",
             "4242_",
             "x; rm -rf /",
+            "ml/..",
+            "../x",
+            "ml/.x",
+            "ml/-x",
         ] {
             assert_eq!(Target::parse(bad), None, "{bad}");
         }
