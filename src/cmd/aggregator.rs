@@ -518,7 +518,11 @@ mod tests {
         // The example's webhook secret is a systemd credential; here it is a file of ours.
         let secrets = tempfile::tempdir().unwrap();
         let secret = secrets.path().join("webhook-secret");
-        std::fs::write(&secret, "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n").unwrap();
+        std::fs::write(
+            &secret,
+            "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n",
+        )
+        .unwrap();
         let seed = std::fs::read_to_string(root.join("deploy/config/aggregator.toml"))
             .unwrap()
             .replace(
@@ -526,7 +530,10 @@ mod tests {
                 secret.to_str().unwrap(),
             )
             .into_bytes();
-        assert!(config_from(&String::from_utf8_lossy(&seed)).is_ok(), "the unmutated example loads");
+        assert!(
+            config_from(&String::from_utf8_lossy(&seed)).is_ok(),
+            "the unmutated example loads"
+        );
         let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = move |n: usize| {
             state ^= state >> 12;
