@@ -277,3 +277,35 @@ fn the_example_reclaim_configs_pass_check_config() {
         "{stdout}"
     );
 }
+
+/// The reclaimer's ConfigMap is accepted by `--check-config` once its secret exists.
+#[test]
+fn the_reclaimer_config_map_passes_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_map_file(dir.path(), "reclaimer-deployment.yaml", "reclaimer.toml");
+    let secret = dir.path().join("webhook-secret");
+    std::fs::write(&secret, common::receiver::secret()).unwrap();
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(
+            "/var/run/gpuledger/webhook-secret/webhook-secret",
+            secret.to_str().unwrap(),
+        )
+        .replace(
+            "/var/lib/gpuledger-reclaimer/acted.log",
+            dir.path().join("acted.log").to_str().unwrap(),
+        );
+    std::fs::write(&path, text).unwrap();
+    let out = common::gpuledger()
+        .args(["reclaimer", "--check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Kubernetes evictions, dry run"), "{stdout}");
+}
