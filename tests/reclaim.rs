@@ -979,3 +979,63 @@ async fn a_cancelled_request_stays_unsent_when_its_endpoint_comes_back() {
         "{r}"
     );
 }
+
+/// The blast radius: at most `max_per_tenant_per_hour` reclaims per tenant; the rest wait,
+/// counted, and say why.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_blast_radius_bound_defers_and_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(204).await;
+    let cfg = config(dir.path(), &rx.url, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("[reclaim]\n", "[reclaim]\nmax_per_tenant_per_hour = 1\n");
+    std::fs::write(&cfg, text).unwrap();
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &["--config", cfg.to_str().unwrap()],
+    )
+    .await;
+    feed(&a, chrono::Utc::now().timestamp()).await;
+    a.evaluate(ADMIN_TOKEN).await;
+    eventually("the notices", Duration::from_secs(20), async || {
+        (rx.events().len() >= 4).then_some(())
+    })
+    .await;
+    let (_, report) = a.evaluate(ADMIN_TOKEN).await;
+    assert_eq!(
+        report["reclaim"]["events"]["reclaim.requested"], 1,
+        "{report}"
+    );
+    assert_eq!(report["reclaim"]["deferred"], 1, "{report}");
+    let (_, report) = a.evaluate(ADMIN_TOKEN).await;
+    assert_eq!(
+        report["reclaim"]["events"],
+        serde_json::json!({}),
+        "{report}"
+    );
+    assert_eq!(
+        report["reclaim"]["deferred"], 1,
+        "the tenant's hour is used up: {report}"
+    );
+    assert_eq!(
+        a.value("gpuledger_aggregator_reclaim_deferred_total").await,
+        Some(2.0)
+    );
+    let (_, list) = get(&a, ADMIN_TOKEN, "/api/v1/reclaims").await;
+    let deferred: Vec<&Value> = list["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["reason"] == "deferred")
+        .collect();
+    assert_eq!(deferred.len(), 1, "a hold is recorded once: {list}");
+    assert!(
+        deferred[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("blast-radius"),
+        "{list}"
+    );
+}
