@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use axum::Json;
@@ -15,15 +15,6 @@ use common::{ADMIN_TOKEN, Aggregator, free_port, require_tool};
 use gpuledger_schema::wire::Batch;
 use serde_json::Value;
 use tokio::sync::mpsc;
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The webhook receiver (what a reclaimer or a ticketing bridge would be): every POSTed
 /// Alertmanager payload goes to the channel.
@@ -75,7 +66,7 @@ async fn prometheus_and_alertmanager_deliver_the_idle_hoarding_alert() {
         ),
     )
     .unwrap();
-    let _alertmanager = Killed(
+    let _alertmanager = common::Killed(
         Command::new("prometheus-alertmanager")
             .arg(format!("--config.file={}", am_config.display()))
             .arg(format!(
@@ -102,7 +93,7 @@ async fn prometheus_and_alertmanager_deliver_the_idle_hoarding_alert() {
         ),
     )
     .unwrap();
-    let _prometheus = Killed(
+    let _prometheus = common::Killed(
         Command::new("prometheus")
             .arg(format!("--config.file={}", prom_config.display()))
             .arg(format!(

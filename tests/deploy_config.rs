@@ -210,11 +210,7 @@ fn the_example_reclaim_configs_pass_check_config() {
         );
     let cfg = dir.path().join("aggregator.toml");
     std::fs::write(&cfg, text).unwrap();
-    let out = common::gpuledger()
-        .args(["aggregator", "--check-config", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = check_config("aggregator", &cfg);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -237,11 +233,7 @@ fn the_example_reclaim_configs_pass_check_config() {
             .replace("after = \"30m\"", "after = \"half an hour\""),
     )
     .unwrap();
-    let out = common::gpuledger()
-        .args(["aggregator", "--check-config", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = check_config("aggregator", &cfg);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -261,11 +253,7 @@ fn the_example_reclaim_configs_pass_check_config() {
         );
     let cfg = dir.path().join("reclaimer.toml");
     std::fs::write(&cfg, text).unwrap();
-    let out = common::gpuledger()
-        .args(["reclaimer", "--check-config", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = check_config("reclaimer", &cfg);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -296,11 +284,7 @@ fn the_reclaimer_config_map_passes_check_config() {
             dir.path().join("acted.log").to_str().unwrap(),
         );
     std::fs::write(&path, text).unwrap();
-    let out = common::gpuledger()
-        .args(["reclaimer", "--check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = check_config("reclaimer", &path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -308,4 +292,13 @@ fn the_reclaimer_config_map_passes_check_config() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("Kubernetes evictions, dry run"), "{stdout}");
+}
+
+/// `gpuledger <subcommand> --check-config --config <path>`.
+fn check_config(subcommand: &str, path: &std::path::Path) -> std::process::Output {
+    common::gpuledger()
+        .args([subcommand, "--check-config", "--config"])
+        .arg(path)
+        .output()
+        .unwrap()
 }

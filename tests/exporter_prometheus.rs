@@ -8,15 +8,6 @@ use std::time::Duration;
 
 use common::{Exporter, eventually, free_port, require_tool};
 
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn query(port: u16, q: &str) -> Option<serde_json::Value> {
     let url = format!("http://127.0.0.1:{port}/api/v1/query");
     let r = reqwest::Client::new()
@@ -45,7 +36,7 @@ async fn prometheus_scrapes_the_exporter_and_answers_queries() {
     )
     .unwrap();
     let port = free_port();
-    let _prometheus = Killed(
+    let _prometheus = common::Killed(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(

@@ -108,7 +108,9 @@ fn trace(now: i64) -> Vec<(String, Vec<Sample>)> {
     vec![("n1".into(), n1), ("n2".into(), n2)]
 }
 
-fn config(dir: &std::path::Path, url: &str, extra: &str) -> std::path::PathBuf {
+/// The aggregator config of these tests: `reclaim` adds lines to its `[reclaim]` table, `extra`
+/// more tables.
+fn config(dir: &std::path::Path, url: &str, reclaim: &str, extra: &str) -> std::path::PathBuf {
     let tokens = dir.join("tokens");
     std::fs::write(&tokens, format!("node:* {NODE}\ntenant:ml {TEAM}\n")).unwrap();
     let path = dir.join("aggregator.toml");
@@ -122,6 +124,7 @@ analytics_interval = "1h"
 default_price = 3.6
 [reclaim]
 max_staleness = "2m"
+{reclaim}
 [reclaim.classes.interactive]
 action = "reclaim"
 after = "30m"
@@ -143,6 +146,44 @@ timeout = "2s"
     )
     .unwrap();
     path
+}
+
+/// A running aggregator (see [`config`]) fed the trace ending at `now`, and its receiver.
+struct Fed {
+    dir: tempfile::TempDir,
+    rx: Receiver,
+    a: Aggregator,
+    now: i64,
+}
+
+/// An aggregator whose `[reclaim]` gets the `reclaim` lines (and `extra` tables), sending to a
+/// receiver that answers `status`, fed the trace ending now.
+async fn fed(status: u16, reclaim: &str, extra: &str) -> Fed {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(status).await;
+    let cfg = config(dir.path(), &rx.url, reclaim, extra);
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &["--config", cfg.to_str().unwrap()],
+    )
+    .await;
+    let now = chrono::Utc::now().timestamp();
+    feed(&a, now).await;
+    Fed { dir, rx, a, now }
+}
+
+/// Evaluates once and waits for the four notices.
+async fn notices(a: &Aggregator, rx: &Receiver) {
+    let (_, report) = a.evaluate(ADMIN_TOKEN).await;
+    assert_eq!(
+        report["reclaim"]["events"]["hoarding.detected"], 4,
+        "{report}"
+    );
+    eventually("the notices", Duration::from_secs(20), async || {
+        (rx.events().len() >= 4).then_some(())
+    })
+    .await;
 }
 
 async fn feed(a: &Aggregator, now: i64) {
@@ -195,17 +236,12 @@ const DETECTED: [(&str, &str); 4] = [
 /// nothing / nothing; every decision is listed with its reason; a tenant sees its own.
 #[tokio::test(flavor = "multi_thread")]
 async fn each_episode_gets_exactly_what_its_class_rule_says() {
-    let dir = tempfile::tempdir().unwrap();
-    let rx = Receiver::start(204).await;
-    let cfg = config(dir.path(), &rx.url, "");
-    let a = Aggregator::start(
-        &dir.path().join("ledger.duckdb"),
-        0,
-        &["--config", cfg.to_str().unwrap()],
-    )
-    .await;
-    let now = chrono::Utc::now().timestamp();
-    feed(&a, now).await;
+    let Fed {
+        dir: _dir,
+        rx,
+        a,
+        now: _,
+    } = fed(204, "", "").await;
     let (status, report) = a.evaluate(ADMIN_TOKEN).await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(
@@ -324,17 +360,12 @@ async fn each_episode_gets_exactly_what_its_class_rule_says() {
 /// exempt; another tenant's token cannot snooze it; bad bodies get 400s naming the field.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_snooze_keeps_a_workload_and_is_scoped_to_its_tenant() {
-    let dir = tempfile::tempdir().unwrap();
-    let rx = Receiver::start(204).await;
-    let cfg = config(dir.path(), &rx.url, "");
-    let a = Aggregator::start(
-        &dir.path().join("ledger.duckdb"),
-        0,
-        &["--config", cfg.to_str().unwrap()],
-    )
-    .await;
-    let now = chrono::Utc::now().timestamp();
-    feed(&a, now).await;
+    let Fed {
+        dir: _dir,
+        rx,
+        a,
+        now: _,
+    } = fed(204, "", "").await;
     let (status, e) = post(
         &a,
         TEAM,
@@ -362,11 +393,7 @@ async fn a_snooze_keeps_a_workload_and_is_scoped_to_its_tenant() {
         assert!(status == 400 || status == 403, "{body}: {status} {err}");
         assert_eq!(err["error"]["field"], field, "{body}: {err}");
     }
-    a.evaluate(ADMIN_TOKEN).await;
-    eventually("the notices", Duration::from_secs(20), async || {
-        (rx.events().len() >= 4).then_some(())
-    })
-    .await;
+    notices(&a, &rx).await;
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
     // Only the batch job is reclaimed; both notebooks (lab/nb-*) are exempt.
     assert_eq!(
@@ -407,17 +434,12 @@ async fn a_snooze_keeps_a_workload_and_is_scoped_to_its_tenant() {
 /// under the same webhook-id with the same body.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_receiver_outage_and_a_crash_lose_no_event() {
-    let dir = tempfile::tempdir().unwrap();
-    let rx = Receiver::start(503).await;
-    let cfg = config(dir.path(), &rx.url, "");
-    let mut a = Aggregator::start(
-        &dir.path().join("ledger.duckdb"),
-        0,
-        &["--config", cfg.to_str().unwrap()],
-    )
-    .await;
-    let now = chrono::Utc::now().timestamp();
-    feed(&a, now).await;
+    let Fed {
+        dir: _dir,
+        rx,
+        mut a,
+        now: _,
+    } = fed(503, "", "").await;
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
     assert_eq!(
         report["reclaim"]["events"]["hoarding.detected"], 4,
@@ -488,17 +510,12 @@ async fn a_receiver_outage_and_a_crash_lose_no_event() {
 /// 410 Gone disables the endpoint (counted and shown); an admin enables it and the events flow.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gone_endpoint_is_disabled_until_an_admin_enables_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let rx = Receiver::start(410).await;
-    let cfg = config(dir.path(), &rx.url, "");
-    let a = Aggregator::start(
-        &dir.path().join("ledger.duckdb"),
-        0,
-        &["--config", cfg.to_str().unwrap()],
-    )
-    .await;
-    let now = chrono::Utc::now().timestamp();
-    feed(&a, now).await;
+    let Fed {
+        dir: _dir,
+        rx,
+        a,
+        now: _,
+    } = fed(410, "", "").await;
     a.evaluate(ADMIN_TOKEN).await;
     let out = eventually(
         "the endpoint disabled",
@@ -590,25 +607,10 @@ async fn a_gone_endpoint_is_disabled_until_an_admin_enables_it() {
 /// Dry run: decided and delivered the same, but every event says so.
 #[tokio::test(flavor = "multi_thread")]
 async fn dry_run_events_say_dry_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let rx = Receiver::start(204).await;
-    let cfg = config(dir.path(), &rx.url, "");
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace("[reclaim]\n", "[reclaim]\ndry_run = true\n");
-    std::fs::write(&cfg, text).unwrap();
-    let a = Aggregator::start(
-        &dir.path().join("ledger.duckdb"),
-        0,
-        &["--config", cfg.to_str().unwrap()],
-    )
-    .await;
-    feed(&a, chrono::Utc::now().timestamp()).await;
-    a.evaluate(ADMIN_TOKEN).await;
-    eventually("the notices", Duration::from_secs(20), async || {
-        (rx.events().len() >= 4).then_some(())
-    })
-    .await;
+    let Fed {
+        dir: _dir, rx, a, ..
+    } = fed(204, "dry_run = true", "").await;
+    notices(&a, &rx).await;
     assert!(
         rx.received()
             .iter()
@@ -622,22 +624,13 @@ async fn dry_run_events_say_dry_run() {
 /// a released GPU resolves its episode.
 #[tokio::test(flavor = "multi_thread")]
 async fn resumed_activity_cancels_and_a_released_gpu_resolves() {
-    let dir = tempfile::tempdir().unwrap();
-    let rx = Receiver::start(204).await;
-    let cfg = config(dir.path(), &rx.url, "");
-    let a = Aggregator::start(
-        &dir.path().join("ledger.duckdb"),
-        0,
-        &["--config", cfg.to_str().unwrap()],
-    )
-    .await;
-    let now = chrono::Utc::now().timestamp();
-    feed(&a, now).await;
-    a.evaluate(ADMIN_TOKEN).await;
-    eventually("the notices", Duration::from_secs(20), async || {
-        (rx.events().len() >= 4).then_some(())
-    })
-    .await;
+    let Fed {
+        dir: _dir,
+        rx,
+        a,
+        now,
+    } = fed(204, "", "").await;
+    notices(&a, &rx).await;
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
     assert_eq!(
         report["reclaim"]["events"]["reclaim.requested"], 2,
@@ -709,15 +702,6 @@ async fn resumed_activity_cancels_and_a_released_gpu_resolves() {
     );
 }
 
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The Alertmanager loop with the real Debian `prometheus-alertmanager`: the aggregator pushes its
 /// open episodes to Alertmanager, Alertmanager routes them back to `POST /api/v1/alertmanager`,
 /// and with `alertmanager_confirmation` on only those reclaims go ahead — a silence on the batch
@@ -750,7 +734,7 @@ receivers:
         ),
     )
     .unwrap();
-    let _am = Killed(
+    let _am = common::Killed(
         std::process::Command::new("prometheus-alertmanager")
             .arg(format!("--config.file={}", am_config.display()))
             .arg(format!(
@@ -788,12 +772,12 @@ receivers:
         .unwrap();
     assert!(r.status().is_success(), "{:?}", r.text().await);
     let extra = format!("[alertmanager]\nurl = \"{am}\"\ninterval = \"1s\"\n");
-    let cfg = config(dir.path(), &rx.url, &extra);
-    let text = std::fs::read_to_string(&cfg).unwrap().replace(
-        "[reclaim]\n",
-        "[reclaim]\nalertmanager_confirmation = \"10m\"\n",
+    let cfg = config(
+        dir.path(),
+        &rx.url,
+        "alertmanager_confirmation = \"10m\"",
+        &extra,
     );
-    std::fs::write(&cfg, text).unwrap();
     let a = Aggregator::start(
         &dir.path().join("ledger.duckdb"),
         agg_port,
@@ -801,11 +785,7 @@ receivers:
     )
     .await;
     feed(&a, chrono::Utc::now().timestamp()).await;
-    a.evaluate(ADMIN_TOKEN).await;
-    eventually("the notices", Duration::from_secs(20), async || {
-        (rx.events().len() >= 4).then_some(())
-    })
-    .await;
+    notices(&a, &rx).await;
     // The notebook's alert comes back through Alertmanager; the next passes reclaim it.
     eventually(
         "the notebook's reclaim",
@@ -877,22 +857,13 @@ receivers:
 /// because the user came back, is never sent when the endpoint is enabled again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancelled_request_stays_unsent_when_its_endpoint_comes_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let rx = Receiver::start(204).await;
-    let cfg = config(dir.path(), &rx.url, "");
-    let a = Aggregator::start(
-        &dir.path().join("ledger.duckdb"),
-        0,
-        &["--config", cfg.to_str().unwrap()],
-    )
-    .await;
-    let now = chrono::Utc::now().timestamp();
-    feed(&a, now).await;
-    a.evaluate(ADMIN_TOKEN).await;
-    eventually("the notices", Duration::from_secs(20), async || {
-        (rx.events().len() >= 4).then_some(())
-    })
-    .await;
+    let Fed {
+        dir: _dir,
+        rx,
+        a,
+        now,
+    } = fed(204, "", "").await;
+    notices(&a, &rx).await;
     rx.answer(410);
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
     assert_eq!(
@@ -984,25 +955,10 @@ async fn a_cancelled_request_stays_unsent_when_its_endpoint_comes_back() {
 /// counted, and say why.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_blast_radius_bound_defers_and_counts() {
-    let dir = tempfile::tempdir().unwrap();
-    let rx = Receiver::start(204).await;
-    let cfg = config(dir.path(), &rx.url, "");
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace("[reclaim]\n", "[reclaim]\nmax_per_tenant_per_hour = 1\n");
-    std::fs::write(&cfg, text).unwrap();
-    let a = Aggregator::start(
-        &dir.path().join("ledger.duckdb"),
-        0,
-        &["--config", cfg.to_str().unwrap()],
-    )
-    .await;
-    feed(&a, chrono::Utc::now().timestamp()).await;
-    a.evaluate(ADMIN_TOKEN).await;
-    eventually("the notices", Duration::from_secs(20), async || {
-        (rx.events().len() >= 4).then_some(())
-    })
-    .await;
+    let Fed {
+        dir: _dir, rx, a, ..
+    } = fed(204, "max_per_tenant_per_hour = 1", "").await;
+    notices(&a, &rx).await;
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
     assert_eq!(
         report["reclaim"]["events"]["reclaim.requested"], 1,

@@ -61,6 +61,16 @@ pub fn require_tool(name: &str) {
     );
 }
 
+/// A child process killed (and reaped) when dropped: a test that fails never leaves one behind.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A running exporter process; killed when dropped.
 pub struct Exporter {
     pub child: Child,
