@@ -5,27 +5,15 @@
 mod common;
 
 use common::receiver::{Receiver, secret};
-use common::traces::{H100, held, sample};
+use common::traces::{held, sample, whole};
 use common::{ADMIN_TOKEN, Aggregator, eventually};
 use gpuledger_schema::wire::Batch;
-use gpuledger_schema::{Instance, Sample, SloClass};
+use gpuledger_schema::{Sample, SloClass};
 use serde_json::Value;
 use std::time::Duration;
 
 const NODE: &str = "node-token-0123456789abc";
 const TEAM: &str = "tenant-ml-token-0123456789";
-
-fn gpu(node: &str, uuid: &str) -> Instance {
-    Instance {
-        node: node.into(),
-        gpu_uuid: uuid.into(),
-        gpu_model: H100.into(),
-        mig_profile: None,
-        gpu_instance_id: None,
-        placement_start: None,
-        placement_size: None,
-    }
-}
 
 /// `n` seconds of `workload` on `uuid` ending at `end` (exclusive), SM activity from `sm(t)`.
 fn run(
@@ -37,7 +25,7 @@ fn run(
     to: i64,
     sm: impl Fn(i64) -> f64,
 ) -> Vec<Sample> {
-    let i = gpu(node, uuid);
+    let i = whole(node, uuid);
     (from..to)
         .map(|t| sample(t, &i, held("ml", workload, class), Some(sm(t))))
         .collect()
@@ -173,17 +161,24 @@ async fn fed(status: u16, reclaim: &str, extra: &str) -> Fed {
     Fed { dir, rx, a, now }
 }
 
+/// Waits until `rx` has accepted `n` distinct events.
+async fn wait_events(rx: &Receiver, n: usize, what: &str) {
+    eventually(what, Duration::from_secs(30), async || {
+        (rx.events().len() >= n).then_some(())
+    })
+    .await;
+}
+
+/// The evaluation `report` decided `n` events of type `kind`.
+fn assert_event_count(report: &Value, kind: &str, n: u64) {
+    assert_eq!(report["reclaim"]["events"][kind], n, "{report}");
+}
+
 /// Evaluates once and waits for the four notices.
 async fn notices(a: &Aggregator, rx: &Receiver) {
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["hoarding.detected"], 4,
-        "{report}"
-    );
-    eventually("the notices", Duration::from_secs(20), async || {
-        (rx.events().len() >= 4).then_some(())
-    })
-    .await;
+    assert_event_count(&report, "hoarding.detected", 4);
+    wait_events(&rx, 4, "the notices").await;
 }
 
 async fn feed(a: &Aggregator, now: i64) {
@@ -244,26 +239,14 @@ async fn each_episode_gets_exactly_what_its_class_rule_says() {
     } = fed(204, "", "").await;
     let (status, report) = a.evaluate(ADMIN_TOKEN).await;
     assert_eq!(status, 200, "{report}");
-    assert_eq!(
-        report["reclaim"]["events"]["hoarding.detected"], 4,
-        "{report}"
-    );
-    eventually("the notices", Duration::from_secs(20), async || {
-        (rx.events().len() >= 4).then_some(())
-    })
-    .await;
+    assert_event_count(&report, "hoarding.detected", 4);
+    wait_events(&rx, 4, "the notices").await;
     assert_eq!(rx.events(), pairs(&DETECTED));
     // The notices are delivered, the notice period is 0 s: the next pass asks for the two
     // episodes idle past `after` back, and nothing else.
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["reclaim.requested"], 2,
-        "{report}"
-    );
-    eventually("the requests", Duration::from_secs(20), async || {
-        (rx.events().len() >= 6).then_some(())
-    })
-    .await;
+    assert_event_count(&report, "reclaim.requested", 2);
+    wait_events(&rx, 6, "the requests").await;
     let mut want = DETECTED.to_vec();
     want.extend([
         ("4242", "reclaim.requested"),
@@ -396,10 +379,7 @@ async fn a_snooze_keeps_a_workload_and_is_scoped_to_its_tenant() {
     notices(&a, &rx).await;
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
     // Only the batch job is reclaimed; both notebooks (lab/nb-*) are exempt.
-    assert_eq!(
-        report["reclaim"]["events"]["reclaim.requested"], 1,
-        "{report}"
-    );
+    assert_event_count(&report, "reclaim.requested", 1);
     assert_eq!(report["reclaim"]["holds"]["exempt"], 2, "{report}");
     let (_, list) = get(&a, TEAM, "/api/v1/reclaims").await;
     let exempt = list["decisions"]
@@ -423,10 +403,7 @@ async fn a_snooze_keeps_a_workload_and_is_scoped_to_its_tenant() {
         .unwrap();
     assert_eq!(r.status(), 204);
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["reclaim.requested"], 1,
-        "{report}"
-    );
+    assert_event_count(&report, "reclaim.requested", 1);
 }
 
 /// The receiver answers 503 for a while and the aggregator is killed with SIGKILL and restarted
@@ -441,10 +418,7 @@ async fn a_receiver_outage_and_a_crash_lose_no_event() {
         now: _,
     } = fed(503, "", "").await;
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["hoarding.detected"], 4,
-        "{report}"
-    );
+    assert_event_count(&report, "hoarding.detected", 4);
     eventually(
         "attempts against the 503",
         Duration::from_secs(20),
@@ -472,10 +446,7 @@ async fn a_receiver_outage_and_a_crash_lose_no_event() {
     )
     .await;
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["reclaim.requested"], 2,
-        "{report}"
-    );
+    assert_event_count(&report, "reclaim.requested", 2);
     // A crash right after the decision, before any delivery: the restarted aggregator sends it.
     a.crash_and_restart().await;
     eventually(
@@ -632,14 +603,8 @@ async fn resumed_activity_cancels_and_a_released_gpu_resolves() {
     } = fed(204, "", "").await;
     notices(&a, &rx).await;
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["reclaim.requested"], 2,
-        "{report}"
-    );
-    eventually("the requests", Duration::from_secs(20), async || {
-        (rx.events().len() >= 6).then_some(())
-    })
-    .await;
+    assert_event_count(&report, "reclaim.requested", 2);
+    wait_events(&rx, 6, "the requests").await;
     // The next two minutes: the notebook's user is back; the batch job's GPU is released.
     let (to, next) = (now + 120, now);
     let mut more = run(
@@ -651,28 +616,16 @@ async fn resumed_activity_cancels_and_a_released_gpu_resolves() {
         to,
         |_| 0.9,
     );
-    let released = gpu("n1", "GPU-B");
+    let released = whole("n1", "GPU-B");
     more.extend((next..to).map(|t| sample(t, &released, Default::default(), Some(0.0))));
     let (status, body) = a.ingest(NODE, &Batch::from_samples("n1", &more)).await;
     assert_eq!(status, 200, "{body}");
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["reclaim.cancelled"], 1,
-        "{report}"
-    );
-    assert_eq!(
-        report["reclaim"]["events"]["hoarding.resolved"], 1,
-        "{report}"
-    );
+    assert_event_count(&report, "reclaim.cancelled", 1);
+    assert_event_count(&report, "hoarding.resolved", 1);
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["hoarding.resolved"], 1,
-        "{report}"
-    );
-    eventually("the endings", Duration::from_secs(20), async || {
-        (rx.events().len() >= 9).then_some(())
-    })
-    .await;
+    assert_event_count(&report, "hoarding.resolved", 1);
+    wait_events(&rx, 9, "the endings").await;
     let mut want = DETECTED.to_vec();
     want.extend([
         ("4242", "reclaim.requested"),
@@ -866,10 +819,7 @@ async fn a_cancelled_request_stays_unsent_when_its_endpoint_comes_back() {
     notices(&a, &rx).await;
     rx.answer(410);
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["reclaim.requested"], 2,
-        "{report}"
-    );
+    assert_event_count(&report, "reclaim.requested", 2);
     eventually(
         "the endpoint disabled",
         Duration::from_secs(20),
@@ -897,10 +847,7 @@ async fn a_cancelled_request_stays_unsent_when_its_endpoint_comes_back() {
     let (status, body) = a.ingest(NODE, &Batch::from_samples("n1", &more)).await;
     assert_eq!(status, 200, "{body}");
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["reclaim.cancelled"], 1,
-        "{report}"
-    );
+    assert_event_count(&report, "reclaim.cancelled", 1);
     rx.answer(204);
     let (status, r) = post(
         &a,
@@ -960,10 +907,7 @@ async fn the_blast_radius_bound_defers_and_counts() {
     } = fed(204, "max_per_tenant_per_hour = 1", "").await;
     notices(&a, &rx).await;
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert_eq!(
-        report["reclaim"]["events"]["reclaim.requested"], 1,
-        "{report}"
-    );
+    assert_event_count(&report, "reclaim.requested", 1);
     assert_eq!(report["reclaim"]["deferred"], 1, "{report}");
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
     assert_eq!(
