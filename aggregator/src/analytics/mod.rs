@@ -330,6 +330,19 @@ pub struct EpisodeRow {
     pub resumed: bool,
 }
 
+/// The answer of `GET /api/v1/hoarding`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HoardingView {
+    /// The idle threshold in force.
+    pub idle_threshold: f64,
+    /// The detection window in seconds.
+    pub window_seconds: i64,
+    /// The prices' currency.
+    pub currency: String,
+    /// The episodes.
+    pub episodes: Vec<EpisodeRow>,
+}
+
 /// Which episodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EpisodeState {

@@ -162,6 +162,102 @@ pub struct Showback {
     pub totals: Totals,
 }
 
+/// One row as the API, and later the pages and CSV, render it: the key columns by name, then
+/// the figures.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RowView {
+    /// `tenant`, `workload`, … → value.
+    #[serde(flatten)]
+    pub key: std::collections::BTreeMap<&'static str, Option<String>>,
+    /// The figures.
+    #[serde(flatten)]
+    pub figures: Figures,
+}
+
+/// What a tenant-scoped reader sees of the totals: its own figures, no fleet-wide ones.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TenantTotals {
+    /// Its allocated GPU-seconds.
+    pub allocated_gpu_seconds: f64,
+    /// Its used GPU-seconds.
+    pub used_gpu_seconds: f64,
+    /// allocated − used.
+    pub idle_gpu_seconds: f64,
+    /// Its cost.
+    pub cost: f64,
+    /// Its idle cost.
+    pub idle_cost: f64,
+}
+
+/// The totals a reader may see.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum TotalsView {
+    /// Every figure (viewer, admin).
+    Fleet(Totals),
+    /// The tenant's own (a `tenant:` token).
+    Tenant(TenantTotals),
+}
+
+/// The answer of `GET /api/v1/showback`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ShowbackView {
+    /// Range start.
+    pub from: i64,
+    /// Range end.
+    pub to: i64,
+    /// The grouping's last column (`tenant`, `workload`, …).
+    pub group_by: Option<&'static str>,
+    /// The prices' currency.
+    pub currency: String,
+    /// The rows.
+    pub rows: Vec<RowView>,
+    /// The totals.
+    pub totals: TotalsView,
+}
+
+impl Showback {
+    /// The answer as served over `[from, to)`, grouped `by`; `tenant_scoped` withholds the
+    /// fleet-wide totals.
+    pub fn view(
+        self,
+        by: GroupBy,
+        from: i64,
+        to: i64,
+        currency: String,
+        tenant_scoped: bool,
+    ) -> ShowbackView {
+        let rows = self
+            .rows
+            .into_iter()
+            .map(|r| RowView {
+                key: by.columns().iter().copied().zip(r.key).collect(),
+                figures: r.figures,
+            })
+            .collect();
+        let t = self.totals;
+        let totals = if tenant_scoped {
+            TotalsView::Tenant(TenantTotals {
+                allocated_gpu_seconds: t.allocated_gpu_seconds,
+                used_gpu_seconds: t.used_gpu_seconds,
+                idle_gpu_seconds: t.idle_gpu_seconds,
+                cost: t.cost,
+                idle_cost: t.idle_cost,
+            })
+        } else {
+            TotalsView::Fleet(t)
+        };
+        ShowbackView {
+            from,
+            to,
+            group_by: by.columns().last().copied(),
+            currency,
+            rows,
+            totals,
+        }
+    }
+}
+
 /// Why a showback cannot be answered.
 #[derive(Debug, thiserror::Error)]
 pub enum ShowbackError {

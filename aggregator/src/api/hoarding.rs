@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::showback::only_params;
@@ -18,7 +17,7 @@ pub async fn hoarding(
     State(app): State<AppState>,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<analytics::HoardingView>, ApiError> {
     let role = app.tokens.authenticate(&headers)?;
     let tenant = role.read_scope()?.map(str::to_owned);
     only_params(&q, &["state", "from", "to"])?;
@@ -46,10 +45,10 @@ pub async fn hoarding(
     .await
     .map_err(|e| ApiError::internal(&e))?
     .map_err(|e| ApiError::internal(&e))?;
-    Ok(Json(json!({
-        "idle_threshold": app.config.analytics.idle_threshold,
-        "window_seconds": app.config.analytics.window_secs(),
-        "currency": app.config.analytics.currency,
-        "episodes": rows,
-    })))
+    Ok(Json(analytics::HoardingView {
+        idle_threshold: app.config.analytics.idle_threshold,
+        window_seconds: app.config.analytics.window_secs(),
+        currency: app.config.analytics.currency.clone(),
+        episodes: rows,
+    }))
 }

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::{AppState, range_params};
@@ -31,7 +30,7 @@ pub async fn showback(
     State(app): State<AppState>,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<showback::ShowbackView>, ApiError> {
     let role = app.tokens.authenticate(&headers)?;
     let tenant = role.read_scope()?.map(str::to_owned);
     only_params(&q, &["from", "to", "group_by"])?;
@@ -66,39 +65,11 @@ pub async fn showback(
         }
         Err(e) => return Err(ApiError::internal(&e)),
     };
-    let rows: Vec<Value> = s
-        .rows
-        .iter()
-        .map(|r| {
-            let mut m = Map::new();
-            for (name, value) in by.columns().iter().zip(&r.key) {
-                m.insert((*name).to_owned(), json!(value));
-            }
-            if let Value::Object(f) = json!(r.figures) {
-                m.extend(f);
-            }
-            Value::Object(m)
-        })
-        .collect();
-    let t = &s.totals;
-    let totals = if tenant.is_some() {
-        // A tenant sees its own figures only; fleet figures are not its data.
-        json!({
-            "allocated_gpu_seconds": t.allocated_gpu_seconds,
-            "used_gpu_seconds": t.used_gpu_seconds,
-            "idle_gpu_seconds": t.idle_gpu_seconds,
-            "cost": t.cost,
-            "idle_cost": t.idle_cost,
-        })
-    } else {
-        json!(t)
-    };
-    Ok(Json(json!({
-        "from": from,
-        "to": to,
-        "group_by": by.columns().last(),
-        "currency": app.config.analytics.currency,
-        "rows": rows,
-        "totals": totals,
-    })))
+    Ok(Json(s.view(
+        by,
+        from,
+        to,
+        app.config.analytics.currency.clone(),
+        tenant.is_some(),
+    )))
 }
