@@ -939,3 +939,59 @@ async fn the_blast_radius_bound_defers_and_counts() {
         "{list}"
     );
 }
+
+/// A request withdrawn undelivered because a snooze came is made again once the snooze ends,
+/// under the same webhook-id, and arrives when the receiver is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_withdrawn_request_is_made_again_after_the_snooze() {
+    let Fed {
+        dir: _dir, rx, a, ..
+    } = fed(204, "", "").await;
+    notices(&a, &rx).await;
+    rx.answer(503);
+    let (_, report) = a.evaluate(ADMIN_TOKEN).await;
+    assert_event_count(&report, "reclaim.requested", 2);
+    let (status, e) = post(
+        &a,
+        TEAM,
+        "/api/v1/exemptions",
+        serde_json::json!({"workload": "4242", "duration": "1h"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{e}");
+    let (_, report) = a.evaluate(ADMIN_TOKEN).await;
+    assert_event_count(&report, "reclaim.cancelled", 1);
+    let r = reqwest::Client::new()
+        .delete(format!(
+            "{}/api/v1/exemptions/{}",
+            a.url(),
+            e["exemption_id"].as_str().unwrap()
+        ))
+        .bearer_auth(TEAM)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let (_, report) = a.evaluate(ADMIN_TOKEN).await;
+    assert_event_count(&report, "reclaim.requested", 1);
+    rx.answer(204);
+    eventually(
+        "both requests and the cancellation",
+        Duration::from_secs(60),
+        async || {
+            let e = rx.events();
+            (e.contains(&("4242".into(), "reclaim.requested".into()))
+                && e.contains(&("lab/nb-idle".into(), "reclaim.requested".into()))
+                && e.contains(&("4242".into(), "reclaim.cancelled".into())))
+            .then_some(())
+        },
+    )
+    .await;
+    let ids: std::collections::HashSet<String> = rx
+        .received()
+        .iter()
+        .filter(|r| r.kind() == "reclaim.requested" && r.workload() == "4242")
+        .map(|r| r.id.clone())
+        .collect();
+    assert_eq!(ids.len(), 1, "the same webhook-id");
+}

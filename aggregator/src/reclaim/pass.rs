@@ -662,9 +662,15 @@ pub fn store(tx: &duckdb::Transaction<'_>, plan: &Plan) -> duckdb::Result<()> {
         }
         app.flush()?;
     }
-    // Idempotent: an event already in the outbox for that endpoint is not added twice.
+    // Idempotent: an event already in the outbox for that endpoint is not added twice. A request
+    // made again after it was withdrawn undelivered (its id is the same) goes back to pending.
     tx.execute_batch(
-        "INSERT INTO webhook_outbox SELECT n.* FROM temp.outbox_new n
+        "UPDATE webhook_outbox SET state = 'pending', next_attempt_at = n.next_attempt_at,
+             created_at = n.created_at, attempts = 0, last_error = NULL
+         FROM temp.outbox_new n
+         WHERE webhook_outbox.event_id = n.event_id AND webhook_outbox.endpoint = n.endpoint
+           AND webhook_outbox.state = 'cancelled' AND n.event_type = 'reclaim.requested';
+         INSERT INTO webhook_outbox SELECT n.* FROM temp.outbox_new n
          WHERE NOT EXISTS (SELECT 1 FROM webhook_outbox o
                            WHERE o.event_id = n.event_id AND o.endpoint = n.endpoint)",
     )?;

@@ -297,7 +297,9 @@ pub fn decide(
         }
         Some(b) => b,
     };
-    if b.state != State::Notified {
+    // `Cancelled` on an open episode: its request was withdrawn before delivery (stale, snoozed,
+    // silenced, rule changed); it is decided afresh, like a notified one.
+    if !matches!(b.state, State::Notified | State::Cancelled) {
         return Step::Hold(Hold::Requested);
     }
     if rule.action == Action::Notify {
@@ -571,6 +573,19 @@ mod tests {
         assert_eq!(
             step(Some(&open(7200, 600)), Some(&delivered), &ctx),
             Step::Hold(Hold::Stale)
+        );
+        // Once the snooze is over, the withdrawn request is made again.
+        let withdrawn = Before {
+            state: State::Cancelled,
+            ..waiting
+        };
+        assert_eq!(
+            step(Some(&open(7200, 5)), Some(&withdrawn), &snoozed),
+            Step::Hold(Hold::Exempt)
+        );
+        assert_eq!(
+            step(Some(&open(7200, 5)), Some(&withdrawn), &ctx),
+            Step::Send(EventType::ReclaimRequested, "idle_past_after")
         );
     }
 
