@@ -9,7 +9,6 @@
 //! - `POST /api/v1/alertmanager` (admin): Alertmanager's webhook.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::body::Bytes;
@@ -47,21 +46,14 @@ async fn read<T: Send + 'static>(
         .map_err(|e| ApiError::internal(&e))
 }
 
-async fn write<T: Default + Send + 'static>(
+async fn write<T: Send + 'static>(
     app: &AppState,
     f: impl FnOnce(&duckdb::Transaction<'_>) -> duckdb::Result<T> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let out = Arc::new(Mutex::new(T::default()));
-    let slot = out.clone();
     app.writer
-        .apply(Box::new(move |tx| {
-            *slot.lock().expect("one writer") = f(tx)?;
-            Ok(())
-        }))
+        .apply_with(f)
         .await
-        .map_err(|e| ApiError::unavailable(format!("the ledger cannot be written: {e}"), 5))?;
-    let v = std::mem::take(&mut *out.lock().expect("one writer"));
-    Ok(v)
+        .map_err(|e| ApiError::unavailable(format!("the ledger cannot be written: {e}"), 5))
 }
 
 fn limit(q: &HashMap<String, String>) -> Result<i64, ApiError> {

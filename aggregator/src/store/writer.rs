@@ -272,6 +272,21 @@ impl Writer {
         rx.await.map_err(|_| StoreError::WriterStopped)?
     }
 
+    /// [`Writer::apply`] for a write that answers something (rows changed, say): `write`'s value,
+    /// once its transaction is committed.
+    pub async fn apply_with<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&duckdb::Transaction<'_>) -> duckdb::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (value, rx) = oneshot::channel();
+        self.apply(Box::new(move |tx| {
+            let _ = value.send(write(tx)?);
+            Ok(())
+        }))
+        .await?;
+        rx.await.map_err(|_| StoreError::WriterStopped)
+    }
+
     /// Commits a one-row update on the writer's connection, in turn with the ingest groups: `Ok`
     /// means a commit reached the disk just now.
     pub async fn probe(&self) -> Result<(), StoreError> {
