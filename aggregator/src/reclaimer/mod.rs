@@ -22,11 +22,12 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use gpuledger_schema::webhook::{self, Event, EventType, Secret};
 use serde::{Deserialize, Serialize};
 
+use crate::api::error::ApiError;
 use crate::reclaim::config::Span;
 
 /// `gpuledger reclaimer --config FILE`: the file's keys.
@@ -189,11 +190,9 @@ fn answer(status: StatusCode, body: &impl Serialize) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// An error in the API's one JSON shape (`api::error`).
 fn error(status: StatusCode, message: &str) -> Response {
-    answer(
-        status,
-        &serde_json::json!({"error": {"field": null, "message": message}}),
-    )
+    ApiError::status(status, message).into_response()
 }
 
 /// What a workload names.
@@ -359,13 +358,11 @@ async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) 
         );
     }
     if !r.inflight.lock().expect("inflight lock").insert(id.clone()) {
-        let mut resp = error(
-            StatusCode::SERVICE_UNAVAILABLE,
+        return ApiError::unavailable(
             "this webhook-id is being acted on now; retry for its outcome",
-        );
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, "5".parse().expect("digits"));
-        return resp;
+            5,
+        )
+        .into_response();
     }
     // Acted on while this request waited (the first attempt finished and left the in-flight set).
     if r.acted.lock().expect("acted lock").ids.contains(&id) {
@@ -427,12 +424,7 @@ async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) 
                 retry_after,
                 "Cannot act now; the aggregator retries."
             );
-            let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, &message);
-            resp.headers_mut().insert(
-                header::RETRY_AFTER,
-                retry_after.to_string().parse().expect("digits"),
-            );
-            resp
+            ApiError::unavailable(message, retry_after).into_response()
         }
         Err(ActError::Cannot(message)) => {
             tracing::error!(
