@@ -171,6 +171,8 @@ pub struct EpisodeWrite {
     state: State,
     sent: Option<EventType>,
     last_hold: Option<String>,
+    /// The episode as sent, and as stored (JSON).
+    episode: EpisodeData,
     data: String,
 }
 
@@ -456,6 +458,7 @@ fn record(
         state,
         sent: None,
         last_hold: before.and_then(|b| b.last_hold.clone()),
+        episode: data.clone(),
         data: data_json,
     };
     let decision =
@@ -584,7 +587,7 @@ pub fn store(tx: &duckdb::Transaction<'_>, plan: &Plan) -> duckdb::Result<()> {
     {
         let mut app = tx.appender("reclaim_new")?;
         for w in &plan.episodes {
-            let data: EpisodeData = serde_json::from_str(&w.data).expect("written above");
+            let data = &w.episode;
             let started_at = w.row.as_ref().map_or_else(
                 || {
                     chrono::DateTime::parse_from_rfc3339(&data.idle_since)
