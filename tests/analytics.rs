@@ -69,7 +69,13 @@ macro_rules! assert_close {
 
 fn settings() -> Settings {
     Settings {
-        prices: [("H100-80GB".to_owned(), 3.6)].into_iter().collect(),
+        prices: gpuledger_aggregator::analytics::prices::PriceBook::from_config(
+            &[("H100-80GB".to_owned(), 3.6)].into_iter().collect(),
+            &[],
+            0.0,
+            "USD".into(),
+        )
+        .unwrap(),
         ..Settings::default()
     }
 }

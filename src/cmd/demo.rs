@@ -47,6 +47,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         limits: Limits::default(),
         analytics: demo_settings(),
         reclaim: Default::default(),
+        ui: Default::default(),
     };
     eprintln!(
         "gpuledger demo: {} simulated nodes ({}) ship to an aggregator writing {}.",
@@ -187,14 +188,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Illustrative list prices per GPU-hour, so that the demo's showback has costs.
 fn demo_settings() -> Settings {
     Settings {
-        prices: [
-            ("A100-80GB", 1.79),
-            ("H100-80GB", 2.49),
-            ("H200-141GB", 3.39),
-        ]
-        .into_iter()
-        .map(|(m, p)| (m.to_owned(), p))
-        .collect(),
+        prices: gpuledger_aggregator::analytics::prices::PriceBook {
+            entries: [
+                ("A100-80GB", 1.79),
+                ("H100-80GB", 2.49),
+                ("H200-141GB", 3.39),
+            ]
+            .into_iter()
+            .map(|(m, p)| gpuledger_aggregator::analytics::prices::Price {
+                gpu_model: m.to_owned(),
+                mig_profile: None,
+                per_hour: p,
+                from: None,
+            })
+            .collect(),
+            ..Default::default()
+        },
         ..Settings::default()
     }
 }

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 
 use duckdb::{Connection, params};
 
+use super::Settings;
 use super::fragmentation::{self, DemandMix};
-use super::{Settings, price_per_gpu_second};
 
 /// What to group by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -28,11 +28,13 @@ pub enum GroupBy {
     GpuModel,
     /// The SLO class.
     SloClass,
+    /// GPU model and MIG profile.
+    MigProfile,
 }
 
 impl GroupBy {
     /// Every grouping, as named in the API.
-    pub const NAMES: &'static str = "tenant, workload, node, gpu_model, slo_class";
+    pub const NAMES: &'static str = "tenant, workload, node, gpu_model, slo_class, mig_profile";
 
     /// Parses the API name.
     pub fn parse(s: &str) -> Option<GroupBy> {
@@ -42,6 +44,7 @@ impl GroupBy {
             "node" => GroupBy::Node,
             "gpu_model" => GroupBy::GpuModel,
             "slo_class" => GroupBy::SloClass,
+            "mig_profile" => GroupBy::MigProfile,
             _ => return None,
         })
     }
@@ -54,6 +57,7 @@ impl GroupBy {
             GroupBy::Node => &["node"],
             GroupBy::GpuModel => &["gpu_model"],
             GroupBy::SloClass => &["slo_class"],
+            GroupBy::MigProfile => &["gpu_model", "mig_profile"],
         }
     }
 
@@ -66,6 +70,7 @@ impl GroupBy {
             GroupBy::Node => ("i.node", "NULL"),
             GroupBy::GpuModel => ("i.gpu_model", "NULL"),
             GroupBy::SloClass => ("h.slo_class", "NULL"),
+            GroupBy::MigProfile => ("i.gpu_model", "i.mig_profile"),
         }
     }
 
@@ -75,7 +80,7 @@ impl GroupBy {
             GroupBy::Tenant => Some(("tenant", "NULL")),
             GroupBy::GpuModel => Some(("gpu_model", "NULL")),
             GroupBy::SloClass => Some(("slo_class", "NULL")),
-            GroupBy::Workload | GroupBy::Node => None,
+            GroupBy::Workload | GroupBy::Node | GroupBy::MigProfile => None,
         }
     }
 }
@@ -316,17 +321,28 @@ fn pieces(from: i64, to: i64) -> Vec<(Level, i64, i64)> {
     out
 }
 
-/// (key1, key2, gpu_model, allocated, used, measured) per group.
-type Part = (Option<String>, Option<String>, String, f64, f64, f64);
+/// (key1, key2, gpu_model, mig_profile, allocated, used, measured) per group.
+type Part = (
+    Option<String>,
+    Option<String>,
+    String,
+    Option<String>,
+    f64,
+    f64,
+    f64,
+);
 
-fn group_query(level: Level, by: GroupBy, scoped: bool) -> String {
+/// The query for one piece. `by_profile`: the price book prices MIG profiles, so every part
+/// must name its profile (the tenant rollup, which has none, is not used then).
+fn group_query(level: Level, by: GroupBy, scoped: bool, by_profile: bool) -> String {
     let tenant_filter = if scoped { "AND h.tenant = ?" } else { "" };
     if matches!(level, Level::Hour | Level::Day)
+        && !by_profile
         && let Some((k1, k2)) = by.tenant_rollup_keys()
     {
         let tenant_filter = if scoped { "AND tenant = ?" } else { "" };
         return format!(
-            "SELECT {k1}, {k2}, gpu_model, sum(gpu_seconds), sum(used_gpu_seconds), sum(sm_measured_gpu_seconds)
+            "SELECT {k1}, {k2}, gpu_model, NULL, sum(gpu_seconds), sum(used_gpu_seconds), sum(sm_measured_gpu_seconds)
              FROM rollup_tenant_1h WHERE bucket >= ? AND bucket < ? AND tenant IS NOT NULL {tenant_filter}
              GROUP BY ALL"
         );
@@ -334,7 +350,7 @@ fn group_query(level: Level, by: GroupBy, scoped: bool) -> String {
     let (k1, k2) = by.keys();
     match level {
         Level::Raw => format!(
-            "SELECT {k1}, {k2}, i.gpu_model, sum(i.gpu_equivalents),
+            "SELECT {k1}, {k2}, i.gpu_model, i.mig_profile, sum(i.gpu_equivalents),
                     sum(coalesce(s.sm_active, 0) * i.gpu_equivalents),
                     sum(CASE WHEN s.sm_active IS NULL THEN 0 ELSE i.gpu_equivalents END)
              FROM samples_raw s JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
@@ -344,7 +360,7 @@ fn group_query(level: Level, by: GroupBy, scoped: bool) -> String {
         // Summed per (instance, holder) before the dimensions are joined: a month of hourly
         // rows collapses to one row per allocation first (a month for 1,000 GPUs: 154 → 108 ms).
         Level::Minute | Level::Hour | Level::Day => format!(
-            "SELECT {k1}, {k2}, i.gpu_model, sum(r.samples * i.gpu_equivalents),
+            "SELECT {k1}, {k2}, i.gpu_model, i.mig_profile, sum(r.samples * i.gpu_equivalents),
                     sum(r.sm_sum * i.gpu_equivalents), sum(r.sm_n * i.gpu_equivalents)
              FROM (SELECT instance_id, holder_id, sum(samples) AS samples,
                           sum(sm_active_sum) AS sm_sum, sum(sm_active_samples) AS sm_n
@@ -388,7 +404,14 @@ pub fn showback(
     raw_from: i64,
     settings: &Settings,
 ) -> Result<Showback, ShowbackError> {
-    let pieces = pieces(from, to);
+    // Cut at every price change first, so that each piece has one price per model and profile.
+    let pieces: Vec<(Level, i64, i64)> = settings
+        .prices
+        .periods(from, to)
+        .into_iter()
+        .flat_map(|(a, b)| pieces(a, b))
+        .collect();
+    let by_profile = settings.prices.has_profile_prices();
     for &(level, a, _) in &pieces {
         if level == Level::Raw && a < raw_from {
             let field = if a == from { "from" } else { "to" };
@@ -397,7 +420,7 @@ pub fn showback(
     }
     let mut groups: BTreeMap<(Option<String>, Option<String>), Figures> = BTreeMap::new();
     for &(level, a, b) in &pieces {
-        let sql = group_query(level, by, tenant.is_some());
+        let sql = group_query(level, by, tenant.is_some(), by_profile);
         let mut stmt = conn.prepare_cached(&sql)?;
         let map = |r: &duckdb::Row<'_>| -> duckdb::Result<Part> {
             Ok((
@@ -407,6 +430,7 @@ pub fn showback(
                 r.get(3)?,
                 r.get(4)?,
                 r.get(5)?,
+                r.get(6)?,
             ))
         };
         let parts: Vec<Part> = match tenant {
@@ -417,8 +441,10 @@ pub fn showback(
                 .query_map(params![a, b], map)?
                 .collect::<Result<_, _>>()?,
         };
-        for (k1, k2, model, allocated, used, measured) in parts {
-            let price = price_per_gpu_second(settings, &model);
+        for (k1, k2, model, profile, allocated, used, measured) in parts {
+            let price = settings
+                .prices
+                .per_gpu_second(&model, profile.as_deref(), a);
             groups
                 .entry((k1, k2))
                 .or_default()
@@ -458,17 +484,17 @@ pub fn showback(
         for row in rows {
             let (model, seconds) = row?;
             totals.capacity_gpu_seconds += seconds as f64;
-            capacity_cost += seconds as f64 * price_per_gpu_second(settings, &model);
+            capacity_cost += seconds as f64 * settings.prices.per_gpu_second(&model, None, a);
         }
     }
     totals.unallocated_gpu_seconds = totals.capacity_gpu_seconds - totals.allocated_gpu_seconds;
     totals.unallocated_cost = capacity_cost - totals.cost;
     // Stranded: stored per GPU-hour for whole hours, computed second by second at the edges.
     let mut stranded_cost = 0.0;
-    let mut add_stranded = |model: &str, slice_seconds: f64| {
+    let mut add_stranded = |model: &str, slice_seconds: f64, at: i64| {
         let gpu_seconds = slice_seconds / f64::from(gpuledger_schema::mig::SLICES_PER_GPU);
         totals.stranded_gpu_seconds += gpu_seconds;
-        stranded_cost += gpu_seconds * price_per_gpu_second(settings, model);
+        stranded_cost += gpu_seconds * settings.prices.per_gpu_second(model, None, at);
     };
     let mut demand: Option<(DemandMix, super::facts::Dims)> = None;
     for &(level, a, b) in &pieces {
@@ -482,7 +508,7 @@ pub fn showback(
             })?;
             for row in rows {
                 let (model, s) = row?;
-                add_stranded(&model, s);
+                add_stranded(&model, s, a);
             }
         } else {
             let (d, dims) = match &demand {
@@ -493,7 +519,7 @@ pub fn showback(
                 )),
             };
             for h in fragmentation::over_range(conn, dims, a, b, d)? {
-                add_stranded(&h.gpu.gpu_model, h.stranded_slice_seconds);
+                add_stranded(&h.gpu.gpu_model, h.stranded_slice_seconds, a);
             }
         }
     }

@@ -48,7 +48,7 @@ pub async fn hoarding(
     Ok(Json(analytics::HoardingView {
         idle_threshold: app.config.analytics.idle_threshold,
         window_seconds: app.config.analytics.window_secs(),
-        currency: app.config.analytics.currency.clone(),
+        currency: app.config.analytics.prices.currency.clone(),
         episodes: rows,
     }))
 }

@@ -87,7 +87,10 @@ pub fn alerts(
                         idle / 60
                     ),
                 ),
-                ("idle_cost", format!("{:.2} {}", e.cost, analytics.currency)),
+                (
+                    "idle_cost",
+                    format!("{:.2} {}", e.cost, analytics.prices.currency),
+                ),
                 (
                     "runbook_url",
                     "alerts/RUNBOOK.md#gpuledgerhoardingepisode".into(),

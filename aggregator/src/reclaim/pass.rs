@@ -566,7 +566,7 @@ pub fn episode_data(
         mean_sm_active: e.mean_sm_active,
         idle_gpu_seconds: e.idle_gpu_seconds,
         idle_cost: e.cost,
-        currency: analytics.currency.clone(),
+        currency: analytics.prices.currency.clone(),
         policy,
         dry_run,
     }
