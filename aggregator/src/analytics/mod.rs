@@ -12,11 +12,15 @@
 //! The reading is done on a reader connection inside one transaction (one snapshot); the result
 //! is written by the one writer ([`crate::store::Writer::apply`]).
 
+pub mod bill;
 pub mod facts;
+pub mod fleet;
 pub mod fragmentation;
 pub mod geometry;
 pub mod hoarding;
+pub mod prices;
 pub mod showback;
+pub mod trend;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -36,16 +40,15 @@ pub struct Settings {
     pub window: Duration,
     /// How often the evaluation runs.
     pub interval: Duration,
-    /// Price of one GPU-hour per GPU model (key such as `H100-80GB`, or the NVML name).
-    pub prices: HashMap<String, f64>,
-    /// Price of a GPU-hour of a model not in `prices`.
-    pub default_price: f64,
-    /// The currency of the prices (shown, never converted).
-    pub currency: String,
+    /// The price book: per GPU-hour per model, per instance-hour per MIG profile, with the
+    /// instants they take effect, and the currency.
+    pub prices: prices::PriceBook,
     /// The demand mix per model (profile → weight); models not listed use observed allocations.
     pub demand: HashMap<String, HashMap<String, f64>>,
     /// How far back observed allocations count towards the demand mix.
     pub demand_lookback: Duration,
+    /// How bills are made: cost mode, overhead, teams, orgs and budgets.
+    pub billing: bill::BillingSettings,
 }
 
 impl Default for Settings {
@@ -56,11 +59,10 @@ impl Default for Settings {
             // Reclaim decides after each evaluation: 15 s keeps detection-to-webhook under 30 s
             // (BENCHMARKS.md, "Reclaim latency") at ~0.5 s of CPU per 10,000 instances per pass.
             interval: Duration::from_secs(15),
-            prices: HashMap::new(),
-            default_price: 0.0,
-            currency: "USD".into(),
+            prices: prices::PriceBook::default(),
             demand: HashMap::new(),
             demand_lookback: Duration::from_secs(7 * 86400),
+            billing: bill::BillingSettings::default(),
         }
     }
 }
@@ -70,20 +72,6 @@ impl Settings {
     pub fn window_secs(&self) -> i64 {
         self.window.as_secs() as i64
     }
-}
-
-/// The price of one GPU-second of `model`.
-pub fn price_per_gpu_second(settings: &Settings, model: &str) -> f64 {
-    let by_name = settings.prices.get(model).copied();
-    let by_key = || {
-        let m = gpuledger_schema::mig::model(model)?;
-        settings
-            .prices
-            .get(m.key)
-            .or_else(|| settings.prices.get(m.nvml_name))
-            .copied()
-    };
-    by_name.or_else(by_key).unwrap_or(settings.default_price) / 3600.0
 }
 
 /// The demand mix as of `at`: configured, or allocations observed over the lookback before it.
@@ -383,24 +371,30 @@ pub fn episodes(
         let gpu_model: String = r.get(6)?;
         let idle: f64 = r.get(14)?;
         let gi: i32 = r.get(4)?;
+        let mig_profile: Option<String> = r.get(5)?;
+        let started_at: i64 = r.get(8)?;
         Ok(EpisodeRow {
             tenant: r.get(0)?,
             workload: r.get(1)?,
             node: r.get(2)?,
             gpu_uuid: r.get(3)?,
             gpu_instance_id: (gi >= 0).then_some(gi),
-            mig_profile: r.get(5)?,
             slo_class: r.get(7)?,
-            started_at: r.get(8)?,
             detected_at: r.get(9)?,
             ended_at: r.get(10)?,
             last_second: r.get(11)?,
             mean_sm_active: r.get(12)?,
             gpu_equivalents: r.get(13)?,
             idle_gpu_seconds: idle,
-            cost: idle * price_per_gpu_second(settings, &gpu_model),
+            // Priced as at the episode's start (a price change during an episode is rare).
+            cost: idle
+                * settings
+                    .prices
+                    .per_gpu_second(&gpu_model, mig_profile.as_deref(), started_at),
             resumed: r.get(15)?,
             gpu_model,
+            mig_profile,
+            started_at,
         })
     })?;
     rows.collect()
