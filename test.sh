@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every gpuledger test. On a fresh Debian machine it first installs what the tests need:
-# Prometheus (promtool and the scrape test), Alertmanager, shellcheck, the TLS headers the HTTP
+# Prometheus (promtool and the scrape test), Alertmanager, Chromium and chromedriver (the web UI
+# tests), shellcheck, the TLS headers the HTTP
 # client links against, Python's prometheus-client (the reference OpenMetrics parser) and
 # jsonschema (validates the webhook events).
 # Tests never skip for a missing tool; they fail naming it.
@@ -16,6 +17,8 @@ command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanag
 command -v shellcheck >/dev/null || missing+=(shellcheck)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
 dpkg -s libssl-dev >/dev/null 2>&1 || missing+=(libssl-dev)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 if ((${#missing[@]})); then
   echo "test.sh: installing ${missing[*]}"
   SUDO=""

@@ -291,9 +291,10 @@ fn http_ingest(
     (rate, peak.load(std::sync::atomic::Ordering::Relaxed), bytes)
 }
 
-/// A month of rollups for 1,000 GPUs × 7 instances, written with SQL; then the showback queries.
-fn month_showback(dir: &std::path::Path) {
-    let (conn, _) = store::open(&dir.join("month.duckdb")).unwrap();
+/// A ledger holding a month (January 2026) of rollups for 1,000 GPUs × 7 instances, 40 tenants,
+/// written with SQL.
+fn month_ledger(path: &std::path::Path) -> (duckdb::Connection, u32) {
+    let (conn, v) = store::open(path).unwrap();
     let month = 30 * 24;
     let t0: i64 = 1_767_225_600;
     let build = Instant::now();
@@ -317,6 +318,75 @@ fn month_showback(dir: &std::path::Path) {
         "  month of rollups built in {:.1} s",
         build.elapsed().as_secs_f64()
     );
+    (conn, v)
+}
+
+/// The month's overview and tenants pages for 1,000 GPUs × 30 days over HTTP from the real
+/// aggregator, against the showback JSON call of the same month in the same run: p50 and p95
+/// of 30 requests each, interleaved.
+fn month_pages(dir: &std::path::Path) {
+    let db = dir.join("pages.duckdb");
+    drop(month_ledger(&db));
+    let server = start_aggregator(&db);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = reqwest::Client::new();
+    let get = |path: &str| {
+        rt.block_on(async {
+            let start = Instant::now();
+            let r = client
+                .get(format!("{base}{path}"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{path}: {}", r.status());
+            std::hint::black_box(r.bytes().await.unwrap());
+            start.elapsed().as_secs_f64() * 1000.0
+        })
+    };
+    let paths = [
+        (
+            "GET /api/v1/showback (baseline)",
+            "/api/v1/showback?from=2026-01-01T00:00:00Z&to=2026-01-31T00:00:00Z",
+        ),
+        (
+            "GET / (overview page)",
+            "/?from=2026-01-01T00:00:00Z&to=2026-01-31T00:00:00Z",
+        ),
+        (
+            "GET /tenants (bill page)",
+            "/tenants?from=2026-01-01T00:00:00Z&to=2026-01-31T00:00:00Z",
+        ),
+    ];
+    for (_, p) in paths {
+        get(p);
+    }
+    let mut times = vec![Vec::new(); paths.len()];
+    for _ in 0..30 {
+        for (k, (_, p)) in paths.iter().enumerate() {
+            times[k].push(get(p));
+        }
+    }
+    let pct = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() as f64 - 1.0) * q).round() as usize]
+    };
+    let base_p95 = pct(&mut times[0].clone(), 0.95);
+    for (k, (what, _)) in paths.iter().enumerate() {
+        let (p50, p95) = (pct(&mut times[k], 0.5), pct(&mut times[k], 0.95));
+        eprintln!(
+            "  {what}: p50 {p50:.1} ms, p95 {p95:.1} ms = {:.2}× the showback JSON's p95",
+            p95 / base_p95
+        );
+    }
+}
+
+/// A month of rollups for 1,000 GPUs × 7 instances, written with SQL; then the showback queries.
+fn month_showback(dir: &std::path::Path) {
+    let (conn, _) = month_ledger(&dir.join("month.duckdb"));
+    let month = 30 * 24;
+    let t0: i64 = 1_767_225_600;
     let time = |what: &str, sql: &str| {
         let mut stmt = conn.prepare(sql).unwrap();
         let run = |stmt: &mut duckdb::Statement| {
@@ -440,6 +510,10 @@ fn main() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    if std::env::args().any(|a| a == "pages") {
+        month_pages(dir.path());
+        return;
+    }
     if std::env::args().any(|a| a == "analytics") {
         month_showback(dir.path());
         hour_evaluation(dir.path());

@@ -6,6 +6,7 @@
 //! node:gpu-h100-01  4c1f…   # ingest for that node only
 //! node:*            9a0e…   # ingest for any node (a shared exporter token)
 //! viewer            51b0…   # every read API (showback, hoarding, fragmentation), all tenants
+//! finance           e8a4…   # the same as viewer: the pages, CSV and JSON of every tenant
 //! tenant:team-a     c3d9…   # the read APIs, limited to team-a's own rows
 //! admin             77d2…   # ingest for any node, every read API, and admin actions
 //! ```
@@ -177,13 +178,14 @@ impl Tokens {
             let role = match scope {
                 "admin" => Role::Admin,
                 "node:*" => Role::AnyNode,
-                "viewer" => Role::Viewer,
+                // `finance` is another name for the same read-only, every-tenant role.
+                "viewer" | "finance" => Role::Viewer,
                 s => match (s.strip_prefix("node:"), s.strip_prefix("tenant:")) {
                     (Some(n), _) if !n.is_empty() => Role::Node(n.to_owned()),
                     (_, Some(t)) if !t.is_empty() => Role::Tenant(t.to_owned()),
                     _ => {
                         return Err(bad(format!(
-                            "unknown scope {scope:?} (expected node:NAME, node:*, viewer, tenant:NAME or admin)"
+                            "unknown scope {scope:?} (expected node:NAME, node:*, viewer, finance, tenant:NAME or admin)"
                         )));
                     }
                 },

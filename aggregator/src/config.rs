@@ -89,6 +89,8 @@ pub struct Config {
     pub analytics: crate::analytics::Settings,
     /// The reclaim policy, its webhooks and Alertmanager.
     pub reclaim: crate::reclaim::Settings,
+    /// The pages' sign-in.
+    pub ui: crate::ui::session::UiSettings,
 }
 
 impl Config {

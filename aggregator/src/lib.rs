@@ -25,6 +25,7 @@ pub mod router;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod ui;
 
 pub use config::{Config, Limits};
 pub use server::run;

@@ -10,6 +10,7 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::api::{self, AppState, fragmentation, hoarding, ingest, reclaim, shares, showback};
+use crate::ui;
 
 /// Gives the answers no handler wrote — 404 for an unknown path, 405, the timeout's 408, a body
 /// limit's 413 — the one JSON error shape (`api::error`), so every 4xx and 5xx a client sees says
@@ -61,6 +62,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         // Finance, the web UI and scheduler tooling (viewer, tenant: and admin tokens)
         .route("/api/v1/showback", get(showback::showback))
+        .route("/api/v1/showback.csv", get(showback::showback_csv))
+        .route("/api/v1/bill", get(ui::bill_json))
         .route("/api/v1/hoarding", get(hoarding::hoarding))
         .route("/api/v1/fragmentation", get(fragmentation::fragmentation))
         .route("/api/v1/shares", get(shares::shares))
@@ -70,6 +73,15 @@ pub fn router(state: AppState) -> Router {
             get(reclaim::list_exemptions).post(reclaim::create_exemption),
         )
         .route("/api/v1/exemptions/{id}", delete(reclaim::delete_exemption))
+        // The showback pages (sign-in, session cookie or bearer token; `?format=csv&table=`)
+        .route("/", get(ui::overview))
+        .route("/tenants", get(ui::tenants))
+        .route("/tenants/{tenant}", get(ui::tenant))
+        .route("/fleet", get(ui::fleet))
+        .route("/hoarding", get(ui::hoarding))
+        .route("/prices", get(ui::prices))
+        .route("/signin", get(ui::signin_page).post(ui::signin))
+        .route("/signout", post(ui::signout))
         // Admin
         .route("/api/v1/analytics/evaluate", post(api::evaluate_now))
         .route("/api/v1/webhooks/deliveries", get(reclaim::deliveries))

@@ -71,6 +71,7 @@ pub async fn run(
         admission,
         readiness: tokio::sync::Mutex::new(None),
         deliveries: Arc::new(tokio::sync::Notify::new()),
+        sessions: crate::ui::session::Sessions::default(),
     }));
     let retention = tokio::spawn(retention_loop(state.clone()));
     let analytics = tokio::spawn(analytics_loop(state.clone()));

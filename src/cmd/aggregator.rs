@@ -180,6 +180,10 @@ struct FileConfig {
     /// Price per GPU-hour by model (`"H100-80GB" = 2.49`, or the NVML name).
     #[serde(default)]
     prices: std::collections::HashMap<String, f64>,
+    /// `[[price_book]]`: prices with effective dates and per-MIG-profile prices; declared and
+    /// checked in `gpuledger_aggregator::analytics::prices`.
+    #[serde(default)]
+    price_book: Vec<gpuledger_aggregator::analytics::prices::PriceFile>,
     /// Demand mix per model (`[demand."H100-80GB"]` then `"1g.10gb" = 0.6` …); models not
     /// listed use the allocations observed over `demand_lookback`.
     #[serde(default)]
@@ -196,6 +200,14 @@ struct FileConfig {
     webhooks: Vec<WebhookFile>,
     /// `[alertmanager]`: push open episodes to Alertmanager.
     alertmanager: Option<AlertmanagerFile>,
+    /// `[billing]`: cost mode, overhead sharing, and each tenant's team, org and budget;
+    /// declared and checked in `gpuledger_aggregator::analytics::bill`.
+    #[serde(default)]
+    billing: gpuledger_aggregator::analytics::bill::BillingSettings,
+    /// `[ui]`: the pages' sessions and a trusted proxy's user header; declared and checked in
+    /// `gpuledger_aggregator::ui::session`.
+    #[serde(default)]
+    ui: gpuledger_aggregator::ui::session::UiFile,
 }
 
 fn tokens(file: Option<PathBuf>) -> anyhow::Result<Tokens> {
@@ -248,12 +260,16 @@ fn config(args: Args) -> anyhow::Result<Config> {
         (0.0..=1.0).contains(&idle_threshold),
         "--idle-threshold {idle_threshold} is outside 0–1"
     );
-    for (model, price) in &file.prices {
-        anyhow::ensure!(
-            price.is_finite() && *price >= 0.0,
-            "prices.{model:?} = {price} is not a price"
-        );
-    }
+    let prices = gpuledger_aggregator::analytics::prices::PriceBook::from_config(
+        &file.prices,
+        &file.price_book,
+        args.default_price
+            .or(file.default_price)
+            .unwrap_or(defaults_a.prices.default_per_gpu_hour),
+        args.currency
+            .or(file.currency)
+            .unwrap_or_else(|| defaults_a.prices.currency.clone()),
+    )?;
     for (model, mix) in &file.demand {
         let known = gpuledger_schema::mig::model(model)
             .with_context(|| format!("demand.{model:?}: not a GPU model gpuledger knows"))?;
@@ -283,16 +299,9 @@ fn config(args: Args) -> anyhow::Result<Config> {
             file.analytics_interval,
             defaults_a.interval.as_secs(),
         )?,
-        prices: file.prices,
-        default_price: args
-            .default_price
-            .or(file.default_price)
-            .unwrap_or(defaults_a.default_price),
-        currency: args
-            .currency
-            .or(file.currency)
-            .unwrap_or(defaults_a.currency),
+        prices,
         demand: file.demand,
+        billing: file.billing,
         demand_lookback: duration(
             "demand_lookback",
             None,
@@ -308,6 +317,7 @@ fn config(args: Args) -> anyhow::Result<Config> {
     Ok(Config {
         analytics,
         reclaim,
+        ui: file.ui.resolve().map_err(anyhow::Error::msg)?,
         db: args
             .db
             .or(file.db)
@@ -589,8 +599,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.analytics.idle_threshold, 0.1);
         assert_eq!(c.analytics.window.as_secs(), 45 * 60);
-        assert_eq!(c.analytics.currency, "EUR");
-        assert_eq!(c.analytics.prices["H100-80GB"], 2.5);
+        assert_eq!(c.analytics.prices.currency, "EUR");
+        assert_eq!(c.analytics.prices.entries[0].per_hour, 2.5);
         assert_eq!(c.analytics.demand["H100-80GB"]["3g.40gb"], 0.3);
         for (toml, says) in [
             ("idle_threshold = 1.5", "outside 0–1"),

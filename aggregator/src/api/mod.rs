@@ -43,6 +43,8 @@ pub struct App {
     pub readiness: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
     /// Wakes the webhook delivery loop when a pass put events in the outbox.
     pub deliveries: Arc<tokio::sync::Notify>,
+    /// The pages' signed-in sessions.
+    pub sessions: crate::ui::session::Sessions,
 }
 
 /// What one evaluation did: the analytics, then the reclaim pass over their episodes.

@@ -25,13 +25,36 @@ pub fn only_params(q: &HashMap<String, String>, known: &[&str]) -> Result<(), Ap
     }
 }
 
-/// The handler.
+/// `GET /api/v1/showback`.
 pub async fn showback(
     State(app): State<AppState>,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<showback::ShowbackView>, ApiError> {
-    let role = app.tokens.authenticate(&headers)?;
+    Ok(Json(view(&app, &headers, q).await?))
+}
+
+/// `GET /api/v1/showback.csv`: the same rows as RFC 4180 CSV, one per group, with stable column
+/// names (the key columns, then the figures as in the JSON).
+pub async fn showback_csv(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<axum::response::Response, ApiError> {
+    let v = view(&app, &headers, q).await?;
+    let name = format!("gpuledger-showback-{}-{}", v.from, v.to);
+    Ok(crate::ui::csv_response(
+        &crate::ui::views::showback(&v, "showback"),
+        &name,
+    ))
+}
+
+async fn view(
+    app: &AppState,
+    headers: &HeaderMap,
+    q: HashMap<String, String>,
+) -> Result<showback::ShowbackView, ApiError> {
+    let role = app.tokens.authenticate(headers)?;
     let tenant = role.read_scope()?.map(str::to_owned);
     only_params(&q, &["from", "to", "group_by"])?;
     let by = match q.get("group_by").map(String::as_str) {
@@ -65,11 +88,11 @@ pub async fn showback(
         }
         Err(e) => return Err(ApiError::internal(&e)),
     };
-    Ok(Json(s.view(
+    Ok(s.view(
         by,
         from,
         to,
-        app.config.analytics.currency.clone(),
+        app.config.analytics.prices.currency.clone(),
         tenant.is_some(),
-    )))
+    ))
 }

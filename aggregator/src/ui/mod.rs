@@ -1,0 +1,973 @@
+//! The finance showback pages and their CSV exports: `/`, `/tenants`, `/tenants/{tenant}`,
+//! `/fleet`, `/hoarding`, `/prices`, each for `month=YYYY-MM` or `from`/`to` (the current month
+//! by default), and `?format=csv&table=<id>` for any table on them. The templates and view
+//! types are in the `gpuledger-web` crate; these handlers fetch the typed analytics values and
+//! turn them into tables ([`views`]), which the page and the CSV both render.
+//!
+//! Access ([`session`]): a bearer token, a session cookie from `/signin`, or a trusted proxy's
+//! header. A `tenant:` reader is given only its own rows on every page and export — the
+//! queries take its tenant (trend, episodes, breakdowns) or its line is cut out of the bill
+//! computed for the fleet ([`crate::analytics::bill`]) — and never the fleet pages.
+
+pub mod period;
+pub mod session;
+pub mod views;
+
+use std::collections::HashMap;
+
+use askama::Template;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use gpuledger_web::{Chart, GpuLayout, Kpi, Nav, Page, Section, Series, SignIn, Slot, Table};
+
+use crate::analytics::bill::{self, Bill, CostMode, IdleSharing, Money};
+use crate::analytics::showback::{self, GroupBy, ShowbackError};
+use crate::analytics::{self, EpisodeState};
+use crate::api::AppState;
+use crate::api::error::ApiError;
+use crate::api::showback::only_params;
+use crate::auth::Role;
+use period::Period;
+use session::Reader;
+
+/// The parameters every page takes.
+const PAGE_PARAMS: &[&str] = &[
+    "month", "from", "to", "sort", "dir", "format", "table", "mode", "idle",
+];
+
+/// A page's request: who, which period, and how to answer.
+struct Request {
+    reader: Reader,
+    tenant: Option<String>,
+    period: Period,
+    q: HashMap<String, String>,
+}
+
+impl Request {
+    fn nav(&self, current: &'static str) -> Nav {
+        Nav {
+            current,
+            who: self.reader.label(),
+            fleet_pages: self.tenant.is_none(),
+            period: self.period.label.clone(),
+            query: self.period.query.clone(),
+            prev: self.period.prev.clone(),
+            next: self.period.next.clone(),
+            csrf: self.reader.csrf.clone(),
+        }
+    }
+
+    fn csv_wanted(&self) -> Result<Option<&str>, ApiError> {
+        match self.q.get("format").map(String::as_str) {
+            None | Some("html") => Ok(None),
+            Some("csv") => self
+                .q
+                .get("table")
+                .map(|t| Some(t.as_str()))
+                .ok_or_else(|| ApiError::bad_request("table", "format=csv needs table=<id>")),
+            Some(f) => Err(ApiError::bad_request(
+                "format",
+                format!("{f:?} is not html or csv"),
+            )),
+        }
+    }
+
+    fn mode(&self, app: &AppState) -> Result<(CostMode, IdleSharing), ApiError> {
+        let b = &app.config.analytics.billing;
+        let mode = match self.q.get("mode") {
+            None => b.cost_mode,
+            Some(m) => CostMode::parse(m).ok_or_else(|| {
+                ApiError::bad_request("mode", format!("{m:?} is not one of {}", CostMode::NAMES))
+            })?,
+        };
+        let idle = match self.q.get("idle") {
+            None => b.idle,
+            Some(m) => IdleSharing::parse(m).ok_or_else(|| {
+                ApiError::bad_request(
+                    "idle",
+                    format!("{m:?} is not one of {}", IdleSharing::NAMES),
+                )
+            })?,
+        };
+        Ok((mode, idle))
+    }
+
+    /// The period's query plus the cost options, for links and CSV.
+    fn query(&self) -> String {
+        let mut q = self.period.query.clone();
+        for k in ["mode", "idle"] {
+            if let Some(v) = self.q.get(k) {
+                q.push_str(&format!("&{k}={}", views::segment(v)));
+            }
+        }
+        q
+    }
+}
+
+/// Who is asking and for what; `Err(redirect)` to the sign-in page when nobody is signed in.
+fn request(
+    app: &AppState,
+    headers: &HeaderMap,
+    q: HashMap<String, String>,
+    path: &str,
+) -> Result<Result<Request, Response>, ApiError> {
+    only_params(&q, PAGE_PARAMS)?;
+    let Some(reader) = session::reader(headers, &app.tokens, &app.sessions, &app.config.ui)? else {
+        let back = format!("{path}?{}", period_query(&q));
+        return Ok(Err(Redirect::to(&format!(
+            "/signin?next={}",
+            views::segment(&back)
+        ))
+        .into_response()));
+    };
+    let tenant = reader.role.read_scope()?.map(str::to_owned);
+    let period = period::period(
+        &q,
+        chrono::Utc::now().timestamp(),
+        app.config.retention.rollup_secs,
+    )?;
+    Ok(Ok(Request {
+        reader,
+        tenant,
+        period,
+        q,
+    }))
+}
+
+fn period_query(q: &HashMap<String, String>) -> String {
+    ["month", "from", "to"]
+        .iter()
+        .filter_map(|k| q.get(*k).map(|v| format!("{k}={}", views::segment(v))))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Runs blocking reads on a reader connection.
+async fn read<T: Send + 'static>(
+    app: &AppState,
+    f: impl FnOnce(&duckdb::Connection) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
+    tokio::task::spawn_blocking(move || f(&conn))
+        .await
+        .map_err(|e| ApiError::internal(&e))?
+}
+
+fn showback_error(e: ShowbackError) -> ApiError {
+    match e {
+        e @ ShowbackError::RawGone { field, .. } => ApiError::bad_request(field, e.to_string()),
+        e => ApiError::internal(&e),
+    }
+}
+
+/// The fleet's bill for `[from, to)`, then cut to `tenant`'s line for a tenant reader.
+pub fn compute_bill(
+    conn: &duckdb::Connection,
+    from: i64,
+    to: i64,
+    settings: &analytics::Settings,
+    raw_from: i64,
+    mode: CostMode,
+    idle: IdleSharing,
+    tenant: Option<&str>,
+) -> Result<Bill, ApiError> {
+    let s = showback::showback(conn, from, to, GroupBy::Tenant, None, raw_from, settings)
+        .map_err(showback_error)?;
+    let b = bill::bill(
+        &s,
+        from,
+        to,
+        settings.prices.currency.clone(),
+        mode,
+        idle,
+        &settings.billing,
+    );
+    Ok(match tenant {
+        Some(t) => b.for_tenant(t),
+        None => b,
+    })
+}
+
+fn raw_from(app: &AppState) -> i64 {
+    chrono::Utc::now().timestamp() - app.config.retention.raw_secs
+}
+
+/// The answer: the page, or one of its tables as CSV.
+fn answer(req: &Request, page: Page, name: &str) -> Result<Response, ApiError> {
+    if let Some(id) = req.csv_wanted()? {
+        let table = page
+            .sections
+            .iter()
+            .filter_map(|s| s.table.as_ref())
+            .find(|t| t.id == id)
+            .ok_or_else(|| {
+                let ids: Vec<&str> = page
+                    .sections
+                    .iter()
+                    .filter_map(|s| s.table.as_ref().map(|t| t.id))
+                    .collect();
+                ApiError::bad_request("table", format!("{id:?} is not one of {}", ids.join(", ")))
+            })?;
+        return Ok(csv_response(
+            table,
+            &format!("gpuledger-{name}-{id}-{}", req.period.query),
+        ));
+    }
+    let html = page.render().map_err(|e| ApiError::internal(&e))?;
+    Ok(Html(html).into_response())
+}
+
+/// A CSV download.
+pub fn csv_response(table: &Table, name: &str) -> Response {
+    let file: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut r = table.to_csv().into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/csv; charset=utf-8; header=present"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{file}.csv\"")) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    r
+}
+
+/// Gives every table its CSV link and, where sortable, applies the requested sort.
+fn finish(
+    req: &Request,
+    path: &str,
+    sections: &mut [Section],
+    sortable: &[&str],
+) -> Result<(), ApiError> {
+    let q = req.query();
+    for s in sections.iter_mut() {
+        if let Some(t) = s.table.as_mut() {
+            t.csv_href = Some(format!("{path}?{q}&format=csv&table={}", t.id));
+            if sortable.contains(&t.id) {
+                t.sort_href = Some(format!("{path}?{q}&"));
+                if let Some(col) = req.q.get("sort") {
+                    let desc = match req.q.get("dir").map(String::as_str) {
+                        None | Some("asc") => false,
+                        Some("desc") => true,
+                        Some(d) => {
+                            return Err(ApiError::bad_request(
+                                "dir",
+                                format!("{d:?} is not asc or desc"),
+                            ));
+                        }
+                    };
+                    if !t.sort_by(col, desc) {
+                        return Err(ApiError::bad_request(
+                            "sort",
+                            format!("{col:?} is not a column of {}", t.id),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn kpi(label: &str, hours: f64, sub: String) -> Kpi {
+    Kpi {
+        label: label.into(),
+        value: format!("{} GPU-h", gpuledger_web::Cell::hours(hours).shown()),
+        sub,
+        exact: hours.to_string(),
+    }
+}
+
+fn money_kpi(label: &str, m: Money, currency: &str, sub: String) -> Kpi {
+    Kpi {
+        label: label.into(),
+        value: format!(
+            "{} {currency}",
+            gpuledger_web::Cell::money(m.to_string(), m.0).shown()
+        ),
+        sub,
+        exact: m.to_string(),
+    }
+}
+
+fn trend_chart(days: &[analytics::trend::Day], fleet: bool) -> Chart {
+    let cats: Vec<String> = days
+        .iter()
+        .map(|d| views::day_label(d.day)[5..].to_owned())
+        .collect();
+    let mut series = vec![
+        Series {
+            name: "allocated".into(),
+            class: "s0",
+            values: days.iter().map(|d| d.allocated_gpu_hours).collect(),
+        },
+        Series {
+            name: "used".into(),
+            class: "s1",
+            values: days.iter().map(|d| d.used_gpu_hours).collect(),
+        },
+    ];
+    if fleet {
+        series.insert(
+            0,
+            Series {
+                name: "capacity".into(),
+                class: "s2",
+                values: days
+                    .iter()
+                    .map(|d| d.capacity_gpu_hours.unwrap_or(0.0))
+                    .collect(),
+            },
+        );
+    }
+    Chart::grouped("GPU-hours per day", "GPU-h", &cats, &series)
+}
+
+/// `GET /`: the period's headline figures, daily trend, top idle spenders, open episodes.
+pub async fn overview(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let req = match request(&app, &headers, q, "/")? {
+        Ok(r) => r,
+        Err(redirect) => return Ok(redirect),
+    };
+    let (mode, idle) = req.mode(&app)?;
+    let (from, to, tenant) = (req.period.from, req.period.to, req.tenant.clone());
+    let settings = app.config.analytics.clone();
+    let raw = raw_from(&app);
+    let (bill, days, open) = read(&app, move |c| {
+        let b = compute_bill(c, from, to, &settings, raw, mode, idle, tenant.as_deref())?;
+        let d = analytics::trend::daily(c, from, to, tenant.as_deref())
+            .map_err(|e| ApiError::internal(&e))?;
+        let o = analytics::episodes(
+            c,
+            EpisodeState::Open,
+            from,
+            to,
+            tenant.as_deref(),
+            &settings,
+        )
+        .map_err(|e| ApiError::internal(&e))?;
+        Ok((b, d, o))
+    })
+    .await?;
+    let cur = bill.currency.clone();
+    let allocated: f64 = bill.lines.iter().map(|l| l.allocated_gpu_hours).sum();
+    let used: f64 = bill.lines.iter().map(|l| l.used_gpu_hours).sum();
+    let idle_cost: Money = bill.lines.iter().map(|l| l.idle_cost).sum();
+    let charged: Money = bill.lines.iter().map(|l| l.total).sum();
+    let mut kpis = Vec::new();
+    let fleet = req.tenant.is_none();
+    if let (Some(cap), Some(o), Some(cost)) =
+        (bill.capacity_gpu_hours, &bill.overhead, bill.fleet_cost)
+    {
+        kpis.push(kpi("Capacity", cap, format!("{} {cur} fleet cost", cost)));
+        kpis.push(kpi(
+            "Allocated",
+            allocated,
+            format!("{charged} {cur} charged to tenants"),
+        ));
+        kpis.push(kpi(
+            "Used",
+            used,
+            format!("{:.1} % of allocated", pct(used, allocated)),
+        ));
+        kpis.push(kpi(
+            "Idle (allocated, unused)",
+            allocated - used,
+            format!("{idle_cost} {cur} idle cost"),
+        ));
+        kpis.push(kpi(
+            "Unallocated",
+            o.unallocated_gpu_hours,
+            format!("{} {cur}", o.unallocated_cost),
+        ));
+        kpis.push(kpi(
+            "Stranded",
+            o.stranded_gpu_hours,
+            format!("{} {cur}", o.stranded_cost),
+        ));
+    } else {
+        kpis.push(kpi("Allocated", allocated, String::new()));
+        kpis.push(kpi(
+            "Used",
+            used,
+            format!("{:.1} % of allocated", pct(used, allocated)),
+        ));
+        kpis.push(kpi(
+            "Idle",
+            allocated - used,
+            format!("{idle_cost} {cur} idle cost"),
+        ));
+        kpis.push(money_kpi("Bill", charged, &cur, String::new()));
+    }
+    let mut top = views::bill_lines(&bill, &req.query());
+    top.id = "top_idle";
+    top.footer = None;
+    top.sort_by("idle_cost", true);
+    top.rows.truncate(10);
+    let mut sections = vec![
+        Section::table(
+            "Daily trend",
+            "GPU-hours per UTC day, from the hourly rollups.",
+            views::trend(&days, fleet),
+        )
+        .with_chart(trend_chart(&days, fleet)),
+        Section::table(
+            "Top idle spenders",
+            "Tenants by the cost of GPU-hours they held but did not use.",
+            top,
+        ),
+        Section::table(
+            "Open hoarding episodes",
+            "Allocations idle for longer than the detection window, still held.",
+            views::episodes(&open, "open_episodes", &req.query()),
+        ),
+    ];
+    finish(&req, "/", &mut sections, &[])?;
+    let page = Page {
+        nav: req.nav("/"),
+        title: format!("Overview — {}", req.period.label),
+        kpis,
+        sections,
+    };
+    answer(&req, page, "overview")
+}
+
+fn pct(a: f64, b: f64) -> f64 {
+    if b > 0.0 { 100.0 * a / b } else { 0.0 }
+}
+
+/// `GET /tenants`: the bill, one line per tenant, sortable, with its reconciliation and the
+/// org → team sub-totals.
+pub async fn tenants(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let req = match request(&app, &headers, q, "/tenants")? {
+        Ok(r) => r,
+        Err(redirect) => return Ok(redirect),
+    };
+    let (mode, idle) = req.mode(&app)?;
+    let (from, to, tenant) = (req.period.from, req.period.to, req.tenant.clone());
+    let settings = app.config.analytics.clone();
+    let raw = raw_from(&app);
+    let bill = read(&app, move |c| {
+        compute_bill(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
+    })
+    .await?;
+    let mode_text = match (bill.cost_mode, bill.idle) {
+        (CostMode::Allocation, IdleSharing::Overhead) => {
+            "Tenants pay for the GPU-hours they held; capacity nobody held is platform overhead."
+        }
+        (CostMode::Allocation, IdleSharing::Share) => {
+            "Tenants pay for the GPU-hours they held plus a share of the overhead in proportion to their cost."
+        }
+        (CostMode::Usage, IdleSharing::Overhead) => {
+            "Tenants pay for the GPU-hours they used; their idle and capacity nobody held are platform overhead."
+        }
+        (CostMode::Usage, IdleSharing::Share) => {
+            "Tenants pay for the GPU-hours they used plus a share of the overhead in proportion to their cost."
+        }
+    };
+    let mut sections = vec![Section::table(
+        "Bill",
+        format!(
+            "{mode_text} Amounts in {}, rounded so that the lines sum to the fleet's cost to the cent.",
+            bill.currency
+        ),
+        views::bill_lines(&bill, &req.query()),
+    )];
+    if let Some(r) = views::reconciliation(&bill) {
+        sections.push(Section::table(
+            "Reconciliation",
+            "Σ tenants + platform overhead = the fleet's cost.",
+            r,
+        ));
+        sections.push(Section::table(
+            "By org and team",
+            "Sub-totals along the org → team → tenant hierarchy of the configuration.",
+            views::rollups(&bill),
+        ));
+    }
+    finish(&req, "/tenants", &mut sections, &["bill"])?;
+    let page = Page {
+        nav: req.nav("/tenants"),
+        title: format!("Tenants — {}", req.period.label),
+        kpis: Vec::new(),
+        sections,
+    };
+    answer(&req, page, "tenants")
+}
+
+/// `GET /tenants/{tenant}`: one tenant's daily chart, its use by GPU model and MIG profile, its
+/// workloads and its hoarding episodes.
+pub async fn tenant(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let path = format!("/tenants/{}", views::segment(&name));
+    let req = match request(&app, &headers, q, &path)? {
+        Ok(r) => r,
+        Err(redirect) => return Ok(redirect),
+    };
+    if req.tenant.as_deref().is_some_and(|t| t != name) {
+        return Err(ApiError::forbidden(
+            "tenant",
+            "a tenant: token reads only its own tenant",
+        ));
+    }
+    let (mode, idle) = req.mode(&app)?;
+    let (from, to) = (req.period.from, req.period.to);
+    let settings = app.config.analytics.clone();
+    let raw = raw_from(&app);
+    let who = name.clone();
+    let (bill, days, models, workloads, eps) = read(&app, move |c| {
+        let b = compute_bill(c, from, to, &settings, raw, mode, idle, Some(&who))?;
+        let d =
+            analytics::trend::daily(c, from, to, Some(&who)).map_err(|e| ApiError::internal(&e))?;
+        let view = |by: GroupBy| -> Result<_, ApiError> {
+            Ok(
+                showback::showback(c, from, to, by, Some(&who), raw, &settings)
+                    .map_err(showback_error)?
+                    .view(by, from, to, settings.prices.currency.clone(), true),
+            )
+        };
+        let e = analytics::episodes(c, EpisodeState::All, from, to, Some(&who), &settings)
+            .map_err(|e| ApiError::internal(&e))?;
+        Ok((
+            b,
+            d,
+            view(GroupBy::MigProfile)?,
+            view(GroupBy::Workload)?,
+            e,
+        ))
+    })
+    .await?;
+    let mut kpis = Vec::new();
+    if let Some(l) = bill.lines.first() {
+        kpis.push(kpi("Allocated", l.allocated_gpu_hours, String::new()));
+        kpis.push(kpi(
+            "Used",
+            l.used_gpu_hours,
+            format!("{:.1} % efficiency", 100.0 * l.efficiency.unwrap_or(0.0)),
+        ));
+        kpis.push(money_kpi(
+            "Idle cost",
+            l.idle_cost,
+            &bill.currency,
+            String::new(),
+        ));
+        kpis.push(money_kpi(
+            "Total",
+            l.total,
+            &bill.currency,
+            l.budget
+                .map(|b| format!("of {b} budget"))
+                .unwrap_or_default(),
+        ));
+    }
+    let mut bill_table = views::bill_lines(&bill, &req.query());
+    bill_table.footer = None;
+    let mut sections = vec![
+        Section::table("Bill", "This tenant's line of the bill.", bill_table),
+        Section::table(
+            "Daily allocated and used",
+            "GPU-hours per UTC day.",
+            views::trend(&days, false),
+        )
+        .with_chart(trend_chart(&days, false)),
+        Section::table(
+            "By GPU model and MIG profile",
+            "",
+            views::breakdown(&models, "by_profile"),
+        ),
+        Section::table("Workloads", "", views::breakdown(&workloads, "workloads")),
+        Section::table(
+            "Hoarding episodes",
+            "Idle allocations of this tenant that overlap the period.",
+            views::episodes(&eps, "episodes", &req.query()),
+        ),
+    ];
+    finish(&req, &path, &mut sections, &["workloads"])?;
+    let page = Page {
+        nav: req.nav("/tenants"),
+        title: format!("{name} — {}", req.period.label),
+        kpis,
+        sections,
+    };
+    answer(&req, page, "tenant")
+}
+
+/// `GET /hoarding`: every episode overlapping the period, with its idle cost.
+pub async fn hoarding(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let req = match request(&app, &headers, q, "/hoarding")? {
+        Ok(r) => r,
+        Err(redirect) => return Ok(redirect),
+    };
+    let (from, to, tenant) = (req.period.from, req.period.to, req.tenant.clone());
+    let settings = app.config.analytics.clone();
+    let (open, closed) = read(&app, move |c| {
+        let get = |s| {
+            analytics::episodes(c, s, from, to, tenant.as_deref(), &settings)
+                .map_err(|e| ApiError::internal(&e))
+        };
+        Ok((get(EpisodeState::Open)?, get(EpisodeState::Closed)?))
+    })
+    .await?;
+    let a = &app.config.analytics;
+    let cost = |v: &[analytics::EpisodeRow]| Money::round(v.iter().map(|e| e.cost).sum());
+    let kpis = vec![
+        money_kpi(
+            "Open episodes' idle cost",
+            cost(&open),
+            &a.prices.currency,
+            format!("{} open", open.len()),
+        ),
+        money_kpi(
+            "Ended episodes' idle cost",
+            cost(&closed),
+            &a.prices.currency,
+            format!("{} ended", closed.len()),
+        ),
+    ];
+    let intro = format!(
+        "An episode is an allocation whose SM activity stayed under {:.0} % for at least {} minutes.",
+        100.0 * a.idle_threshold,
+        a.window_secs() / 60
+    );
+    let mut sections = vec![
+        Section::table("Open", intro, views::episodes(&open, "open", &req.query())),
+        Section::table(
+            "Ended",
+            "",
+            views::episodes(&closed, "closed", &req.query()),
+        ),
+    ];
+    finish(&req, "/hoarding", &mut sections, &["open", "closed"])?;
+    let page = Page {
+        nav: req.nav("/hoarding"),
+        title: format!("Hoarding — {}", req.period.label),
+        kpis,
+        sections,
+    };
+    answer(&req, page, "hoarding")
+}
+
+/// `GET /prices`: the price book in force during the period.
+pub async fn prices(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let req = match request(&app, &headers, q, "/prices")? {
+        Ok(r) => r,
+        Err(redirect) => return Ok(redirect),
+    };
+    let book = &app.config.analytics.prices;
+    let rows = book.in_force(req.period.from, req.period.to);
+    let mut sections = vec![Section::table(
+        "Price book",
+        format!(
+            "Prices in {} per hour: per GPU-hour for a model, per instance-hour for a MIG profile. A model not listed costs {} per GPU-hour. A price change inside the period splits the bill at that instant.",
+            book.currency, book.default_per_gpu_hour
+        ),
+        views::prices(&rows),
+    )];
+    finish(&req, "/prices", &mut sections, &[])?;
+    let page = Page {
+        nav: req.nav("/prices"),
+        title: format!("Prices — {}", req.period.label),
+        kpis: Vec::new(),
+        sections,
+    };
+    answer(&req, page, "prices")
+}
+
+/// A tenant's colour class, stable across pages.
+fn tenant_class(t: &str) -> String {
+    let h = t
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    format!("t{}", h % 10)
+}
+
+fn layout(g: &analytics::fleet::GpuAt) -> GpuLayout {
+    let mut slots: Vec<Slot> = g
+        .instances
+        .iter()
+        .map(|i| {
+            let size = i
+                .mig_profile
+                .as_deref()
+                .and_then(|p| gpuledger_schema::mig::model(&g.gpu_model)?.profile(p))
+                .map_or(8, |p| p.size);
+            let (label, class) = match &i.tenant {
+                Some(t) => (t.clone(), tenant_class(t)),
+                None => ("unheld".to_owned(), "unheld".to_owned()),
+            };
+            Slot {
+                start: i.placement_start.map_or(0, |s| s.max(0) as u32),
+                size,
+                title: format!(
+                    "{} {} {}",
+                    i.mig_profile.as_deref().unwrap_or("whole GPU"),
+                    i.tenant.as_deref().unwrap_or("nobody"),
+                    i.workload.as_deref().unwrap_or("")
+                ),
+                label,
+                class,
+            }
+        })
+        .collect();
+    let stranded = g.stranded_gpu_equivalents > 0.0;
+    for &s in &g.free_slots {
+        slots.push(Slot {
+            start: s,
+            size: 1,
+            label: "free".into(),
+            class: if stranded { "stranded" } else { "free" }.into(),
+            title: format!("slot {s} free{}", if stranded { ", stranded" } else { "" }),
+        });
+    }
+    slots.sort_by_key(|s| s.start);
+    GpuLayout {
+        node: g.node.clone(),
+        gpu_uuid: g.gpu_uuid.clone(),
+        gpu_model: g.gpu_model.clone(),
+        slots,
+        note: if stranded {
+            format!("{:.2} GPUs stranded", g.stranded_gpu_equivalents)
+        } else {
+            String::new()
+        },
+    }
+}
+
+/// `GET /fleet`: every GPU's MIG layout (now, or at the period's end if it is past), stranded
+/// capacity per day, and the re-geometry advice. Not for tenant readers.
+pub async fn fleet(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let req = match request(&app, &headers, q, "/fleet")? {
+        Ok(r) => r,
+        Err(redirect) => return Ok(redirect),
+    };
+    if req.tenant.is_some() {
+        return Err(ApiError::forbidden(
+            "authorization",
+            "the fleet page is fleet data; a tenant: token cannot read it",
+        ));
+    }
+    let (from, to) = (req.period.from, req.period.to);
+    let settings = app.config.analytics.clone();
+    let (now, days, at) = read(&app, move |c| {
+        let (at, max_age) =
+            analytics::fleet::period_instant(c, from, to, chrono::Utc::now().timestamp())
+                .map_err(|e| ApiError::internal(&e))?
+                .unwrap_or((to - 1, analytics::fleet::MAX_AGE_SECS));
+        let f = analytics::fleet::at_instant(c, at, max_age, &settings)
+            .map_err(|e| ApiError::internal(&e))?;
+        let d = analytics::trend::daily(c, from, to, None).map_err(|e| ApiError::internal(&e))?;
+        Ok((f, d, at))
+    })
+    .await?;
+    let kpis = vec![
+        Kpi {
+            label: "GPUs".into(),
+            value: now.fleet.gpus.to_string(),
+            sub: format!("as at {}", gpuledger_web::Cell::time(Some(at)).shown()),
+            exact: now.fleet.gpus.to_string(),
+        },
+        Kpi {
+            label: "Free".into(),
+            value: format!("{:.2} GPUs", now.fleet.free_gpu_equivalents),
+            sub: String::new(),
+            exact: now.fleet.free_gpu_equivalents.to_string(),
+        },
+        Kpi {
+            label: "Stranded".into(),
+            value: format!("{:.2} GPUs", now.fleet.stranded_gpu_equivalents),
+            sub: format!("{:.1} % of the fleet", 100.0 * now.fleet.stranded_ratio),
+            exact: now.fleet.stranded_gpu_equivalents.to_string(),
+        },
+    ];
+    let cats: Vec<String> = days
+        .iter()
+        .map(|d| views::day_label(d.day)[5..].to_owned())
+        .collect();
+    let stranded_chart = Chart::grouped(
+        "Stranded GPU-hours per day",
+        "GPU-h",
+        &cats,
+        &[Series {
+            name: "stranded".into(),
+            class: "s3",
+            values: days
+                .iter()
+                .map(|d| d.stranded_gpu_hours.unwrap_or(0.0))
+                .collect(),
+        }],
+    );
+    let mut map = Section::table(
+        "MIG layouts",
+        "Each GPU as its eight placement slots: instances coloured by tenant, unheld instances grey, free slots dashed, stranded ones red.",
+        views::gpus(&now),
+    );
+    map.layouts = now.gpus.iter().map(layout).collect();
+    let mut sections = vec![
+        map,
+        Section::table(
+            "Stranded capacity over time",
+            "Free capacity the demand mix cannot use, per UTC day.",
+            views::trend(&days, true),
+        )
+        .with_chart(stranded_chart),
+        Section::table(
+            "Re-geometry advice",
+            "Layouts that would strand less, per GPU.",
+            views::advice(&now.advice),
+        ),
+    ];
+    finish(&req, "/fleet", &mut sections, &["gpus"])?;
+    let page = Page {
+        nav: req.nav("/fleet"),
+        title: format!("Fleet — {}", req.period.label),
+        kpis,
+        sections,
+    };
+    answer(&req, page, "fleet")
+}
+
+/// `GET /signin`.
+pub async fn signin_page(Query(q): Query<HashMap<String, String>>) -> Response {
+    let next = safe_next(q.get("next").map(String::as_str));
+    match (SignIn { error: None, next }).render() {
+        Ok(h) => Html(h).into_response(),
+        Err(e) => ApiError::internal(&e).into_response(),
+    }
+}
+
+/// Only a local path may be the target after sign-in (no open redirect).
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_owned(),
+        _ => "/".to_owned(),
+    }
+}
+
+/// The sign-in form.
+#[derive(serde::Deserialize)]
+pub struct SignInForm {
+    token: String,
+    #[serde(default)]
+    next: Option<String>,
+}
+
+/// `POST /signin`: exchanges a token for a session cookie.
+pub async fn signin(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Form(f): Form<SignInForm>,
+) -> Result<Response, ApiError> {
+    session::same_origin(&headers)?;
+    let mut h = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", f.token.trim())) {
+        h.insert(header::AUTHORIZATION, v);
+    }
+    let role = match app.tokens.authenticate(&h) {
+        Ok(r @ (Role::Admin | Role::Viewer | Role::Tenant(_))) => r,
+        Ok(_) | Err(_) => {
+            let page = SignIn {
+                error: Some("That token is unknown, or it is an exporter (node) token.".into()),
+                next: safe_next(f.next.as_deref()),
+            };
+            let html = page.render().map_err(|e| ApiError::internal(&e))?;
+            return Ok((StatusCode::UNAUTHORIZED, Html(html)).into_response());
+        }
+    };
+    let (id, _) = app.sessions.create(role, app.config.ui.session_ttl);
+    let mut r = Redirect::to(&safe_next(f.next.as_deref())).into_response();
+    if let Ok(v) = HeaderValue::from_str(&session::set_cookie(&id, &app.config.ui)) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    Ok(r)
+}
+
+/// The sign-out form.
+#[derive(serde::Deserialize)]
+pub struct SignOutForm {
+    csrf: String,
+}
+
+/// `POST /signout`: ends the session (CSRF-checked).
+pub async fn signout(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Form(f): Form<SignOutForm>,
+) -> Result<Response, ApiError> {
+    session::same_origin(&headers)?;
+    let reader = session::reader(&headers, &app.tokens, &app.sessions, &app.config.ui)?
+        .ok_or_else(|| ApiError::unauthorized("not signed in"))?;
+    session::check_csrf(&reader, &f.csrf)?;
+    if let Some(id) = session::session_id(&headers) {
+        app.sessions.remove(&id);
+    }
+    let mut r = Redirect::to("/signin").into_response();
+    if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(&app.config.ui)) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    Ok(r)
+}
+
+/// `GET /api/v1/bill` (JSON) — the Tenants page's value.
+pub async fn bill_json(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let role = app.tokens.authenticate(&headers)?;
+    let tenant = role.read_scope()?.map(str::to_owned);
+    only_params(&q, &["month", "from", "to", "mode", "idle"])?;
+    let period = period::period(
+        &q,
+        chrono::Utc::now().timestamp(),
+        app.config.retention.rollup_secs,
+    )?;
+    let req = Request {
+        reader: Reader { role, csrf: None },
+        tenant: tenant.clone(),
+        period,
+        q,
+    };
+    let (mode, idle) = req.mode(&app)?;
+    let (from, to) = (req.period.from, req.period.to);
+    let settings = app.config.analytics.clone();
+    let raw = raw_from(&app);
+    let bill = read(&app, move |c| {
+        compute_bill(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
+    })
+    .await?;
+    Ok(axum::Json(bill).into_response())
+}

@@ -1,0 +1,140 @@
+//! The period a page or export covers: `month=YYYY-MM`, or `from` and `to` (RFC 3339 or Unix
+//! seconds); the current UTC month by default.
+
+use std::collections::HashMap;
+
+use chrono::{Datelike, TimeZone, Utc};
+
+use crate::api::error::ApiError;
+use crate::api::range_params;
+
+/// A period, with what the pages need to show it and move to the next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Period {
+    /// Start.
+    pub from: i64,
+    /// End (exclusive).
+    pub to: i64,
+    /// As shown (`November 2026`).
+    pub label: String,
+    /// Its query (`month=2026-11`).
+    pub query: String,
+    /// The previous period's query.
+    pub prev: String,
+    /// The next period's query.
+    pub next: String,
+}
+
+fn month_start(year: i32, month: u32) -> Option<i64> {
+    Utc.with_ymd_and_hms(year, month, 1, 0, 0, 0)
+        .single()
+        .map(|t| t.timestamp())
+}
+
+fn shift(year: i32, month: u32, by: i32) -> (i32, u32) {
+    let m = year * 12 + month as i32 - 1 + by;
+    (m.div_euclid(12), m.rem_euclid(12) as u32 + 1)
+}
+
+fn month(year: i32, month: u32) -> Option<Period> {
+    let from = month_start(year, month)?;
+    let (ny, nm) = shift(year, month, 1);
+    let (py, pm) = shift(year, month, -1);
+    Some(Period {
+        from,
+        to: month_start(ny, nm)?,
+        label: Utc
+            .timestamp_opt(from, 0)
+            .single()?
+            .format("%B %Y")
+            .to_string(),
+        query: format!("month={year:04}-{month:02}"),
+        prev: format!("month={py:04}-{pm:02}"),
+        next: format!("month={ny:04}-{nm:02}"),
+    })
+}
+
+/// Reads the period from the query; `now` picks the default month; `max_secs` bounds a range.
+pub fn period(q: &HashMap<String, String>, now: i64, max_secs: i64) -> Result<Period, ApiError> {
+    if let Some(m) = q.get("month") {
+        if q.contains_key("from") || q.contains_key("to") {
+            return Err(ApiError::bad_request(
+                "month",
+                "give either month, or from and to",
+            ));
+        }
+        let parsed = m
+            .split_once('-')
+            .and_then(|(y, mo)| Some((y.parse::<i32>().ok()?, mo.parse::<u32>().ok()?)))
+            .filter(|(y, mo)| (1970..=9998).contains(y) && (1..=12).contains(mo) && m.len() == 7);
+        return parsed
+            .and_then(|(y, mo)| month(y, mo))
+            .ok_or_else(|| ApiError::bad_request("month", format!("{m:?} is not YYYY-MM")));
+    }
+    if q.contains_key("from") || q.contains_key("to") {
+        let (from, to) = range_params(
+            q.get("from").map(String::as_str),
+            q.get("to").map(String::as_str),
+            max_secs,
+        )?;
+        let fmt = |t: i64| {
+            Utc.timestamp_opt(t, 0)
+                .single()
+                .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_default()
+        };
+        let span = to - from;
+        return Ok(Period {
+            from,
+            to,
+            label: format!("{} – {}", fmt(from), fmt(to)),
+            query: format!("from={}&to={}", fmt(from), fmt(to)),
+            prev: format!("from={}&to={}", fmt(from - span), fmt(from)),
+            next: format!("from={}&to={}", fmt(to), fmt(to + span)),
+        });
+    }
+    let t = Utc.timestamp_opt(now, 0).single().unwrap_or_default();
+    month(t.year(), t.month()).ok_or_else(|| ApiError::bad_request("month", "no current month"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn months_ranges_and_the_default() {
+        let p = period(&q(&[("month", "2026-12")]), 0, i64::MAX).unwrap();
+        assert_eq!((p.from, p.to), (1_796_083_200, 1_798_761_600));
+        assert_eq!(
+            (p.label.as_str(), p.prev.as_str(), p.next.as_str()),
+            ("December 2026", "month=2026-11", "month=2027-01")
+        );
+        let now = 1_795_000_000; // 2026-11-18
+        assert_eq!(
+            period(&q(&[]), now, i64::MAX).unwrap().query,
+            "month=2026-11"
+        );
+        for bad in ["2026-13", "2026-1", "26-11", "x"] {
+            let e = period(&q(&[("month", bad)]), now, i64::MAX).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("month"), "{bad}");
+        }
+        let e = period(&q(&[("month", "2026-11"), ("from", "0")]), now, i64::MAX).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("month"));
+        let p = period(
+            &q(&[
+                ("from", "2026-11-01T00:00:00Z"),
+                ("to", "2026-11-02T00:00:00Z"),
+            ]),
+            now,
+            i64::MAX,
+        )
+        .unwrap();
+        assert_eq!(p.next, "from=2026-11-02T00:00:00Z&to=2026-11-03T00:00:00Z");
+    }
+}

@@ -1,0 +1,452 @@
+//! The analytics values as tables: one function per value, used by the pages and by the CSV
+//! exports alike (so a page and its CSV are one rendering apart, never two computations).
+
+use gpuledger_web::{Cell, Column, Table};
+
+use crate::analytics::EpisodeRow;
+use crate::analytics::bill::{Bill, Money};
+use crate::analytics::fleet::{AdviceView, FragmentationAt};
+use crate::analytics::prices::PriceInForce;
+use crate::analytics::showback::ShowbackView;
+use crate::analytics::trend::Day;
+
+/// A path segment, percent-encoded (a tenant's name in `/tenants/{tenant}`).
+pub fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn money(m: Money) -> Cell {
+    Cell::money(m.to_string(), m.0)
+}
+
+fn opt_money(m: Option<Money>) -> Cell {
+    m.map_or(Cell::Empty, money)
+}
+
+fn opt_hours(h: Option<f64>) -> Cell {
+    h.map_or(Cell::Empty, Cell::hours)
+}
+
+/// The bill's lines, one per tenant, with a totals row; `query` is the period's, kept on the
+/// tenant links.
+pub fn bill_lines(bill: &Bill, query: &str) -> Table {
+    let mut t = Table::new(
+        "bill",
+        vec![
+            Column::text("tenant", "Tenant"),
+            Column::text("team", "Team"),
+            Column::text("org", "Org"),
+            Column::number("allocated_gpu_hours", "Allocated GPU-h"),
+            Column::number("used_gpu_hours", "Used GPU-h"),
+            Column::number("idle_gpu_hours", "Idle GPU-h"),
+            Column::number("efficiency", "Efficiency"),
+            Column::number("cost", "Cost"),
+            Column::number("idle_cost", "Idle cost"),
+            Column::number("shared_overhead", "Shared overhead"),
+            Column::number("total", "Total"),
+            Column::number("budget", "Budget"),
+            Column::number("budget_used", "Budget used"),
+        ],
+    );
+    let (mut a, mut u, mut i) = (0.0, 0.0, 0.0);
+    let (mut cost, mut idle, mut shared, mut total) = (Money(0), Money(0), Money(0), Money(0));
+    for l in &bill.lines {
+        a += l.allocated_gpu_hours;
+        u += l.used_gpu_hours;
+        i += l.idle_gpu_hours;
+        cost = cost + l.cost;
+        idle = idle + l.idle_cost;
+        shared = shared + l.shared_overhead;
+        total = total + l.total;
+        t.rows.push(vec![
+            Cell::link(
+                l.tenant.clone(),
+                format!("/tenants/{}?{query}", segment(&l.tenant)),
+            ),
+            Cell::opt_text(l.team.clone()),
+            Cell::opt_text(l.org.clone()),
+            Cell::hours(l.allocated_gpu_hours),
+            Cell::hours(l.used_gpu_hours),
+            Cell::hours(l.idle_gpu_hours),
+            Cell::ratio(l.efficiency),
+            money(l.cost),
+            money(l.idle_cost),
+            money(l.shared_overhead),
+            money(l.total),
+            opt_money(l.budget),
+            Cell::ratio(l.budget_used),
+        ]);
+    }
+    t.footer = Some(vec![
+        Cell::text("All tenants"),
+        Cell::Empty,
+        Cell::Empty,
+        Cell::hours(a),
+        Cell::hours(u),
+        Cell::hours(i),
+        Cell::ratio((a > 0.0).then(|| u / a)),
+        money(cost),
+        money(idle),
+        money(shared),
+        money(total),
+        Cell::Empty,
+        Cell::Empty,
+    ]);
+    t
+}
+
+/// How the bill reconciles: Σ tenants + overhead = fleet cost (viewers only).
+pub fn reconciliation(bill: &Bill) -> Option<Table> {
+    let (o, fleet) = (bill.overhead.as_ref()?, bill.fleet_cost?);
+    let tenants: Money = bill.lines.iter().map(|l| l.total).sum();
+    let mut t = Table::new(
+        "reconciliation",
+        vec![
+            Column::text("line", "Line"),
+            Column::number("gpu_hours", "GPU-h"),
+            Column::number("amount", "Amount"),
+        ],
+    );
+    let allocated: f64 = bill.lines.iter().map(|l| l.allocated_gpu_hours).sum();
+    t.rows = vec![
+        vec![
+            Cell::text("Tenants (Σ totals)"),
+            Cell::hours(allocated),
+            money(tenants),
+        ],
+        vec![
+            Cell::text("Platform overhead"),
+            Cell::hours(o.unallocated_gpu_hours),
+            money(o.total),
+        ],
+        vec![
+            Cell::text("  of which capacity nobody held"),
+            Cell::hours(o.unallocated_gpu_hours),
+            money(o.unallocated_cost),
+        ],
+        vec![
+            Cell::text("  of which stranded by MIG layouts"),
+            Cell::hours(o.stranded_gpu_hours),
+            money(o.stranded_cost),
+        ],
+        vec![
+            Cell::text("  of which holders' idle (usage mode)"),
+            Cell::Empty,
+            money(o.holders_idle_cost),
+        ],
+        vec![
+            Cell::text("Fleet cost"),
+            opt_hours(bill.capacity_gpu_hours),
+            money(fleet),
+        ],
+    ];
+    Some(t)
+}
+
+/// Sub-totals per org and team.
+pub fn rollups(bill: &Bill) -> Table {
+    let mut t = Table::new(
+        "teams",
+        vec![
+            Column::text("org", "Org"),
+            Column::text("team", "Team"),
+            Column::number("tenants", "Tenants"),
+            Column::number("allocated_gpu_hours", "Allocated GPU-h"),
+            Column::number("used_gpu_hours", "Used GPU-h"),
+            Column::number("total", "Total"),
+            Column::number("budget", "Budget"),
+        ],
+    );
+    for r in &bill.rollups {
+        t.rows.push(vec![
+            Cell::text(r.org.clone().unwrap_or_else(|| "(no org)".into())),
+            Cell::text(r.team.clone().unwrap_or_else(|| "(all teams)".into())),
+            Cell::count(r.tenants as i64),
+            Cell::hours(r.allocated_gpu_hours),
+            Cell::hours(r.used_gpu_hours),
+            money(r.total),
+            opt_money(r.budget),
+        ]);
+    }
+    t
+}
+
+/// Daily figures.
+pub fn trend(days: &[Day], fleet: bool) -> Table {
+    let mut cols = vec![
+        Column::text("day", "Day"),
+        Column::number("allocated_gpu_hours", "Allocated GPU-h"),
+        Column::number("used_gpu_hours", "Used GPU-h"),
+    ];
+    if fleet {
+        cols.push(Column::number("capacity_gpu_hours", "Capacity GPU-h"));
+        cols.push(Column::number("stranded_gpu_hours", "Stranded GPU-h"));
+    }
+    let mut t = Table::new("daily", cols);
+    for d in days {
+        let mut row = vec![
+            Cell::text(day_label(d.day)),
+            Cell::hours(d.allocated_gpu_hours),
+            Cell::hours(d.used_gpu_hours),
+        ];
+        if fleet {
+            row.push(opt_hours(d.capacity_gpu_hours));
+            row.push(opt_hours(d.stranded_gpu_hours));
+        }
+        t.rows.push(row);
+    }
+    t
+}
+
+/// `2026-11-05`.
+pub fn day_label(t: i64) -> String {
+    chrono::DateTime::from_timestamp(t, 0)
+        .map(|d| d.format("%Y-%m-%d").to_string())
+        .unwrap_or_default()
+}
+
+/// Hoarding episodes with their idle cost.
+pub fn episodes(rows: &[EpisodeRow], id: &'static str, query: &str) -> Table {
+    let mut t = Table::new(
+        id,
+        vec![
+            Column::text("tenant", "Tenant"),
+            Column::text("workload", "Workload"),
+            Column::text("slo_class", "Class"),
+            Column::text("node", "Node"),
+            Column::text("gpu_uuid", "GPU"),
+            Column::text("mig_profile", "Profile"),
+            Column::number("started_at", "Idle since"),
+            Column::number("ended_at", "Ended"),
+            Column::number("idle_gpu_hours", "Idle GPU-h"),
+            Column::number("mean_sm_active", "Mean SM"),
+            Column::number("idle_cost", "Idle cost"),
+        ],
+    );
+    for e in rows {
+        t.rows.push(vec![
+            match &e.tenant {
+                Some(x) => Cell::link(x.clone(), format!("/tenants/{}?{query}", segment(x))),
+                None => Cell::Empty,
+            },
+            Cell::opt_text(e.workload.clone()),
+            Cell::opt_text(e.slo_class.clone()),
+            Cell::text(e.node.clone()),
+            Cell::text(e.gpu_uuid.clone()),
+            Cell::opt_text(e.mig_profile.clone()),
+            Cell::time(Some(e.started_at)),
+            Cell::time(e.ended_at),
+            Cell::hours(e.idle_gpu_seconds / 3600.0),
+            Cell::ratio(e.mean_sm_active),
+            money(Money::round(e.cost)),
+        ]);
+    }
+    t
+}
+
+/// A showback answer (any grouping): the key columns, then the figures. The CSV of
+/// `GET /api/v1/showback.csv`.
+pub fn showback(v: &ShowbackView, id: &'static str) -> Table {
+    let keys: Vec<&'static str> = v
+        .rows
+        .first()
+        .map(|r| r.key.keys().copied().collect())
+        .unwrap_or_else(|| v.group_by.into_iter().collect());
+    let mut cols: Vec<Column> = keys.iter().map(|k| Column::text(k, k)).collect();
+    cols.extend([
+        Column::number("allocated_gpu_seconds", "Allocated GPU-s"),
+        Column::number("used_gpu_seconds", "Used GPU-s"),
+        Column::number("idle_gpu_seconds", "Idle GPU-s"),
+        Column::number("unmeasured_gpu_seconds", "Unmeasured GPU-s"),
+        Column::number("efficiency", "Efficiency"),
+        Column::number("cost", "Cost"),
+        Column::number("idle_cost", "Idle cost"),
+    ]);
+    let mut t = Table::new(id, cols);
+    let num = |x: f64| Cell::Number {
+        value: x.to_string(),
+        shown: format!("{x:.0}"),
+        key: x,
+    };
+    for r in &v.rows {
+        let f = &r.figures;
+        let mut row: Vec<Cell> = keys
+            .iter()
+            .map(|k| Cell::opt_text(r.key.get(k).cloned().flatten()))
+            .collect();
+        row.extend([
+            num(f.allocated_gpu_seconds),
+            num(f.used_gpu_seconds),
+            num(f.idle_gpu_seconds),
+            num(f.unmeasured_gpu_seconds),
+            Cell::ratio(f.efficiency),
+            num(f.cost),
+            num(f.idle_cost),
+        ]);
+        t.rows.push(row);
+    }
+    t
+}
+
+/// A showback answer in GPU-hours and money, for the pages.
+pub fn breakdown(v: &ShowbackView, id: &'static str) -> Table {
+    let keys: Vec<&'static str> = v
+        .rows
+        .first()
+        .map(|r| r.key.keys().copied().collect())
+        .unwrap_or_default();
+    let mut cols: Vec<Column> = keys.iter().map(|k| Column::text(k, k)).collect();
+    cols.extend([
+        Column::number("allocated_gpu_hours", "Allocated GPU-h"),
+        Column::number("used_gpu_hours", "Used GPU-h"),
+        Column::number("idle_gpu_hours", "Idle GPU-h"),
+        Column::number("efficiency", "Efficiency"),
+        Column::number("cost", "Cost"),
+        Column::number("idle_cost", "Idle cost"),
+    ]);
+    let mut t = Table::new(id, cols);
+    for r in &v.rows {
+        let f = &r.figures;
+        let mut row: Vec<Cell> = keys
+            .iter()
+            .map(|k| Cell::opt_text(r.key.get(k).cloned().flatten()))
+            .collect();
+        row.extend([
+            Cell::hours(f.allocated_gpu_seconds / 3600.0),
+            Cell::hours(f.used_gpu_seconds / 3600.0),
+            Cell::hours(f.idle_gpu_seconds / 3600.0),
+            Cell::ratio(f.efficiency),
+            money(Money::round(f.cost)),
+            money(Money::round(f.idle_cost)),
+        ]);
+        t.rows.push(row);
+    }
+    t
+}
+
+/// The prices in force.
+pub fn prices(rows: &[PriceInForce]) -> Table {
+    let mut t = Table::new(
+        "prices",
+        vec![
+            Column::text("gpu_model", "GPU model"),
+            Column::text("mig_profile", "MIG profile"),
+            Column::number("per_hour", "Price per hour"),
+            Column::number("per_gpu_hour", "Per GPU-hour"),
+            Column::number("from", "In force from"),
+            Column::number("to", "Until"),
+        ],
+    );
+    for p in rows {
+        let price = |x: f64| Cell::Number {
+            value: x.to_string(),
+            shown: format!("{x:.4}"),
+            key: x,
+        };
+        t.rows.push(vec![
+            Cell::text(p.gpu_model.clone()),
+            Cell::text(p.mig_profile.clone().unwrap_or_else(|| "(per GPU)".into())),
+            price(p.per_hour),
+            price(p.per_gpu_hour),
+            Cell::time(Some(p.from)),
+            Cell::time(Some(p.to)),
+        ]);
+    }
+    t
+}
+
+/// Every GPU's layout at an instant, as a table.
+pub fn gpus(f: &FragmentationAt) -> Table {
+    let mut t = Table::new(
+        "gpus",
+        vec![
+            Column::text("node", "Node"),
+            Column::text("gpu_uuid", "GPU"),
+            Column::text("gpu_model", "Model"),
+            Column::number("instances", "Instances"),
+            Column::text("free_slots", "Free slots"),
+            Column::number("free_gpu_equivalents", "Free GPUs"),
+            Column::number("stranded_gpu_equivalents", "Stranded GPUs"),
+            Column::text("largest_placeable_profile", "Largest placeable"),
+        ],
+    );
+    for g in &f.gpus {
+        let slots: Vec<String> = g.free_slots.iter().map(u32::to_string).collect();
+        t.rows.push(vec![
+            Cell::text(g.node.clone()),
+            Cell::text(g.gpu_uuid.clone()),
+            Cell::text(g.gpu_model.clone()),
+            Cell::count(g.instances.len() as i64),
+            Cell::text(slots.join(" ")),
+            Cell::hours(g.free_gpu_equivalents),
+            Cell::hours(g.stranded_gpu_equivalents),
+            Cell::opt_text(g.largest_placeable_profile),
+        ]);
+    }
+    t
+}
+
+/// The re-geometry advice.
+pub fn advice(rows: &[AdviceView]) -> Table {
+    let mut t = Table::new(
+        "advice",
+        vec![
+            Column::text("node", "Node"),
+            Column::text("gpu_uuid", "GPU"),
+            Column::text("destroy", "Destroy"),
+            Column::text("create", "Create"),
+            Column::text("displaces", "Drains"),
+            Column::number("stranded_before", "Stranded GPUs now"),
+            Column::number("stranded_after", "After"),
+        ],
+    );
+    let names = |v: &[crate::analytics::fragmentation::InstanceNow]| {
+        v.iter()
+            .map(|i| {
+                format!(
+                    "{}@{}",
+                    i.mig_profile.as_deref().unwrap_or("whole"),
+                    i.placement_start.unwrap_or(0)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    for a in rows {
+        t.rows.push(vec![
+            Cell::text(a.node.clone()),
+            Cell::text(a.gpu_uuid.clone()),
+            Cell::text(names(&a.destroy)),
+            Cell::text(
+                a.create
+                    .iter()
+                    .map(|c| format!("{}@{}", c.mig_profile, c.placement_start))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            Cell::text(names(&a.displaces)),
+            Cell::hours(a.stranded_gpu_equivalents_before),
+            Cell::hours(a.stranded_gpu_equivalents_after),
+        ]);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_percent_encoded() {
+        assert_eq!(segment("team-a"), "team-a");
+        assert_eq!(segment("<script>/x y"), "%3Cscript%3E%2Fx%20y");
+    }
+}

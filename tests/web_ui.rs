@@ -1,0 +1,583 @@
+//! The showback pages in real headless Chromium (Debian `chromium`, driven over WebDriver by
+//! Debian's `chromedriver`), against a running aggregator fed the known trace plus a tenant
+//! named `<script>alert(1)</script>`: sign-in with a token sets the session cookie; every page
+//! opens; the bill's numbers on the page equal the API's and the CSV's; the bill reconciles to
+//! the cent; the hostile tenant renders as text; a `tenant:team-a` reader sees only team-a on
+//! every page and export. Screenshots of every page are saved under the test's target tmpdir
+//! (`web-screenshots/`).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{ADMIN_TOKEN, Aggregator};
+use gpuledger_schema::SloClass;
+use gpuledger_schema::wire::Batch;
+use serde_json::{Value, json};
+
+const FINANCE: &str = "finance-token-0123456789";
+const TEAM_A: &str = "team-a-token-0123456789";
+const NODE: &str = "node-n1-token-0123456789";
+const EVIL: &str = "<script>alert(1)</script>";
+
+/// A WebDriver session on a headless Chromium.
+struct Browser {
+    driver: Child,
+    base: String,
+    session: String,
+    http: reqwest::Client,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        common::require_tool("chromedriver");
+        common::require_tool("chromium");
+        let port = common::free_port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         "--disable-quic", "--no-first-run", "--disable-background-networking",
+                         "--disable-component-update", "--disable-sync", "--window-size=1280,2000"]
+            }
+        }}});
+        let mut session = None;
+        for _ in 0..100 {
+            if let Ok(r) = http
+                .post(format!("{base}/session"))
+                .json(&caps)
+                .send()
+                .await
+            {
+                let v: Value = r.json().await.unwrap();
+                session = Some(
+                    v["value"]["sessionId"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("no WebDriver session: {v}"))
+                        .to_owned(),
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Browser {
+            driver,
+            session: session.expect("chromedriver answers"),
+            base,
+            http,
+        }
+    }
+
+    async fn cmd(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let mut r = self.http.request(method.clone(), url);
+        if method == reqwest::Method::POST {
+            r = r.json(&body);
+        }
+        let r = r.send().await.unwrap();
+        r.json::<Value>().await.unwrap()["value"].clone()
+    }
+
+    async fn go(&self, url: &str) {
+        self.cmd(reqwest::Method::POST, "/url", json!({ "url": url }))
+            .await;
+    }
+
+    async fn url(&self) -> String {
+        let v = self.cmd(reqwest::Method::GET, "/url", Value::Null).await;
+        v.as_str()
+            .unwrap_or_else(|| panic!("no URL: {v}"))
+            .to_owned()
+    }
+
+    async fn js(&self, script: &str) -> Value {
+        self.cmd(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({ "script": script, "args": [] }),
+        )
+        .await
+    }
+
+    async fn element(&self, css: &str) -> String {
+        let v = self
+            .cmd(
+                reqwest::Method::POST,
+                "/element",
+                json!({ "using": "css selector", "value": css }),
+            )
+            .await;
+        v.as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no element {css}: {v}"))
+            .to_owned()
+    }
+
+    async fn sign_in(&self, app: &str, token: &str, path: &str) {
+        self.go(&format!("{app}{path}")).await;
+        assert!(self.url().await.contains("/signin"), "{}", self.url().await);
+        let field = self.element("#token").await;
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{field}/value"),
+            json!({ "text": token }),
+        )
+        .await;
+        let button = self.element("button[type=submit]").await;
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{button}/click"),
+            json!({}),
+        )
+        .await;
+        let url = self.url().await;
+        assert!(url.ends_with(path), "signed in, at {url}, wanted {path}");
+    }
+
+    async fn screenshot(&self, name: &str) {
+        use base64::Engine;
+        let png = self
+            .cmd(reqwest::Method::GET, "/screenshot", Value::Null)
+            .await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{name}.png")), bytes).unwrap();
+    }
+
+    /// The `data-value`s of a table's column, top to bottom.
+    async fn column(&self, table: &str, column: &str) -> Vec<String> {
+        let script = format!(
+            "const t = document.getElementById('{table}'); if (!t) return null;
+             const i = [...t.tHead.rows[0].cells].findIndex(c => c.dataset.column === '{column}');
+             return [...t.tBodies[0].rows].map(r => r.cells[i].dataset.value);"
+        );
+        let v = self.js(&script).await;
+        serde_json::from_value(v.clone()).unwrap_or_else(|_| panic!("{table}.{column}: {v}"))
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+async fn fed(dir: &std::path::Path) -> (Aggregator, i64) {
+    let tokens = dir.join("tokens");
+    std::fs::write(
+        &tokens,
+        format!("finance {FINANCE}\ntenant:team-a {TEAM_A}\nnode:n1 {NODE}\n"),
+    )
+    .unwrap();
+    let config = dir.join("aggregator.toml");
+    std::fs::write(
+        &config,
+        r#"
+default_price = 3.6
+currency = "EUR"
+[[price_book]]
+gpu_model = "H100-80GB"
+per_gpu_hour = 3.6
+[billing]
+cost_mode = "allocation"
+idle = "overhead"
+[billing.tenants."team-a"]
+team = "vision"
+org = "research"
+monthly_budget = 1000
+[billing.tenants."team-b"]
+team = "language"
+org = "research"
+[ui]
+cookie_secure = true
+"#,
+    )
+    .unwrap();
+    let a = Aggregator::start(
+        &dir.join("ledger.duckdb"),
+        0,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--token-file",
+            tokens.to_str().unwrap(),
+            "--analytics-interval",
+            "1h",
+        ],
+    )
+    .await;
+    let now = chrono::Utc::now().timestamp();
+    let t0 = now - now.rem_euclid(3600) - 3 * 3600;
+    let mut trace = common::traces::known_trace(t0);
+    let evil = common::traces::whole("n1", "GPU-EVIL");
+    for t in t0..t0 + 1800 {
+        trace.push(common::traces::sample(
+            t,
+            &evil,
+            common::traces::held(EVIL, "evil/job", SloClass::Batch),
+            Some(0.5),
+        ));
+    }
+    for chunk in trace.chunks(5_000) {
+        let (status, body) = a.ingest(NODE, &Batch::from_samples("n1", chunk)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, _) = a.evaluate(ADMIN_TOKEN).await;
+    assert_eq!(status, 200);
+    (a, t0)
+}
+
+async fn get_json(a: &Aggregator, token: &str, path: &str) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .get(format!("{}{path}", a.url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn get_text(a: &Aggregator, token: &str, path: &str) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .get(format!("{}{path}", a.url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// An `application/x-www-form-urlencoded` body.
+fn form(pairs: &[(&str, &str)]) -> String {
+    let enc = |s: &str| {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+fn cents(v: &Value) -> i64 {
+    (v.as_f64().unwrap_or_else(|| panic!("not money: {v}")) * 100.0).round() as i64
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pages_in_headless_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, t0) = fed(dir.path()).await;
+    let month = chrono::DateTime::from_timestamp(t0, 0)
+        .unwrap()
+        .format("%Y-%m")
+        .to_string();
+    let q = format!("month={month}");
+    // localhost, not 127.0.0.1: Chromium keeps a Secure cookie from http://localhost.
+    let app = format!("http://localhost:{}", a.port);
+
+    // The bill in JSON reconciles to the cent.
+    let (status, bill) = get_json(&a, FINANCE, &format!("/api/v1/bill?{q}")).await;
+    assert_eq!(status, 200, "{bill}");
+    let lines = bill["lines"].as_array().unwrap();
+    let tenants: Vec<&str> = lines
+        .iter()
+        .map(|l| l["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(tenants, [EVIL, "team-a", "team-b", "team-c"]);
+    let sum: i64 = lines.iter().map(|l| cents(&l["total"])).sum();
+    assert_eq!(
+        sum + cents(&bill["overhead"]["total"]),
+        cents(&bill["fleet_cost"]),
+        "Σ tenants + overhead = fleet cost: {bill}"
+    );
+    for mode in [
+        "mode=usage&idle=share",
+        "mode=allocation&idle=share",
+        "mode=usage",
+    ] {
+        let (_, b) = get_json(&a, FINANCE, &format!("/api/v1/bill?{q}&{mode}")).await;
+        let sum: i64 = b["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| cents(&l["total"]))
+            .sum();
+        assert_eq!(
+            sum + cents(&b["overhead"]["total"]),
+            cents(&b["fleet_cost"]),
+            "{mode}: {b}"
+        );
+    }
+
+    let browser = Browser::start().await;
+    browser
+        .sign_in(&app, FINANCE, &format!("/tenants?{q}"))
+        .await;
+    // The page's numbers are the API's.
+    let on_page = browser.column("bill", "total").await;
+    let in_api: Vec<String> = lines
+        .iter()
+        .map(|l| format!("{:.2}", l["total"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(on_page, in_api);
+    let allocated = browser.column("bill", "allocated_gpu_hours").await;
+    for (p, l) in allocated.iter().zip(lines) {
+        let p: f64 = p.parse().unwrap();
+        assert!((p - l["allocated_gpu_hours"].as_f64().unwrap()).abs() < 1e-9);
+    }
+    // …and the CSV's.
+    let (status, csv) = get_text(&a, FINANCE, &format!("/tenants?{q}&format=csv&table=bill")).await;
+    assert_eq!(status, 200);
+    let mut r = csv::Reader::from_reader(csv.as_bytes());
+    let headers = r.headers().unwrap().clone();
+    let total_col = headers.iter().position(|h| h == "total").unwrap();
+    let from_csv: Vec<String> = r
+        .records()
+        .map(|rec| rec.unwrap()[total_col].to_owned())
+        .collect();
+    assert_eq!(from_csv, on_page);
+    // The hostile tenant is text: no script ran, none was added, the name is shown as written.
+    let scripts = browser.js("return document.scripts.length").await;
+    assert_eq!(scripts, json!(0));
+    let text = browser.js("return document.body.innerText").await;
+    assert!(text.as_str().unwrap().contains(EVIL), "{text}");
+    let alert = browser
+        .cmd(reqwest::Method::GET, "/alert/text", Value::Null)
+        .await;
+    assert_eq!(alert["error"], "no such alert", "{alert}");
+    browser.screenshot("tenants").await;
+
+    // Every page opens, with a heading and no error.
+    for (path, name, table) in [
+        (format!("/?{q}"), "overview", "daily"),
+        (
+            format!("/tenants/team-a?{q}"),
+            "tenant-team-a",
+            "by_profile",
+        ),
+        (
+            format!("/tenants/{}?{q}", "%3Cscript%3Ealert(1)%3C%2Fscript%3E"),
+            "tenant-evil",
+            "workloads",
+        ),
+        (format!("/fleet?{q}"), "fleet", "gpus"),
+        (format!("/hoarding?{q}"), "hoarding", "open"),
+        (format!("/prices?{q}"), "prices", "prices"),
+    ] {
+        browser.go(&format!("{app}{path}")).await;
+        let found = browser
+            .js(&format!("return !!document.getElementById('{table}') && document.querySelector('h1').innerText"))
+            .await;
+        assert!(found.as_str().is_some(), "{path}: {found}");
+        assert_eq!(
+            browser.js("return document.scripts.length").await,
+            json!(0),
+            "{path}"
+        );
+        browser.screenshot(name).await;
+    }
+    // The overview's daily trend sums to the bill's allocated GPU-hours.
+    browser.go(&format!("{app}/?{q}")).await;
+    let daily: f64 = browser
+        .column("daily", "allocated_gpu_hours")
+        .await
+        .iter()
+        .map(|v| v.parse::<f64>().unwrap())
+        .sum();
+    let billed: f64 = lines
+        .iter()
+        .map(|l| l["allocated_gpu_hours"].as_f64().unwrap())
+        .sum();
+    assert!((daily - billed).abs() < 1e-6, "{daily} vs {billed}");
+    // The fleet page draws the checkerboard GPU: four team slices and four free slots.
+    browser.go(&format!("{app}/fleet?{q}")).await;
+    let gpus = browser
+        .js("return document.querySelectorAll('figure.gpu').length")
+        .await;
+    assert!(gpus.as_u64().unwrap() >= 1, "{gpus}");
+
+    // Sign out (a CSRF-checked form), then a tenant reader.
+    browser.go(&format!("{app}/tenants?{q}")).await;
+    let out = browser.element("header form button").await;
+    browser
+        .cmd(
+            reqwest::Method::POST,
+            &format!("/element/{out}/click"),
+            json!({}),
+        )
+        .await;
+    assert!(browser.url().await.contains("/signin"));
+    browser
+        .sign_in(&app, TEAM_A, &format!("/tenants?{q}"))
+        .await;
+    assert_eq!(browser.column("bill", "tenant").await, ["team-a"]);
+    let text = browser.js("return document.body.innerText").await;
+    let text = text.as_str().unwrap();
+    for other in [
+        "team-b",
+        "team-c",
+        "alert(1)",
+        "Fleet cost",
+        "Reconciliation",
+    ] {
+        assert!(!text.contains(other), "a tenant reader sees {other:?}");
+    }
+    browser.screenshot("tenants-as-team-a").await;
+    for path in [
+        format!("/"),
+        format!("/hoarding"),
+        format!("/tenants/team-a"),
+    ] {
+        browser.go(&format!("{app}{path}?{q}")).await;
+        let text = browser.js("return document.body.innerText").await;
+        for other in ["team-b", "team-c", "alert(1)"] {
+            assert!(
+                !text.as_str().unwrap().contains(other),
+                "{path} shows {other:?} to team-a"
+            );
+        }
+    }
+    // Another tenant's page, the fleet page and exports: refused or scoped.
+    for path in [format!("/tenants/team-b?{q}"), format!("/fleet?{q}")] {
+        let (status, _) = get_text(&a, TEAM_A, &path).await;
+        assert_eq!(status, 403, "{path}");
+    }
+    let (_, csv) = get_text(&a, TEAM_A, &format!("/tenants?{q}&format=csv&table=bill")).await;
+    assert!(csv.contains("team-a") && !csv.contains("team-b"), "{csv}");
+    let (_, csv) = get_text(
+        &a,
+        TEAM_A,
+        &format!("/hoarding?{q}&format=csv&table=closed"),
+    )
+    .await;
+    assert!(!csv.contains("team-b"), "{csv}");
+    let (_, b) = get_json(&a, TEAM_A, &format!("/api/v1/bill?{q}")).await;
+    assert_eq!(b["lines"].as_array().unwrap().len(), 1, "{b}");
+    assert!(b["fleet_cost"].is_null() && b["overhead"].is_null(), "{b}");
+    let team_a_line = lines.iter().find(|l| l["tenant"] == "team-a").unwrap();
+    assert_eq!(
+        b["lines"][0], *team_a_line,
+        "a tenant sees the same line finance sees"
+    );
+    let day = t0 - t0.rem_euclid(86400);
+    let (_, csv) = get_text(
+        &a,
+        TEAM_A,
+        &format!("/api/v1/showback.csv?from={day}&to={}", day + 86400),
+    )
+    .await;
+    assert!(csv.starts_with("tenant,allocated_gpu_seconds,"), "{csv}");
+    assert!(!csv.contains("team-b"), "{csv}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pages_need_a_reader_and_forms_refuse_other_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = fed(dir.path()).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    // No credentials: a redirect to the sign-in page that keeps where it came from.
+    let r = http
+        .get(format!("{}/tenants?month=2026-11", a.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(
+        r.headers()["location"],
+        "/signin?next=%2Ftenants%3Fmonth%3D2026-11"
+    );
+    // An exporter token cannot read pages.
+    let (status, _) = get_text(&a, NODE, "/tenants").await;
+    assert_eq!(status, 403);
+    // Sign-in from another site is refused; a good sign-in sets a Secure, HttpOnly,
+    // SameSite=Strict cookie and never an open redirect.
+    let r = http
+        .post(format!("{}/signin", a.url()))
+        .header("origin", "https://evil.example")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", FINANCE), ("next", "/")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let r = http
+        .post(format!("{}/signin", a.url()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", FINANCE), ("next", "//evil.example/")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(r.headers()["location"], "/");
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    for attr in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
+        assert!(cookie.contains(attr), "{cookie}");
+    }
+    let session = cookie.split(';').next().unwrap().to_owned();
+    // The cookie reads pages; sign-out without the CSRF token is refused.
+    let r = http
+        .get(format!("{}/prices", a.url()))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = http
+        .post(format!("{}/signout", a.url()))
+        .header("cookie", &session)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", "wrong")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    // A wrong token is a 401 page, and bad parameters name themselves.
+    let r = http
+        .post(format!("{}/signin", a.url()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", "not-a-token-at-all-0000")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    for (path, field) in [
+        ("/tenants?month=2026-13", "month"),
+        ("/tenants?sort=nope", "sort"),
+        ("/tenants?format=xml", "format"),
+        ("/tenants?format=csv&table=nope", "table"),
+        ("/tenants?mode=free", "mode"),
+        ("/tenants?bogus=1", "bogus"),
+    ] {
+        let (status, body) = get_json(&a, FINANCE, path).await;
+        assert_eq!(
+            (status, body["error"]["field"].as_str()),
+            (400, Some(field)),
+            "{path}: {body}"
+        );
+    }
+}
