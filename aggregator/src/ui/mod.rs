@@ -74,23 +74,7 @@ impl Request {
     }
 
     fn mode(&self, app: &AppState) -> Result<(CostMode, IdleSharing), ApiError> {
-        let b = &app.config.analytics.billing;
-        let mode = match self.q.get("mode") {
-            None => b.cost_mode,
-            Some(m) => CostMode::parse(m).ok_or_else(|| {
-                ApiError::bad_request("mode", format!("{m:?} is not one of {}", CostMode::NAMES))
-            })?,
-        };
-        let idle = match self.q.get("idle") {
-            None => b.idle,
-            Some(m) => IdleSharing::parse(m).ok_or_else(|| {
-                ApiError::bad_request(
-                    "idle",
-                    format!("{m:?} is not one of {}", IdleSharing::NAMES),
-                )
-            })?,
-        };
-        Ok((mode, idle))
+        cost_options(&self.q, &app.config.analytics.billing)
     }
 
     /// The period's query plus the cost options, for links and CSV.
@@ -103,6 +87,29 @@ impl Request {
         }
         q
     }
+}
+
+/// `mode` and `idle` from the query, or the configured defaults; 400 naming the parameter.
+fn cost_options(
+    q: &HashMap<String, String>,
+    billing: &bill::BillingSettings,
+) -> Result<(CostMode, IdleSharing), ApiError> {
+    let mode = match q.get("mode") {
+        None => billing.cost_mode,
+        Some(m) => CostMode::parse(m).ok_or_else(|| {
+            ApiError::bad_request("mode", format!("{m:?} is not one of {}", CostMode::NAMES))
+        })?,
+    };
+    let idle = match q.get("idle") {
+        None => billing.idle,
+        Some(m) => IdleSharing::parse(m).ok_or_else(|| {
+            ApiError::bad_request(
+                "idle",
+                format!("{m:?} is not one of {}", IdleSharing::NAMES),
+            )
+        })?,
+    };
+    Ok((mode, idle))
 }
 
 /// Who is asking and for what; `Err(redirect)` to the sign-in page when nobody is signed in.
@@ -191,6 +198,28 @@ pub fn compute_bill(
 
 fn raw_from(app: &AppState) -> i64 {
     chrono::Utc::now().timestamp() - app.config.retention.raw_secs
+}
+
+/// Finishes the sections ([`finish`]) and answers with the page, or one of its tables as CSV.
+#[allow(clippy::too_many_arguments)]
+fn render(
+    req: &Request,
+    nav: &'static str,
+    path: &str,
+    title: String,
+    kpis: Vec<Kpi>,
+    mut sections: Vec<Section>,
+    sortable: &[&str],
+    name: &str,
+) -> Result<Response, ApiError> {
+    finish(req, path, &mut sections, sortable)?;
+    let page = Page {
+        nav: req.nav(nav),
+        title,
+        kpis,
+        sections,
+    };
+    answer(req, page, name)
 }
 
 /// The answer: the page, or one of its tables as CSV.
@@ -418,7 +447,7 @@ pub async fn overview(
     top.footer = None;
     top.sort_by("idle_cost", true);
     top.rows.truncate(10);
-    let mut sections = vec![
+    let sections = vec![
         Section::table(
             "Daily trend",
             "GPU-hours per UTC day, from the hourly rollups.",
@@ -436,14 +465,16 @@ pub async fn overview(
             views::episodes(&open, "open_episodes", &req.query()),
         ),
     ];
-    finish(&req, "/", &mut sections, &[])?;
-    let page = Page {
-        nav: req.nav("/"),
-        title: format!("Overview — {}", req.period.label),
+    render(
+        &req,
+        "/",
+        "/",
+        format!("Overview — {}", req.period.label),
         kpis,
         sections,
-    };
-    answer(&req, page, "overview")
+        &[],
+        "overview",
+    )
 }
 
 fn pct(a: f64, b: f64) -> f64 {
@@ -503,14 +534,16 @@ pub async fn tenants(
             views::rollups(&bill),
         ));
     }
-    finish(&req, "/tenants", &mut sections, &["bill"])?;
-    let page = Page {
-        nav: req.nav("/tenants"),
-        title: format!("Tenants — {}", req.period.label),
-        kpis: Vec::new(),
+    render(
+        &req,
+        "/tenants",
+        "/tenants",
+        format!("Tenants — {}", req.period.label),
+        Vec::new(),
         sections,
-    };
-    answer(&req, page, "tenants")
+        &["bill"],
+        "tenants",
+    )
 }
 
 /// `GET /tenants/{tenant}`: one tenant's daily chart, its use by GPU model and MIG profile, its
@@ -584,7 +617,7 @@ pub async fn tenant(
     }
     let mut bill_table = views::bill_lines(&bill, &req.query());
     bill_table.footer = None;
-    let mut sections = vec![
+    let sections = vec![
         Section::table("Bill", "This tenant's line of the bill.", bill_table),
         Section::table(
             "Daily allocated and used",
@@ -604,14 +637,16 @@ pub async fn tenant(
             views::episodes(&eps, "episodes", &req.query()),
         ),
     ];
-    finish(&req, &path, &mut sections, &["workloads"])?;
-    let page = Page {
-        nav: req.nav("/tenants"),
-        title: format!("{name} — {}", req.period.label),
+    render(
+        &req,
+        "/tenants",
+        &path,
+        format!("{name} — {}", req.period.label),
         kpis,
         sections,
-    };
-    answer(&req, page, "tenant")
+        &["workloads"],
+        "tenant",
+    )
 }
 
 /// `GET /hoarding`: every episode overlapping the period, with its idle cost.
@@ -655,7 +690,7 @@ pub async fn hoarding(
         100.0 * a.idle_threshold,
         a.window_secs() / 60
     );
-    let mut sections = vec![
+    let sections = vec![
         Section::table("Open", intro, views::episodes(&open, "open", &req.query())),
         Section::table(
             "Ended",
@@ -663,14 +698,16 @@ pub async fn hoarding(
             views::episodes(&closed, "closed", &req.query()),
         ),
     ];
-    finish(&req, "/hoarding", &mut sections, &["open", "closed"])?;
-    let page = Page {
-        nav: req.nav("/hoarding"),
-        title: format!("Hoarding — {}", req.period.label),
+    render(
+        &req,
+        "/hoarding",
+        "/hoarding",
+        format!("Hoarding — {}", req.period.label),
         kpis,
         sections,
-    };
-    answer(&req, page, "hoarding")
+        &["open", "closed"],
+        "hoarding",
+    )
 }
 
 /// `GET /prices`: the price book in force during the period.
@@ -685,7 +722,7 @@ pub async fn prices(
     };
     let book = &app.config.analytics.prices;
     let rows = book.in_force(req.period.from, req.period.to);
-    let mut sections = vec![Section::table(
+    let sections = vec![Section::table(
         "Price book",
         format!(
             "Prices in {} per hour: per GPU-hour for a model, per instance-hour for a MIG profile. A model not listed costs {} per GPU-hour. A price change inside the period splits the bill at that instant.",
@@ -693,14 +730,16 @@ pub async fn prices(
         ),
         views::prices(&rows),
     )];
-    finish(&req, "/prices", &mut sections, &[])?;
-    let page = Page {
-        nav: req.nav("/prices"),
-        title: format!("Prices — {}", req.period.label),
-        kpis: Vec::new(),
+    render(
+        &req,
+        "/prices",
+        "/prices",
+        format!("Prices — {}", req.period.label),
+        Vec::new(),
         sections,
-    };
-    answer(&req, page, "prices")
+        &[],
+        "prices",
+    )
 }
 
 /// A tenant's colour class, stable across pages.
@@ -836,7 +875,7 @@ pub async fn fleet(
         views::gpus(&now),
     );
     map.layouts = now.gpus.iter().map(layout).collect();
-    let mut sections = vec![
+    let sections = vec![
         map,
         Section::table(
             "Stranded capacity over time",
@@ -850,14 +889,16 @@ pub async fn fleet(
             views::advice(&now.advice),
         ),
     ];
-    finish(&req, "/fleet", &mut sections, &["gpus"])?;
-    let page = Page {
-        nav: req.nav("/fleet"),
-        title: format!("Fleet — {}", req.period.label),
+    render(
+        &req,
+        "/fleet",
+        "/fleet",
+        format!("Fleet — {}", req.period.label),
         kpis,
         sections,
-    };
-    answer(&req, page, "fleet")
+        &["gpus"],
+        "fleet",
+    )
 }
 
 /// `GET /signin`.
@@ -947,22 +988,19 @@ pub async fn bill_json(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let role = app.tokens.authenticate(&headers)?;
-    let tenant = role.read_scope()?.map(str::to_owned);
+    let tenant = app
+        .tokens
+        .authenticate(&headers)?
+        .read_scope()?
+        .map(str::to_owned);
     only_params(&q, &["month", "from", "to", "mode", "idle"])?;
     let period = period::period(
         &q,
         chrono::Utc::now().timestamp(),
         app.config.retention.rollup_secs,
     )?;
-    let req = Request {
-        reader: Reader { role, csrf: None },
-        tenant: tenant.clone(),
-        period,
-        q,
-    };
-    let (mode, idle) = req.mode(&app)?;
-    let (from, to) = (req.period.from, req.period.to);
+    let (mode, idle) = cost_options(&q, &app.config.analytics.billing)?;
+    let (from, to) = (period.from, period.to);
     let settings = app.config.analytics.clone();
     let raw = raw_from(&app);
     let bill = read(&app, move |c| {
