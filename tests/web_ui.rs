@@ -141,8 +141,21 @@ impl Browser {
             json!({}),
         )
         .await;
-        let url = self.url().await;
+        let url = self.wait_for_url(|u| !u.contains("/signin")).await;
         assert!(url.ends_with(path), "signed in, at {url}, wanted {path}");
+    }
+
+    /// The page's URL once it satisfies `ok` (a form's navigation may finish after the click
+    /// returns); the last URL seen after 10 s.
+    async fn wait_for_url(&self, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let url = self.url().await;
+            if ok(&url) || std::time::Instant::now() > deadline {
+                return url;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn screenshot(&self, name: &str) {
@@ -172,6 +185,20 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        // Ends the WebDriver session first, so chromedriver closes Chromium (killing the driver
+        // alone leaves the browser running). Plain HTTP: Drop cannot await.
+        use std::io::{Read, Write};
+        let addr = self.base.trim_start_matches("http://");
+        if let Ok(mut c) = std::net::TcpStream::connect(addr) {
+            let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
+            let _ = write!(
+                c,
+                "DELETE /session/{} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                self.session
+            );
+            // The answer comes once Chromium has quit.
+            let _ = c.read(&mut [0u8; 1024]);
+        }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
@@ -243,13 +270,8 @@ cookie_secure = true
 }
 
 async fn get_json(a: &Aggregator, token: &str, path: &str) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .get(format!("{}{path}", a.url()))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    let (status, body) = get_text(a, token, path).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
 async fn get_text(a: &Aggregator, token: &str, path: &str) -> (u16, String) {
@@ -428,7 +450,8 @@ async fn the_pages_in_headless_chromium() {
             json!({}),
         )
         .await;
-    assert!(browser.url().await.contains("/signin"));
+    let url = browser.wait_for_url(|u| u.contains("/signin")).await;
+    assert!(url.contains("/signin"), "{url}");
     browser
         .sign_in(&app, TEAM_A, &format!("/tenants?{q}"))
         .await;
