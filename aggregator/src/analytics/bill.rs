@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Serialize, Serializer};
 
-use super::showback::Showback;
+use super::shares::Transfer;
+use super::showback::{Figures, Showback};
 
 /// An amount in cents; serialised as a decimal number of the currency (`12.34`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -178,8 +179,12 @@ pub struct BillLine {
     pub idle_gpu_hours: f64,
     /// used / allocated.
     pub efficiency: Option<f64>,
-    /// What it is charged for its own GPUs (held or used, by the cost mode).
+    /// What it is charged for GPUs: its own allocations (held or used, by the cost mode), plus
+    /// its part of shared instances other tenants hold, minus the parts of its shared instances
+    /// that other tenants used.
     pub cost: Money,
+    /// Of `cost`, what shared instances moved to it (+) or from it (−), rounded on its own.
+    pub shared_gpu_transfer: Money,
     /// What its idle GPU-hours cost (shown in both modes).
     pub idle_cost: Money,
     /// Its part of the overhead (share mode; 0 otherwise).
@@ -279,9 +284,12 @@ fn budget_for(monthly: f64, from: i64, to: i64) -> Money {
     Money::round(monthly * (to - from) as f64 / month)
 }
 
-/// Makes the bill from a fleet-wide showback grouped by tenant.
+/// Makes the bill from a fleet-wide showback grouped by tenant and the shared instances' transfers
+/// ([`super::shares::transfers`], computed for the same mode).
+#[allow(clippy::too_many_arguments)]
 pub fn bill(
     s: &Showback,
+    transfers: &[Transfer],
     from: i64,
     to: i64,
     currency: String,
@@ -291,12 +299,27 @@ pub fn bill(
 ) -> Bill {
     let t = &s.totals;
     let fleet_exact = t.cost + t.unallocated_cost;
-    let charges: Vec<f64> = s
+    // Every tenant that holds GPUs, or used a shared one another tenant holds.
+    let mut tenants: BTreeMap<String, (Figures, f64)> = s
         .rows
         .iter()
-        .map(|r| match cost_mode {
-            CostMode::Allocation => r.figures.cost,
-            CostMode::Usage => r.figures.cost - r.figures.idle_cost,
+        .map(|r| {
+            let t = r.key.first().cloned().flatten().unwrap_or_default();
+            (t, (r.figures.clone(), 0.0))
+        })
+        .collect();
+    for t in transfers {
+        tenants.entry(t.from.clone()).or_default().1 -= t.amount;
+        tenants.entry(t.to.clone()).or_default().1 += t.amount;
+    }
+    let charges: Vec<f64> = tenants
+        .values()
+        .map(|(f, moved)| {
+            moved
+                + match cost_mode {
+                    CostMode::Allocation => f.cost,
+                    CostMode::Usage => f.cost - f.idle_cost,
+                }
         })
         .collect();
     let overhead_exact = fleet_exact - charges.iter().sum::<f64>();
@@ -316,16 +339,13 @@ pub fn bill(
         }
         _ => vec![Money(0); charges.len()],
     };
-    let lines: Vec<BillLine> = s
-        .rows
-        .iter()
+    let lines: Vec<BillLine> = tenants
+        .into_iter()
         .zip(cents.iter().zip(&shared))
-        .map(|(r, (&cost, &share))| {
-            let tenant = r.key.first().cloned().flatten().unwrap_or_default();
+        .map(|((tenant, (f, moved)), (&cost, &share))| {
             let info = billing.tenants.get(&tenant).cloned().unwrap_or_default();
             let total = cost + share;
             let budget = info.monthly_budget.map(|m| budget_for(m, from, to));
-            let f = &r.figures;
             BillLine {
                 team: info.team,
                 org: info.org,
@@ -334,6 +354,7 @@ pub fn bill(
                 idle_gpu_hours: hours(f.idle_gpu_seconds),
                 efficiency: f.efficiency,
                 cost,
+                shared_gpu_transfer: Money::round(moved),
                 idle_cost: Money::round(f.idle_cost),
                 shared_overhead: share,
                 total,

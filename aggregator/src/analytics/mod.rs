@@ -19,6 +19,7 @@ pub mod fragmentation;
 pub mod geometry;
 pub mod hoarding;
 pub mod prices;
+pub mod shares;
 pub mod showback;
 pub mod trend;
 

@@ -181,8 +181,11 @@ pub fn compute_bill(
 ) -> Result<Bill, ApiError> {
     let s = showback::showback(conn, from, to, GroupBy::Tenant, None, raw_from, settings)
         .map_err(showback_error)?;
+    let moved = analytics::shares::transfers(conn, from, to, mode, settings)
+        .map_err(|e| ApiError::internal(&e))?;
     let b = bill::bill(
         &s,
+        &moved,
         from,
         to,
         settings.prices.currency.clone(),
