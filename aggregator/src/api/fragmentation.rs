@@ -9,9 +9,9 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 
+use super::AppState;
 use super::error::ApiError;
-use super::showback::only_params;
-use super::{AppState, range_params, time_param};
+use super::params::Params;
 use crate::analytics::fleet;
 
 /// The handler.
@@ -27,28 +27,25 @@ pub async fn fragmentation(
             "fragmentation is fleet data; a tenant: token cannot read it",
         ));
     }
-    only_params(&q, &["at", "from", "to"])?;
+    let q = Params::checked(q, &["at", "from", "to", "month"])?;
     let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
     let settings = app.config.analytics.clone();
-    if q.contains_key("from") || q.contains_key("to") {
-        if q.contains_key("at") {
+    if q.has("from") || q.has("to") || q.has("month") {
+        if q.has("at") {
             return Err(ApiError::bad_request(
                 "at",
                 "give either at, or from and to",
             ));
         }
-        let (from, to) = range_params(
-            q.get("from").map(String::as_str),
-            q.get("to").map(String::as_str),
-            app.config.retention.rollup_secs,
-        )?;
+        let (from, to) = q.range(app.config.retention.rollup_secs)?;
         let v = tokio::task::spawn_blocking(move || fleet::over_range(&conn, from, to, &settings))
             .await
             .map_err(|e| ApiError::internal(&e))?
             .map_err(|e| ApiError::internal(&e))?;
         return Ok(Json(v).into_response());
     }
-    let at = time_param("at", q.get("at").map(String::as_str))?
+    let at = q
+        .time("at")?
         .unwrap_or_else(|| chrono::Utc::now().timestamp());
     let v = tokio::task::spawn_blocking(move || {
         fleet::at_instant(&conn, at, fleet::MAX_AGE_SECS, &settings)

@@ -7,9 +7,9 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 
+use super::AppState;
 use super::error::ApiError;
-use super::showback::only_params;
-use super::{AppState, time_param};
+use super::params::Params;
 use crate::analytics::{self, EpisodeState};
 
 /// The handler.
@@ -20,23 +20,19 @@ pub async fn hoarding(
 ) -> Result<Json<analytics::HoardingView>, ApiError> {
     let role = app.tokens.authenticate(&headers)?;
     let tenant = role.read_scope()?.map(str::to_owned);
-    only_params(&q, &["state", "from", "to"])?;
-    let state = match q.get("state").map(String::as_str) {
-        None | Some("open") => EpisodeState::Open,
-        Some("closed") => EpisodeState::Closed,
-        Some("all") => EpisodeState::All,
-        Some(s) => {
-            return Err(ApiError::bad_request(
-                "state",
-                format!("{s:?} is not one of open, closed, all"),
-            ));
-        }
-    };
-    let from = time_param("from", q.get("from").map(String::as_str))?.unwrap_or(i64::MIN);
-    let to = time_param("to", q.get("to").map(String::as_str))?.unwrap_or(i64::MAX);
-    if from >= to {
-        return Err(ApiError::bad_request("from", "from must be before to"));
-    }
+    let q = Params::checked(q, &["state", "from", "to"])?;
+    let state = q.choice(
+        "state",
+        EpisodeState::Open,
+        |s| match s {
+            "open" => Some(EpisodeState::Open),
+            "closed" => Some(EpisodeState::Closed),
+            "all" => Some(EpisodeState::All),
+            _ => None,
+        },
+        "open, closed, all",
+    )?;
+    let (from, to) = q.open_range()?;
     let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
     let settings = app.config.analytics.clone();
     let rows = tokio::task::spawn_blocking(move || {

@@ -6,9 +6,12 @@ pub mod error;
 pub mod fragmentation;
 pub mod hoarding;
 pub mod ingest;
+pub mod params;
 pub mod reclaim;
 pub mod shares;
 pub mod showback;
+
+pub use params::{LATEST_TIME, range_params, time_param};
 
 use std::sync::Arc;
 
@@ -102,73 +105,6 @@ impl App {
             analytics: report,
             reclaim,
         })
-    }
-}
-
-/// Latest time a query may name: 9999-12-31T23:59:59Z. With times from 1970 on, every
-/// difference and every rounding to a day boundary stays far inside 64 bits.
-pub const LATEST_TIME: i64 = 253_402_300_799;
-
-/// Parses a time query parameter: RFC 3339 or Unix seconds, from 1970 to the year 9999; 400
-/// naming it otherwise.
-pub fn time_param(name: &'static str, value: Option<&str>) -> Result<Option<i64>, error::ApiError> {
-    value
-        .map(|v| {
-            let t = gpuledger_schema::trace::parse_timestamp(v).map_err(|e| {
-                error::ApiError::bad_request(
-                    name,
-                    format!("{v:?} is not a time (RFC 3339 or Unix seconds): {e}"),
-                )
-            })?;
-            if !(0..=LATEST_TIME).contains(&t) {
-                return Err(error::ApiError::bad_request(
-                    name,
-                    format!("{v:?} is outside 1970-01-01 to 9999-12-31"),
-                ));
-            }
-            Ok(t)
-        })
-        .transpose()
-}
-
-/// `[from, to)` from the query: `to` defaults to now, `from` to the start of `to`'s UTC month.
-pub fn range_params(
-    from: Option<&str>,
-    to: Option<&str>,
-    max_secs: i64,
-) -> Result<(i64, i64), error::ApiError> {
-    use chrono::{Datelike, TimeZone};
-    let to = time_param("to", to)?.unwrap_or_else(|| chrono::Utc::now().timestamp());
-    let from = match time_param("from", from)? {
-        Some(f) => f,
-        None => {
-            let t = chrono::Utc
-                .timestamp_opt(to, 0)
-                .single()
-                .unwrap_or_default();
-            chrono::Utc
-                .with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
-                .single()
-                .map_or(to, |m| m.timestamp())
-        }
-    };
-    if from >= to {
-        return Err(error::ApiError::bad_request(
-            "from",
-            format!("from ({from}) must be before to ({to})"),
-        ));
-    }
-    // Checked although the bounds above make it impossible: an overflow here once turned a
-    // huge range into a month-to-date answer.
-    match to.checked_sub(from) {
-        Some(span) if span <= max_secs => Ok((from, to)),
-        span => Err(error::ApiError::bad_request(
-            "from",
-            format!(
-                "the range is {} s; at most {max_secs} s (the rollup retention) is kept",
-                span.map_or_else(|| "more than 2^63".to_owned(), |s| s.to_string())
-            ),
-        )),
     }
 }
 
@@ -326,38 +262,4 @@ async fn check_ready(app: &AppState) -> Result<(), String> {
     .map_err(|e| e.to_string())?
     .map(|_| ())
     .map_err(|e| format!("the ledger cannot be read: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Regression: `showback?from=9223372036854775707&to=9223372036854775807` answered
-    /// month-to-date totals and `fragmentation?from=i64::MIN&to=i64::MAX` slipped past the
-    /// 400-day bound, through `to - from` overflowing.
-    #[test]
-    fn time_range_arithmetic_cannot_overflow() {
-        let max = 400 * 86400;
-        for (from, to, field) in [
-            ("9223372036854775707", "9223372036854775807", "to"),
-            ("-9223372036854775808", "9223372036854775807", "to"),
-            ("-9223372036854775808", "1700000000", "from"),
-            ("-1", "1700000000", "from"),
-            ("0", "253402300800", "to"),
-        ] {
-            let e = range_params(Some(from), Some(to), max).unwrap_err();
-            assert_eq!(
-                (e.status.as_u16(), e.field.as_deref()),
-                (400, Some(field)),
-                "{from}..{to}: {}",
-                e.message
-            );
-        }
-        let e = range_params(Some("0"), Some("253402300799"), max).unwrap_err();
-        assert!(e.message.contains("at most"), "{}", e.message);
-        assert_eq!(
-            range_params(Some("1700000000"), Some("1700003600"), max).unwrap(),
-            (1_700_000_000, 1_700_003_600)
-        );
-    }
 }

@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use super::showback::only_params;
+use super::params::Params;
 use super::{AppState, time_param};
 use crate::auth::Role;
 use crate::reclaim::alertmanager::{self, IntakeReport, WebhookMessage};
@@ -56,7 +56,7 @@ async fn write<T: Send + 'static>(
         .map_err(|e| ApiError::unavailable(format!("the ledger cannot be written: {e}"), 5))
 }
 
-fn limit(q: &HashMap<String, String>) -> Result<i64, ApiError> {
+fn limit(q: &Params) -> Result<i64, ApiError> {
     match q.get("limit") {
         None => Ok(1000),
         Some(s) => s
@@ -84,9 +84,9 @@ pub async fn reclaims(
 ) -> Result<Json<Reclaims>, ApiError> {
     let role = app.tokens.authenticate(&headers)?;
     let tenant = role.read_scope()?.map(str::to_owned);
-    only_params(&q, &["from", "to", "limit"])?;
-    let from = time_param("from", q.get("from").map(String::as_str))?.unwrap_or(0);
-    let to = time_param("to", q.get("to").map(String::as_str))?.unwrap_or(i64::MAX);
+    let q = Params::checked(q, &["from", "to", "limit"])?;
+    let from = q.time("from")?.unwrap_or(0);
+    let to = q.time("to")?.unwrap_or(i64::MAX);
     let limit = limit(&q)?;
     let decisions = read(&app, move |c| {
         records::decisions(c, from, to, tenant.as_deref(), limit)
@@ -113,7 +113,7 @@ pub async fn list_exemptions(
 ) -> Result<Json<Exemptions>, ApiError> {
     let role = app.tokens.authenticate(&headers)?;
     let tenant = role.read_scope()?.map(str::to_owned);
-    only_params(&q, &[])?;
+    Params::checked(q, &[])?;
     let now = chrono::Utc::now().timestamp();
     let exemptions = read(&app, move |c| {
         records::exemptions(c, now, tenant.as_deref())
@@ -244,8 +244,8 @@ pub async fn deliveries(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<Deliveries>, ApiError> {
     app.tokens.authenticate(&headers)?.require_admin()?;
-    only_params(&q, &["state", "endpoint", "event_id", "limit"])?;
-    let state = q.get("state").cloned();
+    let q = Params::checked(q, &["state", "endpoint", "event_id", "limit"])?;
+    let state = q.get("state").map(str::to_owned);
     if let Some(s) = &state
         && !records::DELIVERY_STATES.contains(&s.as_str())
     {
@@ -254,8 +254,8 @@ pub async fn deliveries(
             format!("{s:?} is not one of {:?}", records::DELIVERY_STATES),
         ));
     }
-    let endpoint = q.get("endpoint").cloned();
-    let event_id = q.get("event_id").cloned();
+    let endpoint = q.get("endpoint").map(str::to_owned);
+    let event_id = q.get("event_id").map(str::to_owned);
     let limit = limit(&q)?;
     let (deliveries, disabled_endpoints) = read(&app, move |c| {
         let rows = records::deliveries(

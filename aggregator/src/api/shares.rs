@@ -10,9 +10,9 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 
+use super::AppState;
 use super::error::ApiError;
-use super::showback::only_params;
-use super::{AppState, time_param};
+use super::params::Params;
 use crate::analytics::shares::{self, GroupBy, SharesView};
 
 fn whole_hour(name: &'static str, t: i64) -> Result<i64, ApiError> {
@@ -33,22 +33,19 @@ pub async fn shares(
 ) -> Result<Json<SharesView>, ApiError> {
     let role = app.tokens.authenticate(&headers)?;
     let tenant = role.read_scope()?.map(str::to_owned);
-    only_params(&q, &["from", "to", "group_by"])?;
-    let by = match q.get("group_by").map(String::as_str) {
-        None => GroupBy::Instance,
-        Some(s) => GroupBy::parse(s).ok_or_else(|| {
-            ApiError::bad_request(
-                "group_by",
-                format!("{s:?} is not one of {}", GroupBy::NAMES),
-            )
-        })?,
-    };
+    let q = Params::checked(q, &["from", "to", "group_by"])?;
+    let by = q.choice(
+        "group_by",
+        GroupBy::Instance,
+        GroupBy::parse,
+        GroupBy::NAMES,
+    )?;
     let now = chrono::Utc::now().timestamp();
-    let to = match time_param("to", q.get("to").map(String::as_str))? {
+    let to = match q.time("to")? {
         Some(t) => whole_hour("to", t)?,
         None => now - now.rem_euclid(3600),
     };
-    let from = match time_param("from", q.get("from").map(String::as_str))? {
+    let from = match q.time("from")? {
         Some(f) => whole_hour("from", f)?,
         None => to - 24 * 3600,
     };

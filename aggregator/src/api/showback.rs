@@ -1,4 +1,4 @@
-//! `GET /api/v1/showback?from=&to=&group_by=`: allocated, used and idle GPU-seconds and cost per
+//! `GET /api/v1/showback?from=&to=` (or `month=`) `&group_by=`: allocated, used and idle GPU-seconds and cost per
 //! group over `[from, to)`, and the fleet's totals. Definitions: `schema/ANALYTICS.md`.
 
 use std::collections::HashMap;
@@ -7,23 +7,10 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 
+use super::AppState;
 use super::error::ApiError;
-use super::{AppState, range_params};
+use super::params::Params;
 use crate::analytics::showback::{self, GroupBy, ShowbackError};
-
-/// Refuses parameters the endpoint does not know (a typo would otherwise be silently ignored).
-pub fn only_params(q: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiError> {
-    match q.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => Err(ApiError::bad_request(
-            k.clone(),
-            format!(
-                "unknown parameter; this endpoint takes {}",
-                known.join(", ")
-            ),
-        )),
-        None => Ok(()),
-    }
-}
 
 /// `GET /api/v1/showback`.
 pub async fn showback(
@@ -56,22 +43,10 @@ async fn view(
 ) -> Result<showback::ShowbackView, ApiError> {
     let role = app.tokens.authenticate(headers)?;
     let tenant = role.read_scope()?.map(str::to_owned);
-    only_params(&q, &["from", "to", "group_by"])?;
-    let by = match q.get("group_by").map(String::as_str) {
-        None => GroupBy::Tenant,
-        Some(s) => GroupBy::parse(s).ok_or_else(|| {
-            ApiError::bad_request(
-                "group_by",
-                format!("{s:?} is not one of {}", GroupBy::NAMES),
-            )
-        })?,
-    };
+    let q = Params::checked(q, &["from", "to", "month", "group_by"])?;
+    let by = q.choice("group_by", GroupBy::Tenant, GroupBy::parse, GroupBy::NAMES)?;
     let retention = app.config.retention;
-    let (from, to) = range_params(
-        q.get("from").map(String::as_str),
-        q.get("to").map(String::as_str),
-        retention.rollup_secs,
-    )?;
+    let (from, to) = q.range(retention.rollup_secs)?;
     let raw_from = chrono::Utc::now().timestamp() - retention.raw_secs;
     let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
     let settings = app.config.analytics.clone();

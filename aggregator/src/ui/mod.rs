@@ -26,7 +26,7 @@ use crate::analytics::showback::{self, GroupBy, ShowbackError};
 use crate::analytics::{self, EpisodeState};
 use crate::api::AppState;
 use crate::api::error::ApiError;
-use crate::api::showback::only_params;
+use crate::api::params::Params;
 use crate::auth::Role;
 use period::Period;
 use session::Reader;
@@ -41,7 +41,7 @@ struct Request {
     reader: Reader,
     tenant: Option<String>,
     period: Period,
-    q: HashMap<String, String>,
+    q: Params,
 }
 
 impl Request {
@@ -59,12 +59,12 @@ impl Request {
     }
 
     fn csv_wanted(&self) -> Result<Option<&str>, ApiError> {
-        match self.q.get("format").map(String::as_str) {
+        match self.q.get("format") {
             None | Some("html") => Ok(None),
             Some("csv") => self
                 .q
                 .get("table")
-                .map(|t| Some(t.as_str()))
+                .map(Some)
                 .ok_or_else(|| ApiError::bad_request("table", "format=csv needs table=<id>")),
             Some(f) => Err(ApiError::bad_request(
                 "format",
@@ -91,25 +91,13 @@ impl Request {
 
 /// `mode` and `idle` from the query, or the configured defaults; 400 naming the parameter.
 fn cost_options(
-    q: &HashMap<String, String>,
+    q: &Params,
     billing: &bill::BillingSettings,
 ) -> Result<(CostMode, IdleSharing), ApiError> {
-    let mode = match q.get("mode") {
-        None => billing.cost_mode,
-        Some(m) => CostMode::parse(m).ok_or_else(|| {
-            ApiError::bad_request("mode", format!("{m:?} is not one of {}", CostMode::NAMES))
-        })?,
-    };
-    let idle = match q.get("idle") {
-        None => billing.idle,
-        Some(m) => IdleSharing::parse(m).ok_or_else(|| {
-            ApiError::bad_request(
-                "idle",
-                format!("{m:?} is not one of {}", IdleSharing::NAMES),
-            )
-        })?,
-    };
-    Ok((mode, idle))
+    Ok((
+        q.choice("mode", billing.cost_mode, CostMode::parse, CostMode::NAMES)?,
+        q.choice("idle", billing.idle, IdleSharing::parse, IdleSharing::NAMES)?,
+    ))
 }
 
 /// Who is asking and for what; `Err(redirect)` to the sign-in page when nobody is signed in.
@@ -119,7 +107,7 @@ fn request(
     q: HashMap<String, String>,
     path: &str,
 ) -> Result<Result<Request, Response>, ApiError> {
-    only_params(&q, PAGE_PARAMS)?;
+    let q = Params::checked(q, PAGE_PARAMS)?;
     let Some(reader) = session::reader(headers, &app.tokens, &app.sessions, &app.config.ui)? else {
         let back = format!("{path}?{}", period_query(&q));
         return Ok(Err(Redirect::to(&format!(
@@ -142,7 +130,7 @@ fn request(
     }))
 }
 
-fn period_query(q: &HashMap<String, String>) -> String {
+fn period_query(q: &Params) -> String {
     ["month", "from", "to"]
         .iter()
         .filter_map(|k| q.get(*k).map(|v| format!("{k}={}", views::segment(v))))
@@ -288,7 +276,7 @@ fn finish(
             if sortable.contains(&t.id) {
                 t.sort_href = Some(format!("{path}?{q}&"));
                 if let Some(col) = req.q.get("sort") {
-                    let desc = match req.q.get("dir").map(String::as_str) {
+                    let desc = match req.q.get("dir") {
                         None | Some("asc") => false,
                         Some("desc") => true,
                         Some(d) => {
@@ -996,7 +984,7 @@ pub async fn bill_json(
         .authenticate(&headers)?
         .read_scope()?
         .map(str::to_owned);
-    only_params(&q, &["month", "from", "to", "mode", "idle"])?;
+    let q = Params::checked(q, &["month", "from", "to", "mode", "idle"])?;
     let period = period::period(
         &q,
         chrono::Utc::now().timestamp(),

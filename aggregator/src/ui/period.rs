@@ -1,12 +1,10 @@
 //! The period a page or export covers: `month=YYYY-MM`, or `from` and `to` (RFC 3339 or Unix
 //! seconds); the current UTC month by default.
 
-use std::collections::HashMap;
-
 use chrono::{Datelike, TimeZone, Utc};
 
 use crate::api::error::ApiError;
-use crate::api::range_params;
+use crate::api::params::Params;
 
 /// A period, with what the pages need to show it and move to the next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,29 +52,17 @@ fn month(year: i32, month: u32) -> Option<Period> {
     })
 }
 
-/// Reads the period from the query; `now` picks the default month; `max_secs` bounds a range.
-pub fn period(q: &HashMap<String, String>, now: i64, max_secs: i64) -> Result<Period, ApiError> {
-    if let Some(m) = q.get("month") {
-        if q.contains_key("from") || q.contains_key("to") {
-            return Err(ApiError::bad_request(
-                "month",
-                "give either month, or from and to",
-            ));
-        }
-        let parsed = m
-            .split_once('-')
-            .and_then(|(y, mo)| Some((y.parse::<i32>().ok()?, mo.parse::<u32>().ok()?)))
-            .filter(|(y, mo)| (1970..=9998).contains(y) && (1..=12).contains(mo) && m.len() == 7);
-        return parsed
-            .and_then(|(y, mo)| month(y, mo))
-            .ok_or_else(|| ApiError::bad_request("month", format!("{m:?} is not YYYY-MM")));
+/// Reads the period from the query ([`Params::range`]: `month`, or `from`/`to`); without
+/// either, the UTC month of `now`. `max_secs` bounds a range.
+pub fn period(q: &Params, now: i64, max_secs: i64) -> Result<Period, ApiError> {
+    if q.has("month") {
+        let (from, _) = q.range(max_secs)?;
+        let t = Utc.timestamp_opt(from, 0).single().unwrap_or_default();
+        return month(t.year(), t.month())
+            .ok_or_else(|| ApiError::bad_request("month", "not a month"));
     }
-    if q.contains_key("from") || q.contains_key("to") {
-        let (from, to) = range_params(
-            q.get("from").map(String::as_str),
-            q.get("to").map(String::as_str),
-            max_secs,
-        )?;
+    if q.has("from") || q.has("to") {
+        let (from, to) = q.range(max_secs)?;
         let fmt = |t: i64| {
             Utc.timestamp_opt(t, 0)
                 .single()
@@ -101,10 +87,15 @@ pub fn period(q: &HashMap<String, String>, now: i64, max_secs: i64) -> Result<Pe
 mod tests {
     use super::*;
 
-    fn q(kv: &[(&str, &str)]) -> HashMap<String, String> {
-        kv.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+    fn q(kv: &[(&str, &str)]) -> Params {
+        let all = ["month", "from", "to"];
+        Params::checked(
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            &all,
+        )
+        .unwrap()
     }
 
     #[test]
