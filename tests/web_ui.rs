@@ -335,11 +335,13 @@ async fn the_pages_in_headless_chromium() {
         "Σ tenants + overhead = fleet cost: {bill}"
     );
     for mode in [
+        "mode=allocation",
         "mode=usage&idle=share",
         "mode=allocation&idle=share",
         "mode=usage",
     ] {
         let (_, b) = get_json(&a, FINANCE, &format!("/api/v1/bill?{q}&{mode}")).await;
+        let o = &b["overhead"];
         let sum: i64 = b["lines"]
             .as_array()
             .unwrap()
@@ -347,10 +349,24 @@ async fn the_pages_in_headless_chromium() {
             .map(|l| cents(&l["total"]))
             .sum();
         assert_eq!(
-            sum + cents(&b["overhead"]["total"]),
+            sum + cents(&o["total"]),
             cents(&b["fleet_cost"]),
             "{mode}: {b}"
         );
+        // The overhead's parts add up to it, in cents.
+        assert_eq!(
+            cents(&o["unallocated_cost"]) + cents(&o["holders_idle_cost"]),
+            cents(&o["before_sharing"]),
+            "{mode}: {o}"
+        );
+        assert_eq!(
+            cents(&o["before_sharing"]) - cents(&o["shared_out"]),
+            cents(&o["total"]),
+            "{mode}: {o}"
+        );
+        if mode.contains("share") {
+            assert_eq!(cents(&o["total"]), 0, "{mode}: {o}");
+        }
     }
 
     let browser = Browser::start().await;
@@ -399,6 +415,7 @@ async fn the_pages_in_headless_chromium() {
             "tenant-team-a",
             "by_profile",
         ),
+        (format!("/tenants/team-a?{q}"), "tenant-team-a", "reclaims"),
         (
             format!("/tenants/{}?{q}", "%3Cscript%3Ealert(1)%3C%2Fscript%3E"),
             "tenant-evil",

@@ -197,20 +197,25 @@ pub struct BillLine {
     pub budget_used: Option<f64>,
 }
 
-/// The platform's part.
+/// The platform's part. In cents: `unallocated_cost + holders_idle_cost = before_sharing`,
+/// `before_sharing − shared_out = total`, and Σ tenants' totals + `total` = the fleet's cost.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Overhead {
     /// GPU-hours of capacity nobody held.
     pub unallocated_gpu_hours: f64,
     /// Of those, GPU-hours the demand mix cannot use (stranded by the MIG layout).
     pub stranded_gpu_hours: f64,
-    /// What the capacity nobody held cost.
+    /// What the capacity nobody held cost: `before_sharing − holders_idle_cost`.
     pub unallocated_cost: Money,
-    /// What the stranded part of it cost.
+    /// What the stranded part of it cost (rounded on its own; part of `unallocated_cost`).
     pub stranded_cost: Money,
     /// In usage mode, what the holders' idle cost (0 in allocation mode).
     pub holders_idle_cost: Money,
-    /// The overhead line of the bill: fleet cost − Σ tenants' cost (0 when shared out).
+    /// Fleet cost − Σ tenants' cost: the overhead before any is shared out.
+    pub before_sharing: Money,
+    /// What was shared out to the tenants (`idle = "share"`; 0 otherwise).
+    pub shared_out: Money,
+    /// The overhead line of the bill: `before_sharing − shared_out`.
     pub total: Money,
 }
 
@@ -367,15 +372,18 @@ pub fn bill(
         })
         .collect();
     let shared_total: Money = shared.iter().copied().sum();
+    let holders_idle_cost = match cost_mode {
+        CostMode::Allocation => Money(0),
+        CostMode::Usage => Money::round(t.idle_cost),
+    };
     let overhead = Overhead {
         unallocated_gpu_hours: hours(t.unallocated_gpu_seconds),
         stranded_gpu_hours: hours(t.stranded_gpu_seconds),
-        unallocated_cost: Money::round(t.unallocated_cost),
+        unallocated_cost: Money(overhead_cents.0 - holders_idle_cost.0),
         stranded_cost: Money::round(t.stranded_cost),
-        holders_idle_cost: match cost_mode {
-            CostMode::Allocation => Money(0),
-            CostMode::Usage => Money::round(t.idle_cost),
-        },
+        holders_idle_cost,
+        before_sharing: overhead_cents,
+        shared_out: shared_total,
         total: Money(overhead_cents.0 - shared_total.0),
     };
     Bill {

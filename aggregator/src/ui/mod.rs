@@ -516,7 +516,7 @@ pub async fn tenants(
     if let Some(r) = views::reconciliation(&bill) {
         sections.push(Section::table(
             "Reconciliation",
-            "Σ tenants + platform overhead = the fleet's cost.",
+            "Capacity nobody held + holders' idle − what was shared out = the overhead line; tenants + the overhead line = the fleet's cost, to the cent.",
             r,
         ));
         sections.push(Section::table(
@@ -561,7 +561,7 @@ pub async fn tenant(
     let settings = app.config.analytics.clone();
     let raw = raw_from(&app);
     let who = name.clone();
-    let (bill, days, models, workloads, eps) = read(&app, move |c| {
+    let (bill, days, models, workloads, eps, reclaims) = read(&app, move |c| {
         let b = compute_bill(c, from, to, &settings, raw, mode, idle, Some(&who))?;
         let d =
             analytics::trend::daily(c, from, to, Some(&who)).map_err(|e| ApiError::internal(&e))?;
@@ -574,12 +574,15 @@ pub async fn tenant(
         };
         let e = analytics::episodes(c, EpisodeState::All, from, to, Some(&who), &settings)
             .map_err(|e| ApiError::internal(&e))?;
+        let r = crate::reclaim::records::decisions(c, from, to, Some(&who), 1000)
+            .map_err(|e| ApiError::internal(&e))?;
         Ok((
             b,
             d,
             view(GroupBy::MigProfile)?,
             view(GroupBy::Workload)?,
             e,
+            r,
         ))
     })
     .await?;
@@ -626,6 +629,11 @@ pub async fn tenant(
             "Hoarding episodes",
             "Idle allocations of this tenant that overlap the period.",
             views::episodes(&eps, "episodes", &req.query()),
+        ),
+        Section::table(
+            "Reclaim actions",
+            "What the reclaim policy decided about this tenant's idle allocations in the period (newest first, at most 1,000).",
+            views::reclaims(&reclaims),
         ),
     ];
     render(

@@ -121,29 +121,34 @@ pub fn reconciliation(bill: &Bill) -> Option<Table> {
     let allocated: f64 = bill.lines.iter().map(|l| l.allocated_gpu_hours).sum();
     t.rows = vec![
         vec![
-            Cell::text("Tenants (Σ totals)"),
-            Cell::hours(allocated),
-            money(tenants),
-        ],
-        vec![
-            Cell::text("Platform overhead"),
-            Cell::hours(o.unallocated_gpu_hours),
-            money(o.total),
-        ],
-        vec![
-            Cell::text("  of which capacity nobody held"),
+            Cell::text("Overhead: capacity nobody held"),
             Cell::hours(o.unallocated_gpu_hours),
             money(o.unallocated_cost),
         ],
         vec![
-            Cell::text("  of which stranded by MIG layouts"),
+            Cell::text("    of which stranded by MIG layouts"),
             Cell::hours(o.stranded_gpu_hours),
             money(o.stranded_cost),
         ],
         vec![
-            Cell::text("  of which holders' idle (usage mode)"),
+            Cell::text("Overhead: holders' idle (usage mode)"),
             Cell::Empty,
             money(o.holders_idle_cost),
+        ],
+        vec![
+            Cell::text("Overhead shared out to tenants"),
+            Cell::Empty,
+            money(Money(-o.shared_out.0)),
+        ],
+        vec![
+            Cell::text("Platform overhead line"),
+            Cell::Empty,
+            money(o.total),
+        ],
+        vec![
+            Cell::text("Tenants (Σ totals)"),
+            Cell::hours(allocated),
+            money(tenants),
         ],
         vec![
             Cell::text("Fleet cost"),
@@ -255,6 +260,20 @@ pub fn episodes(rows: &[EpisodeRow], id: &'static str, query: &str) -> Table {
     t
 }
 
+/// How a showback key column is headed on a page (its CSV name stays the API's).
+fn key_label(k: &'static str) -> &'static str {
+    match k {
+        "tenant" => "Tenant",
+        "workload" => "Workload",
+        "node" => "Node",
+        "gpu_model" => "GPU model",
+        "mig_profile" => "MIG profile",
+        "slo_class" => "SLO class",
+        // A new key column is headed by its API name until it is given a label here.
+        other => other,
+    }
+}
+
 /// A showback answer (any grouping): the key columns, then the figures. The CSV of
 /// `GET /api/v1/showback.csv`.
 pub fn showback(v: &ShowbackView, id: &'static str) -> Table {
@@ -263,7 +282,7 @@ pub fn showback(v: &ShowbackView, id: &'static str) -> Table {
         .first()
         .map(|r| r.key.keys().copied().collect())
         .unwrap_or_else(|| v.group_by.into_iter().collect());
-    let mut cols: Vec<Column> = keys.iter().map(|k| Column::text(k, k)).collect();
+    let mut cols: Vec<Column> = keys.iter().map(|k| Column::text(k, key_label(k))).collect();
     cols.extend([
         Column::number("allocated_gpu_seconds", "Allocated GPU-s"),
         Column::number("used_gpu_seconds", "Used GPU-s"),
@@ -306,7 +325,7 @@ pub fn breakdown(v: &ShowbackView, id: &'static str) -> Table {
         .first()
         .map(|r| r.key.keys().copied().collect())
         .unwrap_or_default();
-    let mut cols: Vec<Column> = keys.iter().map(|k| Column::text(k, k)).collect();
+    let mut cols: Vec<Column> = keys.iter().map(|k| Column::text(k, key_label(k))).collect();
     cols.extend([
         Column::number("allocated_gpu_hours", "Allocated GPU-h"),
         Column::number("used_gpu_hours", "Used GPU-h"),
@@ -361,6 +380,34 @@ pub fn prices(rows: &[PriceInForce]) -> Table {
             price(p.per_gpu_hour),
             Cell::time(Some(p.from)),
             Cell::time(Some(p.to)),
+        ]);
+    }
+    t
+}
+
+/// Reclaim decisions (notices, requests, holds, cancellations), newest first.
+pub fn reclaims(rows: &[crate::reclaim::records::Decision]) -> Table {
+    let mut t = Table::new(
+        "reclaims",
+        vec![
+            Column::number("decided_at", "Decided"),
+            Column::text("workload", "Workload"),
+            Column::text("node", "Node"),
+            Column::text("decision", "Decision"),
+            Column::text("reason", "Reason"),
+            Column::text("detail", "Detail"),
+            Column::text("dry_run", "Dry run"),
+        ],
+    );
+    for d in rows {
+        t.rows.push(vec![
+            Cell::time(Some(d.decided_at)),
+            Cell::opt_text(d.workload.clone()),
+            Cell::text(d.node.clone()),
+            Cell::text(d.decision.clone()),
+            Cell::text(d.reason.clone()),
+            Cell::text(d.detail.clone()),
+            Cell::text(if d.dry_run { "yes" } else { "no" }),
         ]);
     }
     t
