@@ -133,7 +133,20 @@ pub async fn create_exemption(
 ) -> Result<(StatusCode, Json<Exemption>), ApiError> {
     let role = app.tokens.authenticate(&headers)?;
     let req: NewExemption = body(&bytes)?;
-    let tenant = match (&role, req.tenant) {
+    let e = add_exemption(&app, &role, req, "snoozed through the API").await?;
+    Ok((StatusCode::CREATED, Json(e)))
+}
+
+/// Checks a snooze against the role (an admin names any tenant; a `tenant:` role only its own)
+/// and the limits (at most a week; a workload of 1 to 512 bytes), stores it and logs it; 4xx
+/// naming the field otherwise. `POST /api/v1/exemptions` and the Hoarding page's snooze form.
+pub async fn add_exemption(
+    app: &AppState,
+    role: &Role,
+    req: NewExemption,
+    default_reason: &str,
+) -> Result<Exemption, ApiError> {
+    let tenant = match (role, req.tenant) {
         (Role::Admin, t) => t,
         (Role::Tenant(own), None) => Some(own.clone()),
         (Role::Tenant(own), Some(t)) if *own == t => Some(t),
@@ -175,17 +188,15 @@ pub async fn create_exemption(
         tenant,
         workload: req.workload,
         until: now + span.as_secs() as i64,
-        reason: req
-            .reason
-            .unwrap_or_else(|| "snoozed through the API".into()),
-        created_by: match &role {
+        reason: req.reason.unwrap_or_else(|| default_reason.into()),
+        created_by: match role {
             Role::Tenant(t) => format!("tenant:{t}"),
             _ => "admin".into(),
         },
         created_at: now,
     };
     let stored = e.clone();
-    write(&app, move |tx| records::insert_exemption(tx, &stored)).await?;
+    write(app, move |tx| records::insert_exemption(tx, &stored)).await?;
     tracing::info!(
         exemption = e.exemption_id,
         tenant = e.tenant.as_deref().unwrap_or("*"),
@@ -194,7 +205,7 @@ pub async fn create_exemption(
         by = e.created_by,
         "A reclaim exemption was added."
     );
-    Ok((StatusCode::CREATED, Json(e)))
+    Ok(e)
 }
 
 /// `DELETE /api/v1/exemptions/{id}`: ends it now (admin, or the tenant's own token).
