@@ -621,3 +621,117 @@ async fn pages_need_a_reader_and_forms_refuse_other_sites() {
         );
     }
 }
+
+/// Signs in with `token` over HTTP; returns the session cookie (`name=value`).
+async fn session_cookie(http: &reqwest::Client, a: &Aggregator, token: &str) -> String {
+    let r = http
+        .post(format!("{}/signin", a.url()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", token), ("next", "/")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap();
+    cookie.split(';').next().unwrap().to_owned()
+}
+
+/// The value of the first `<input name="{name}" value="…">` of a page.
+fn input_value(html: &str, name: &str) -> Option<String> {
+    let at = html.find(&format!(r#"name="{name}" value=""#))?;
+    let rest = &html[at + name.len() + 15..];
+    Some(rest[..rest.find('"')?].to_owned())
+}
+
+/// The only write the pages offer: an admin's session snoozes an open episode's workload from
+/// the Hoarding page (same origin, CSRF token); finance and tenant sessions get no form and a
+/// 403, a wrong CSRF token a 403, and the snooze is the same exemption the API lists.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_an_admin_session_snoozes_from_the_hoarding_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, t0) = fed(dir.path()).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let month = chrono::DateTime::from_timestamp(t0, 0)
+        .unwrap()
+        .format("%Y-%m")
+        .to_string();
+    let page = |cookie: String| {
+        let (http, url) = (http.clone(), format!("{}/hoarding?month={month}", a.url()));
+        async move {
+            let r = http.get(url).header("cookie", cookie).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    let post = |cookie: String, body: String| {
+        let (http, url) = (http.clone(), format!("{}/hoarding/snooze", a.url()));
+        async move {
+            http.post(url)
+                .header("cookie", cookie)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    // Finance reads the page but gets no form, and cannot post one with its own CSRF token.
+    let finance = session_cookie(&http, &a, FINANCE).await;
+    let html = page(finance.clone()).await;
+    assert!(
+        !html.contains("/hoarding/snooze"),
+        "finance sees a snooze form"
+    );
+    let csrf = input_value(&html, "csrf").expect("the sign-out form's CSRF token");
+    let r = post(
+        finance,
+        form(&[
+            ("csrf", &csrf),
+            ("tenant", "team-a"),
+            ("workload", "w"),
+            ("duration", "1h"),
+        ]),
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 403);
+    // An admin's session gets a form per open episode's workload.
+    let admin = session_cookie(&http, &a, ADMIN_TOKEN).await;
+    let html = page(admin.clone()).await;
+    assert!(
+        html.contains(r#"action="/hoarding/snooze""#),
+        "no snooze form for an admin"
+    );
+    let csrf = input_value(&html, "csrf").unwrap();
+    let tenant = input_value(&html, "tenant").unwrap();
+    let workload = input_value(&html, "workload").unwrap();
+    let fields = |csrf: &str, duration: &str| {
+        form(&[
+            ("csrf", csrf),
+            ("tenant", &tenant),
+            ("workload", &workload),
+            ("duration", duration),
+            ("next", "/hoarding"),
+        ])
+    };
+    assert_eq!(
+        post(admin.clone(), fields("wrong", "1h"))
+            .await
+            .status()
+            .as_u16(),
+        403
+    );
+    let r = post(admin.clone(), fields(&csrf, "30d")).await;
+    assert_eq!(r.status().as_u16(), 400, "longer than a week");
+    let r = post(admin.clone(), fields(&csrf, "8h")).await;
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(r.headers()["location"], "/hoarding");
+    let (_, listed) = get_json(&a, ADMIN_TOKEN, "/api/v1/exemptions").await;
+    let found = listed["exemptions"].as_array().unwrap();
+    assert_eq!(found.len(), 1, "{listed}");
+    assert_eq!(found[0]["tenant"].as_str(), Some(tenant.as_str()));
+    assert_eq!(found[0]["workload"].as_str(), Some(workload.as_str()));
+    assert_eq!(found[0]["reason"], "snoozed on the Hoarding page");
+}

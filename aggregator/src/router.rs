@@ -82,6 +82,7 @@ pub fn router(state: AppState) -> Router {
         .route("/prices", get(ui::prices))
         .route("/signin", get(ui::signin_page).post(ui::signin))
         .route("/signout", post(ui::signout))
+        .route("/hoarding/snooze", post(ui::snooze))
         // Admin
         .route("/api/v1/analytics/evaluate", post(api::evaluate_now))
         .route("/api/v1/webhooks/deliveries", get(reclaim::deliveries))

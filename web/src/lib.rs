@@ -18,5 +18,5 @@ pub mod pages;
 pub mod table;
 
 pub use chart::{Chart, Series};
-pub use pages::{GpuLayout, Kpi, Nav, Page, Section, SignIn, Slot};
+pub use pages::{GpuLayout, Kpi, Nav, Page, Section, SignIn, Slot, Snooze};
 pub use table::{Cell, Column, Table};

@@ -113,6 +113,34 @@ impl GpuLayout {
     }
 }
 
+/// A form that snoozes reclaim for one workload (an admin's session only): posted with the
+/// session's CSRF token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snooze {
+    /// Where it posts.
+    pub action: String,
+    /// The session's CSRF token.
+    pub csrf: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The workload.
+    pub workload: String,
+    /// Where to return.
+    pub next: String,
+}
+
+impl Snooze {
+    /// The durations offered, as (value, label).
+    pub fn durations(&self) -> [(&'static str, &'static str); 4] {
+        [
+            ("1h", "1 hour"),
+            ("8h", "8 hours"),
+            ("1d", "1 day"),
+            ("7d", "7 days"),
+        ]
+    }
+}
+
 /// A part of a page.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Section {
@@ -126,6 +154,8 @@ pub struct Section {
     pub layouts: Vec<GpuLayout>,
     /// The numbers.
     pub table: Option<Table>,
+    /// Snooze forms (admins, on the Hoarding page).
+    pub snoozes: Vec<Snooze>,
 }
 
 impl Section {
@@ -137,6 +167,7 @@ impl Section {
             chart: None,
             layouts: Vec::new(),
             table: Some(table),
+            snoozes: Vec::new(),
         }
     }
 

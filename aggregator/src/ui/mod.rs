@@ -689,8 +689,27 @@ pub async fn hoarding(
         100.0 * a.idle_threshold,
         a.window_secs() / 60
     );
+    let mut open_section =
+        Section::table("Open", intro, views::episodes(&open, "open", &req.query()));
+    // Admins signed in with a session may snooze an open episode's workload from here.
+    if let (Role::Admin, Some(csrf)) = (&req.reader.role, &req.reader.csrf) {
+        let mut seen = std::collections::BTreeSet::new();
+        for e in &open {
+            if let (Some(t), Some(w)) = (&e.tenant, &e.workload)
+                && seen.insert((t.clone(), w.clone()))
+            {
+                open_section.snoozes.push(gpuledger_web::Snooze {
+                    action: "/hoarding/snooze".into(),
+                    csrf: csrf.clone(),
+                    tenant: t.clone(),
+                    workload: w.clone(),
+                    next: format!("/hoarding?{}", req.query()),
+                });
+            }
+        }
+    }
     let sections = vec![
-        Section::table("Open", intro, views::episodes(&open, "open", &req.query())),
+        open_section,
         Section::table(
             "Ended",
             "",
@@ -979,6 +998,41 @@ pub async fn signout(
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
     Ok(r)
+}
+
+/// The Hoarding page's snooze form.
+#[derive(serde::Deserialize)]
+pub struct SnoozeForm {
+    csrf: String,
+    tenant: String,
+    workload: String,
+    duration: String,
+    #[serde(default)]
+    next: Option<String>,
+}
+
+/// `POST /hoarding/snooze`: keeps a workload from reclaim for a while (an exemption, as
+/// `POST /api/v1/exemptions`). Pages write only for an admin's session: same origin, CSRF
+/// token checked.
+pub async fn snooze(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Form(f): Form<SnoozeForm>,
+) -> Result<Response, ApiError> {
+    session::same_origin(&headers)?;
+    let reader = session::reader(&headers, &app.tokens, &app.sessions, &app.config.ui)?
+        .ok_or_else(|| ApiError::unauthorized("not signed in"))?;
+    session::check_csrf(&reader, &f.csrf)?;
+    reader.role.require_admin()?;
+    let req = crate::reclaim::records::NewExemption {
+        tenant: Some(f.tenant),
+        workload: Some(f.workload),
+        duration: f.duration,
+        reason: None,
+    };
+    crate::api::reclaim::add_exemption(&app, &reader.role, req, "snoozed on the Hoarding page")
+        .await?;
+    Ok(Redirect::to(&safe_next(f.next.as_deref())).into_response())
 }
 
 /// `GET /api/v1/bill` (JSON) — the Tenants page's value.
