@@ -171,6 +171,25 @@ impl Browser {
         std::fs::write(dir.join(format!("{name}.png")), bytes).unwrap();
     }
 
+    /// The page printed to PDF on A4 portrait, saved beside the screenshots; its bytes.
+    async fn print(&self, name: &str) -> Vec<u8> {
+        use base64::Engine;
+        let pdf = self
+            .cmd(
+                reqwest::Method::POST,
+                "/print",
+                json!({ "orientation": "portrait", "page": { "width": 21.0, "height": 29.7 } }),
+            )
+            .await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(pdf.as_str().unwrap_or_else(|| panic!("no PDF: {pdf}")))
+            .unwrap();
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{name}.pdf")), &bytes).unwrap();
+        bytes
+    }
+
     /// The `data-value`s of a table's column, top to bottom.
     async fn column(&self, table: &str, column: &str) -> Vec<String> {
         let script = format!(
@@ -406,6 +425,12 @@ async fn the_pages_in_headless_chromium() {
         .await;
     assert_eq!(alert["error"], "no such alert", "{alert}");
     browser.screenshot("tenants").await;
+    // Printed on A4 (the print stylesheet: no navigation, no CSV links), the bill fits on a page.
+    let pdf = browser.print("tenants").await;
+    assert!(pdf.starts_with(b"%PDF"), "not a PDF");
+    let pages = pdf.windows(11).filter(|w| w == b"/Type /Page").count()
+        - pdf.windows(12).filter(|w| w == b"/Type /Pages").count();
+    assert_eq!(pages, 1, "the tenants page prints on {pages} A4 pages");
 
     // Every page opens, with a heading and no error.
     for (path, name, table) in [
