@@ -621,6 +621,30 @@ async fn pages_need_a_reader_and_forms_refuse_other_sites() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 403);
+    // A form of the wrong type, or missing its field, gets the one JSON error shape.
+    let r = http
+        .post(format!("{}/signin", a.url()))
+        .header("content-type", "text/plain")
+        .body("token=x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["field"], "body", "{body}");
+    let r = http
+        .post(format!("{}/signin", a.url()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("next=/")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("token"),
+        "{body}"
+    );
     // A wrong token is a 401 page, and bad parameters name themselves.
     let r = http
         .post(format!("{}/signin", a.url()))

@@ -142,3 +142,28 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// `axum::Form`, whose rejections (415 wrong content type, 413 over the body limit, 422 a
+/// missing or malformed field) answer in the one JSON error shape, field `body`, instead of
+/// axum's plain text.
+pub struct Form<T>(pub T);
+
+impl<T, S> axum::extract::FromRequest<S> for Form<T>
+where
+    axum::Form<T>:
+        axum::extract::FromRequest<S, Rejection = axum::extract::rejection::FormRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        match axum::Form::<T>::from_request(req, state).await {
+            Ok(axum::Form(v)) => Ok(Form(v)),
+            Err(r) => Err(ApiError::new(
+                r.status(),
+                Some("body".into()),
+                r.body_text(),
+            )),
+        }
+    }
+}

@@ -16,7 +16,7 @@ pub mod views;
 use std::collections::HashMap;
 
 use askama::Template;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use gpuledger_web::{Chart, GpuLayout, Kpi, Nav, Page, Section, Series, SignIn, Slot, Table};
@@ -25,7 +25,7 @@ use crate::analytics::bill::{self, Bill, CostMode, IdleSharing, Money};
 use crate::analytics::showback::{self, GroupBy, ShowbackError};
 use crate::analytics::{self, EpisodeState};
 use crate::api::AppState;
-use crate::api::error::ApiError;
+use crate::api::error::{ApiError, Form};
 use crate::api::params::Params;
 use crate::auth::Role;
 use period::Period;
