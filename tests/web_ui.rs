@@ -415,6 +415,42 @@ async fn the_pages_in_headless_chromium() {
         .map(|rec| rec.unwrap()[total_col].to_owned())
         .collect();
     assert_eq!(from_csv, on_page);
+    // The showback CSV has the JSON's rows and numbers, for the same parameters.
+    let (_, sb) = get_json(
+        &a,
+        FINANCE,
+        &format!("/api/v1/showback?{q}&group_by=workload"),
+    )
+    .await;
+    let (status, csv) = get_text(
+        &a,
+        FINANCE,
+        &format!("/api/v1/showback.csv?{q}&group_by=workload"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let mut r = csv::Reader::from_reader(csv.as_bytes());
+    let headers = r.headers().unwrap().clone();
+    assert_eq!(
+        &headers.iter().take(3).collect::<Vec<_>>(),
+        &["tenant", "workload", "allocated_gpu_seconds"]
+    );
+    let records: Vec<csv::StringRecord> = r.records().map(Result::unwrap).collect();
+    let rows = sb["rows"].as_array().unwrap();
+    assert_eq!(records.len(), rows.len());
+    for (rec, row) in records.iter().zip(rows) {
+        assert_eq!(&rec[1], row["workload"].as_str().unwrap());
+        for (i, h) in headers.iter().enumerate().skip(2) {
+            match row[h].as_f64() {
+                // serde_json's default parser may be off in the last bit; the texts are exact.
+                Some(v) => {
+                    let c = rec[i].parse::<f64>().unwrap();
+                    assert!((c - v).abs() <= 1e-12 * v.abs().max(1.0), "{h}: {c} vs {v}");
+                }
+                None => assert_eq!(&rec[i], "", "{h}"),
+            }
+        }
+    }
     // The hostile tenant is text: no script ran, none was added, the name is shown as written.
     let scripts = browser.js("return document.scripts.length").await;
     assert_eq!(scripts, json!(0));
