@@ -419,8 +419,17 @@ fn column<T: Copy>(
 }
 
 impl Series {
+    /// A series with no samples that names `instance` held by `attribution` (the aggregator's
+    /// minute rows refer to their instance and holder this way).
+    pub fn describing(instance: &Instance, attribution: &Attribution) -> Series {
+        Series::of(instance, attribution, &[])
+    }
+
     fn from_samples(group: &[&Sample]) -> Series {
-        let (i, a) = (&group[0].instance, &group[0].attribution);
+        Series::of(&group[0].instance, &group[0].attribution, group)
+    }
+
+    fn of(i: &Instance, a: &Attribution, group: &[&Sample]) -> Series {
         Series {
             node: i.node.clone(),
             gpu_uuid: i.gpu_uuid.clone(),

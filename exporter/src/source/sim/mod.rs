@@ -12,6 +12,7 @@
 //! lease slots of `lease_minutes`, each instance with its own phase.
 
 pub mod fleet;
+mod minutes;
 
 use std::f64::consts::TAU;
 
@@ -21,6 +22,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 pub use fleet::{Behaviour, Fleet};
+pub use minutes::MinuteReading;
 
 use super::{GpuReading, Reading, Second, Source, SourceError};
 
@@ -196,7 +198,18 @@ impl Simulator {
 
     /// The lease holding `inst` at second `t`, if any.
     fn lease(&self, inst: &SimInstance, t: i64) -> Option<Lease> {
-        let slot = (t + inst.phase).div_euclid(self.lease_seconds);
+        self.lease_in_slot(inst, self.slot_of(inst, t))
+            .filter(|l| l.start <= t && t < l.end)
+    }
+
+    /// The lease slot `inst` is in at second `t`.
+    fn slot_of(&self, inst: &SimInstance, t: i64) -> i64 {
+        (t + inst.phase).div_euclid(self.lease_seconds)
+    }
+
+    /// The lease of `inst` in lease slot `slot`, if the slot has one (it covers part of the slot:
+    /// `start..end`).
+    fn lease_in_slot(&self, inst: &SimInstance, slot: i64) -> Option<Lease> {
         let slot_start = slot * self.lease_seconds - inst.phase;
         let mut r = rng(&[inst.key, 2, slot as u64]);
         if !r.random_bool(self.fleet.allocated_share) {
@@ -204,9 +217,6 @@ impl Simulator {
         }
         let start = slot_start + r.random_range(0..self.lease_seconds / 5);
         let end = slot_start + self.lease_seconds - r.random_range(0..self.lease_seconds / 5);
-        if t < start || t >= end {
-            return None;
-        }
         let tenant = weighted(&mut r, self.fleet.tenants.iter().map(|t| (t, t.weight)))?;
         let mut behaviour = *weighted(&mut r, tenant.mix.iter().map(|(b, w)| (b, *w)))?;
         // Whole GPUs are where training runs; a notebook rarely gets a whole H200.
