@@ -485,3 +485,165 @@ async fn invariants_hold_on_random_fleets_and_ranges() {
         assert_eq!(mismatched, 0);
     }
 }
+
+/// The rollups of a ledger, described by instance and holder rather than by id (two ledgers
+/// number their dimensions in the order they met them), floats to 1e-6.
+fn rollup_contents(conn: &Connection) -> Vec<(String, Vec<String>)> {
+    let who = "i.gpu_uuid, i.gpu_instance_id, h.tenant, h.workload, h.slo_class";
+    let queries = [
+        (
+            "rollup_1m",
+            format!(
+                "SELECT r.bucket, {who}, r.seconds_mask, r.samples, r.sm_active_samples,
+                        round(r.sm_active_sum, 6), r.sm_occupancy_samples, round(r.tensor_active_sum, 6),
+                        r.fb_used_samples, r.fb_used_bytes_sum, r.fb_total_bytes_max,
+                        r.nvlink_tx_bytes_sum, r.nvlink_rx_bytes_sum
+                 FROM rollup_1m r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)"
+            ),
+        ),
+        (
+            "rollup_1h",
+            format!(
+                "SELECT r.bucket, {who}, r.samples, round(r.sm_active_sum, 6), r.fb_used_bytes_sum,
+                        r.nvlink_tx_bytes_sum
+                 FROM rollup_1h r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)"
+            ),
+        ),
+        (
+            "rollup_alloc_1d",
+            format!(
+                "SELECT r.bucket, {who}, r.samples, r.sm_active_samples, round(r.sm_active_sum, 6)
+                 FROM rollup_alloc_1d r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)"
+            ),
+        ),
+        (
+            "rollup_tenant_1h",
+            "SELECT bucket, tenant, slo_class, gpu_model, samples, round(gpu_seconds, 6),
+                    round(sm_measured_gpu_seconds, 6), round(used_gpu_seconds, 6)
+             FROM rollup_tenant_1h"
+                .to_owned(),
+        ),
+        (
+            "rollup_gpu_1h",
+            "SELECT bucket, node, gpu_uuid, gpu_model, observed_seconds, instance_seconds FROM rollup_gpu_1h"
+                .to_owned(),
+        ),
+    ];
+    queries
+        .into_iter()
+        .map(|(table, sql)| {
+            let mut stmt = conn.prepare(&format!("{sql} ORDER BY ALL")).unwrap();
+            let rows = stmt
+                .query_map([], |r| {
+                    let n = r.as_ref().column_count();
+                    Ok((0..n)
+                        .map(|k| format!("{:?}", r.get::<_, duckdb::types::Value>(k).unwrap()))
+                        .collect::<Vec<_>>()
+                        .join("|"))
+                })
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            (table.to_owned(), rows)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn minute_rows_store_exactly_what_their_seconds_would() {
+    use gpuledger_aggregator::store::writer::{MinuteBatch, MinuteRow};
+    use gpuledger_exporter::source::sim::{Fleet, Simulator};
+    use gpuledger_schema::wire::Series;
+
+    // Two hours of the simulator's minute view for one mixed node: leases start and end
+    // mid-minute, slices change hands.
+    let sim = Simulator::new(Fleet::builtin());
+    let (from, to) = (T0 + 7 * 60 + 13, T0 + 2 * 3600);
+    let mut readings = Vec::new();
+    sim.minutes(Some("gpu-h100-02"), from, to, |m| readings.push(m));
+    let mut batch = MinuteBatch::default();
+    let mut seconds = Vec::new();
+    for m in &readings {
+        batch
+            .entries
+            .push(Series::describing(&m.instance, &m.attribution));
+        batch.rows.push(MinuteRow {
+            entry: batch.entries.len() - 1,
+            bucket: m.bucket,
+            mask: m.mask,
+            counters: m.counters,
+        });
+        for s in 0..60 {
+            if m.mask & (1 << s) != 0 {
+                seconds.push(Sample {
+                    timestamp: m.bucket + s,
+                    instance: m.instance.clone(),
+                    attribution: m.attribution.clone(),
+                    counters: m.counters,
+                });
+            }
+        }
+    }
+    assert_eq!(
+        batch.rows[0].bucket,
+        T0 + 8 * 60,
+        "whole minutes from `from`"
+    );
+
+    let by_minute = Ledger::open();
+    let outcome = by_minute
+        .writer
+        .ingest_minutes(batch.clone())
+        .await
+        .unwrap();
+    assert_eq!(outcome.stored_rows, batch.rows.len());
+    assert_eq!(outcome.stored_seconds, seconds.len() as u64);
+    assert!(outcome.overlapping.is_empty());
+    let by_second = Ledger::open();
+    by_second.write(&seconds, 5_000).await;
+    let contents = rollup_contents(&by_second.conn());
+    assert!(
+        contents.iter().all(|(_, rows)| rows.len() >= 2),
+        "every rollup has rows to compare"
+    );
+    assert_eq!(
+        rollup_contents(&by_minute.conn()),
+        rollup_contents(&by_second.conn()),
+        "minute rows and their seconds leave the same rollups"
+    );
+    let raw: i64 = by_minute
+        .conn()
+        .query_row("SELECT count(*) FROM samples_raw", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(raw, 0, "minute rows have no raw samples");
+
+    // Sent again: nothing is stored twice, and every row is reported as overlapping.
+    let again = by_minute
+        .writer
+        .ingest_minutes(batch.clone())
+        .await
+        .unwrap();
+    assert_eq!(again.stored_rows, 0);
+    assert_eq!(again.overlapping, (0..batch.rows.len()).collect::<Vec<_>>());
+
+    // One second already held makes its row (only) overlap; the seconds path then fills it.
+    let partial = Ledger::open();
+    let first_row_seconds: Vec<Sample> = seconds
+        .iter()
+        .filter(|s| {
+            s.instance == readings[0].instance
+                && s.attribution == readings[0].attribution
+                && s.timestamp / 60 * 60 == readings[0].bucket
+        })
+        .cloned()
+        .collect();
+    partial.write(&first_row_seconds[..1], 10).await;
+    let o = partial.writer.ingest_minutes(batch.clone()).await.unwrap();
+    assert_eq!(o.overlapping, vec![0]);
+    partial.write(&first_row_seconds, 10).await;
+    assert_eq!(
+        rollup_contents(&partial.conn()),
+        rollup_contents(&by_second.conn()),
+        "an overlapping minute sent as seconds completes the ledger exactly"
+    );
+}

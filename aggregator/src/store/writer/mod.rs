@@ -29,6 +29,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::{Failure, StoreError};
 
+mod minutes;
+
+pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
+
 /// What became of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct IngestOutcome {
@@ -85,6 +89,10 @@ enum Job {
     },
     Probe {
         reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Minutes {
+        batch: MinuteBatch,
+        reply: oneshot::Sender<Result<MinutesOutcome, StoreError>>,
     },
 }
 
@@ -285,6 +293,16 @@ impl Writer {
         }))
         .await?;
         rx.await.map_err(|_| StoreError::WriterStopped)
+    }
+
+    /// Writes minute rows straight into the rollups (see [`MinuteBatch`]) and resolves once they
+    /// are committed. The caller bounds its size: it takes no place in the ingest queue.
+    pub async fn ingest_minutes(&self, batch: MinuteBatch) -> Result<MinutesOutcome, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job::Minutes { batch, reply })
+            .map_err(|_| StoreError::WriterStopped)?;
+        rx.await.map_err(|_| StoreError::WriterStopped)?
     }
 
     /// Commits a one-row update on the writer's connection, in turn with the ingest groups: `Ok`
@@ -501,6 +519,17 @@ impl Dims {
             ids.push(these);
         }
         Ok(ids)
+    }
+
+    /// The seconds each GPU was observed in, per minute, given the instances' covered masks.
+    fn gpu_seen(&self, covered: &HashMap<(i32, i64), u64>) -> HashMap<(usize, i64), u64> {
+        let mut gpu_seen: HashMap<(usize, i64), u64> = HashMap::new();
+        for (&(iid, bucket), &mask) in covered {
+            if let Some(&g) = self.gpu_of.get(&iid) {
+                *gpu_seen.entry((g, bucket)).or_insert(0) |= mask;
+            }
+        }
+        gpu_seen
     }
 
     /// Appends the ids assigned since the last flush, in the caller's transaction (a fleet's
@@ -982,6 +1011,18 @@ struct Stat {
 }
 
 impl Stat {
+    /// `n` seconds that each read `v`.
+    fn add_n(&mut self, v: Option<f64>, n: u32) {
+        if let Some(v) = v
+            && n > 0
+        {
+            self.n += n as i32;
+            self.sum += v * f64::from(n);
+            self.min = Some(self.min.map_or(v, |m| m.min(v)));
+            self.max = Some(self.max.map_or(v, |m| m.max(v)));
+        }
+    }
+
     fn add(&mut self, v: Option<f64>) {
         if let Some(v) = v {
             self.n += 1;
@@ -1039,6 +1080,93 @@ fn minute_of(ts: i64) -> (i64, u32) {
     (bucket, (ts - bucket) as u32)
 }
 
+/// The seconds of each (instance, minute) already in the ledger, for instance ids `lo_i..=hi_i`
+/// and the minutes from `lo_bucket` to `hi_t`.
+fn covered_masks(
+    tx: &Connection,
+    lo_bucket: i64,
+    hi_t: i64,
+    lo_i: i32,
+    hi_i: i32,
+) -> duckdb::Result<HashMap<(i32, i64), u64>> {
+    let mut covered = HashMap::new();
+    let mut stmt = tx.prepare_cached(COVERED_MASKS)?;
+    let rows = stmt.query_map(params![lo_bucket, hi_t, lo_i, hi_i], |r| {
+        Ok((
+            (r.get::<_, i32>(0)?, r.get::<_, i64>(1)?),
+            r.get::<_, u64>(2)?,
+        ))
+    })?;
+    for row in rows {
+        let (key, mask) = row?;
+        covered.insert(key, mask);
+    }
+    Ok(covered)
+}
+
+/// Appends the minute deltas (per instance, holder, minute) to `ingest_delta_1m` and folds them
+/// into the minute, hour, day and tenant rollups.
+fn fold_minute_deltas(
+    tx: &Connection,
+    deltas: &HashMap<(i32, i32, i64), MinuteDelta>,
+) -> duckdb::Result<()> {
+    if deltas.is_empty() {
+        return Ok(());
+    }
+    {
+        let mut app = tx.appender("ingest_delta_1m")?;
+        for ((iid, hid, bucket), d) in deltas {
+            app.append_row(params![
+                bucket,
+                iid,
+                hid,
+                d.mask,
+                d.samples,
+                d.sm.n,
+                d.sm.sum,
+                d.sm.min,
+                d.sm.max,
+                d.occupancy.n,
+                d.occupancy.sum,
+                d.tensor.n,
+                d.tensor.sum,
+                d.dram.n,
+                d.dram.sum,
+                d.fb_used_samples,
+                d.fb_used_sum,
+                d.fb_used_max,
+                d.fb_total_max,
+                d.tx_sum,
+                d.rx_sum
+            ])?;
+        }
+        app.flush()?;
+    }
+    for sql in rollup_statements() {
+        tx.execute(sql, [])?;
+    }
+    Ok(())
+}
+
+/// Appends the GPU deltas (per instance that brought them, per hour: observed seconds,
+/// instance-seconds) and folds them into `rollup_gpu_1h`.
+fn fold_gpu_deltas(
+    tx: &Connection,
+    gpu_deltas: &HashMap<(i32, i64), (i64, i64)>,
+) -> duckdb::Result<()> {
+    if gpu_deltas.is_empty() {
+        return Ok(());
+    }
+    {
+        let mut app = tx.appender("ingest_delta_gpu_1h")?;
+        for (&(iid, bucket), &(observed, instance)) in gpu_deltas {
+            app.append_row(params![bucket, iid, observed, instance])?;
+        }
+        app.flush()?;
+    }
+    tx.execute_batch(GPU_ROLLUP)
+}
+
 impl WriterThread {
     fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>) {
         let mut pending: Option<Job> = None;
@@ -1067,6 +1195,14 @@ impl WriterThread {
                         tx.commit()
                     });
                     let _ = reply.send(result.map_err(StoreError::from_db));
+                }
+                Job::Minutes { batch, reply } => {
+                    let started = Instant::now();
+                    let result = self.write_minutes(&batch);
+                    if result.is_ok() {
+                        self.observer.committed(1, started.elapsed().as_secs_f64());
+                    }
+                    let _ = reply.send(result);
                 }
                 Job::Apply { write, reply } => {
                     let result = self.conn.transaction().and_then(|tx| {
@@ -1281,27 +1417,12 @@ impl WriterThread {
                 }
             }
         }
-        let mut covered: HashMap<(i32, i64), u64> = HashMap::new();
-        if lo_t <= hi_t {
-            let mut stmt = tx.prepare_cached(COVERED_MASKS)?;
-            let rows = stmt.query_map(params![minute_of(lo_t).0, hi_t, lo_i, hi_i], |r| {
-                Ok((
-                    (r.get::<_, i32>(0)?, r.get::<_, i64>(1)?),
-                    r.get::<_, u64>(2)?,
-                ))
-            })?;
-            for row in rows {
-                let (key, mask) = row?;
-                covered.insert(key, mask);
-            }
-        }
-        // The seconds each GPU was observed in, per minute, before this group.
-        let mut gpu_seen: HashMap<(usize, i64), u64> = HashMap::new();
-        for (&(iid, bucket), &mask) in &covered {
-            if let Some(&g) = self.dims.gpu_of.get(&iid) {
-                *gpu_seen.entry((g, bucket)).or_insert(0) |= mask;
-            }
-        }
+        let mut covered = if lo_t <= hi_t {
+            covered_masks(&tx, minute_of(lo_t).0, hi_t, lo_i, hi_i)?
+        } else {
+            HashMap::new()
+        };
+        let mut gpu_seen = self.dims.gpu_seen(&covered);
         // One pass: keep the first copy of each (instance, second) no mask covers, append it to
         // the raw columns when inside the raw window, sum it into its minute delta, and count the
         // GPU's second as observed if no instance of it had that second yet.
@@ -1361,50 +1482,8 @@ impl WriterThread {
             app.append_record_batch(raw.into_record_batch()?)?;
             app.flush()?;
         }
-        if !deltas.is_empty() {
-            {
-                let mut app = tx.appender("ingest_delta_1m")?;
-                for ((iid, hid, bucket), d) in &deltas {
-                    app.append_row(params![
-                        bucket,
-                        iid,
-                        hid,
-                        d.mask,
-                        d.samples,
-                        d.sm.n,
-                        d.sm.sum,
-                        d.sm.min,
-                        d.sm.max,
-                        d.occupancy.n,
-                        d.occupancy.sum,
-                        d.tensor.n,
-                        d.tensor.sum,
-                        d.dram.n,
-                        d.dram.sum,
-                        d.fb_used_samples,
-                        d.fb_used_sum,
-                        d.fb_used_max,
-                        d.fb_total_max,
-                        d.tx_sum,
-                        d.rx_sum
-                    ])?;
-                }
-                app.flush()?;
-            }
-            for sql in rollup_statements() {
-                tx.execute(sql, [])?;
-            }
-        }
-        if !gpu_deltas.is_empty() {
-            {
-                let mut app = tx.appender("ingest_delta_gpu_1h")?;
-                for (&(iid, bucket), &(observed, instance)) in &gpu_deltas {
-                    app.append_row(params![bucket, iid, observed, instance])?;
-                }
-                app.flush()?;
-            }
-            tx.execute_batch(GPU_ROLLUP)?;
-        }
+        fold_minute_deltas(&tx, &deltas)?;
+        fold_gpu_deltas(&tx, &gpu_deltas)?;
         // The batch ids, in one statement: its text is placeholders only, one row per new batch.
         let now = chrono::Utc::now().timestamp();
         let mut values: Vec<Box<dyn duckdb::ToSql>> = Vec::with_capacity(new.len() * 5);
