@@ -28,4 +28,4 @@ pub mod telemetry;
 pub mod ui;
 
 pub use config::{Config, Limits};
-pub use server::run;
+pub use server::{Prepare, Startup, run, run_with};

@@ -35,6 +35,43 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    run_with(config, shutdown, None).await
+}
+
+/// What a [`Prepare`] step gets: the writer, the readers, and a line for `/readyz`.
+pub struct Startup {
+    /// The one writer.
+    pub writer: Writer,
+    /// Reader connections.
+    pub readers: Readers,
+    app: AppState,
+}
+
+impl Startup {
+    /// Says what is being prepared; `/readyz` answers 503 with it until the step is done.
+    pub fn progress(&self, what: impl Into<String>) {
+        *self.app.preparing.lock().unwrap_or_else(|e| e.into_inner()) = Some(what.into());
+    }
+}
+
+/// Work done once the ledger is open and the service listens, before it calls itself ready.
+pub type Prepare = Box<
+    dyn FnOnce(
+            Startup,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send>,
+        > + Send,
+>;
+
+/// [`run`], with a step that must finish before `/readyz` answers 200: the service serves (ingest
+/// included: exporters need not wait), but says it is not ready yet. When the step is done, the
+/// analytics evaluate what it wrote, and then the service is ready. If it fails, `/readyz` keeps
+/// answering 503 naming the error.
+pub async fn run_with(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    prepare: Option<Prepare>,
+) -> Result<(), ServeError> {
     // The address first: a port taken by another process is reported before the ledger file is
     // created or opened (and no ledger is left behind by a start that could never serve).
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -72,7 +109,10 @@ pub async fn run(
         readiness: tokio::sync::Mutex::new(None),
         deliveries: Arc::new(tokio::sync::Notify::new()),
         sessions: crate::ui::session::Sessions::default(),
+        preparing: std::sync::Mutex::new(prepare.as_ref().map(|_| "starting".to_owned())),
     }));
+    let prepared =
+        prepare.map(|prepare| tokio::spawn(prepare_then_evaluate(state.clone(), prepare)));
     let retention = tokio::spawn(retention_loop(state.clone()));
     let analytics = tokio::spawn(analytics_loop(state.clone()));
     let client = reqwest::Client::builder()
@@ -101,6 +141,9 @@ pub async fn run(
         .await;
     retention.abort();
     analytics.abort();
+    if let Some(p) = prepared {
+        p.abort();
+    }
     deliveries.abort();
     if let Some(a) = alerts {
         a.abort();
@@ -111,6 +154,32 @@ pub async fn run(
         let _ = thread.join();
     });
     served.map_err(ServeError::Serve)
+}
+
+async fn prepare_then_evaluate(app: AppState, prepare: Prepare) {
+    let startup = Startup {
+        writer: app.writer.clone(),
+        readers: app.readers.clone(),
+        app: app.clone(),
+    };
+    let set = |what: Option<String>| {
+        *app.preparing.lock().unwrap_or_else(|e| e.into_inner()) = what;
+    };
+    if let Err(e) = prepare(startup).await {
+        tracing::error!(error = %e, "Preparing the ledger failed; the service stays unready.");
+        set(Some(format!("failed: {e}")));
+        return;
+    }
+    set(Some(
+        "evaluating the analytics over what was prepared".into(),
+    ));
+    match app.evaluate().await {
+        Ok(_) => set(None),
+        Err(e) => {
+            tracing::error!(error = %e, "The analytics over the prepared ledger failed.");
+            set(Some(format!("the analytics failed: {e}")));
+        }
+    }
 }
 
 /// Evaluates hoarding and fragmentation at start and then every interval. A failure is logged

@@ -48,6 +48,9 @@ pub struct App {
     pub deliveries: Arc<tokio::sync::Notify>,
     /// The pages' signed-in sessions.
     pub sessions: crate::ui::session::Sessions,
+    /// What the service is preparing before it is ready (`None` once ready): see
+    /// [`crate::server::run_with`].
+    pub preparing: std::sync::Mutex<Option<String>>,
 }
 
 /// What one evaluation did: the analytics, then the reclaim pass over their episodes.
@@ -203,6 +206,17 @@ const READINESS_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 /// which showback reads); 503 naming what failed otherwise
 /// (a load balancer then sends exporters elsewhere, or they spool).
 pub async fn readyz(State(app): State<AppState>) -> (StatusCode, String) {
+    let preparing = app
+        .preparing
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some(what) = preparing {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("preparing: {what}\n"),
+        );
+    }
     if !app.writer.is_running() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
