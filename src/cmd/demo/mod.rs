@@ -1,6 +1,10 @@
-//! `gpuledger demo`: the whole pipeline on this machine. The simulated fleet's four nodes
-//! (8 × H100 carved into 56 MIG instances, a mixed H100, an H200 and an A100 node) each run an
-//! exporter that ships every 5 s to an aggregator writing an embedded DuckDB ledger file.
+//! `gpuledger demo`: the whole pipeline on this machine, with a month of history. The simulated
+//! fleet's four nodes (8 × H100 carved into 56 MIG instances, a mixed H100, an H200 and an A100
+//! node) each run an exporter that ships every 5 s over HTTP to an aggregator writing an embedded
+//! DuckDB ledger under `--data`. Before the aggregator says it is ready, the 30 days before the
+//! start are laid into the ledger (see `history`), so the showback pages open on a month of bills.
+
+mod history;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,93 +18,140 @@ use gpuledger_aggregator::store::Retention;
 use gpuledger_aggregator::{Config, Limits};
 use gpuledger_exporter::daemon::{self, ExporterConfig, SourceChoice};
 use gpuledger_exporter::ship::ShipConfig;
-use gpuledger_exporter::source::sim::Fleet;
+use gpuledger_exporter::source::sim::{Fleet, Simulator};
 
 /// Flags of `gpuledger demo`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Address of the first exporter's /metrics (the benchmark node); the other nodes' exporters
-    /// take the next ports.
-    #[arg(long, default_value = "127.0.0.1:9835")]
-    listen: SocketAddr,
-    /// Address of the aggregator.
+    /// Where the ledger (`ledger.duckdb`) and the exporters' spools live. Kept between runs: a
+    /// second run reuses the month and fills the gap since the last one.
+    #[arg(long, default_value = "gpuledger-demo")]
+    data: PathBuf,
+    /// Address of the aggregator: the showback pages, the API and /metrics.
     #[arg(long, default_value = "127.0.0.1:9836")]
-    aggregator_listen: SocketAddr,
-    /// The ledger file (kept between runs; the demo adds to it).
-    #[arg(long, default_value = "gpuledger-demo.duckdb")]
-    db: PathBuf,
+    listen: SocketAddr,
+    /// Address of the first exporter's /metrics; the other nodes' exporters take every second
+    /// port after it.
+    #[arg(long, default_value = "127.0.0.1:9835")]
+    exporter_listen: SocketAddr,
+    /// How much history the ledger holds before it is ready.
+    #[arg(long, default_value = "30d")]
+    history: humantime::Duration,
+    /// The newest part of that history, laid down second by second as the exporters would have
+    /// sent it (raw samples); the older part is written per minute.
+    #[arg(long, default_value = "15m")]
+    history_seconds: humantime::Duration,
 }
 
 /// Runs until Ctrl-C.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    // A fresh admin token per run, printed for the curl lines below.
-    let token = format!("demo-{}", uuid::Uuid::now_v7().simple());
+    let began = std::time::Instant::now();
+    // GPULEDGER_ADMIN_TOKEN fixes the admin token; otherwise a fresh one per run.
+    let token = match std::env::var("GPULEDGER_ADMIN_TOKEN") {
+        Ok(t) => t,
+        Err(_) => format!("demo-{}", uuid::Uuid::now_v7().simple()),
+    };
+    std::fs::create_dir_all(&args.data)
+        .with_context(|| format!("cannot create --data {}", args.data.display()))?;
+    let db = args.data.join("ledger.duckdb");
+    let spool_dir = args.data.join("spool");
     let fleet = Fleet::builtin();
     let nodes: Vec<String> = fleet.nodes.iter().map(|n| n.name.clone()).collect();
-    let spool = std::env::temp_dir().join(format!("gpuledger-demo-spool-{}", std::process::id()));
+    let retention = Retention::default();
     let aggregator = Config {
-        db: args.db.clone(),
-        listen: args.aggregator_listen,
-        tokens: Tokens::default().with_admin(&token)?,
-        retention: Retention::default(),
+        db: db.clone(),
+        listen: args.listen,
+        tokens: Tokens::default()
+            .with_admin(&token)
+            .context("GPULEDGER_ADMIN_TOKEN")?,
+        retention,
         retention_interval: Duration::from_secs(600),
         limits: Limits::default(),
         analytics: demo_settings(),
         reclaim: Default::default(),
         ui: Default::default(),
     };
+    let now = chrono::Utc::now().timestamp();
+    let plan = history::Plan {
+        from: now - args.history.as_secs() as i64,
+        seconds_from: now - args.history_seconds.as_secs() as i64,
+        to: now,
+        raw_cutoff: now - retention.raw_secs,
+    };
+    let base = format!("http://{}", args.listen);
     eprintln!(
         "gpuledger demo: {} simulated nodes ({}) ship to an aggregator writing {}.",
         nodes.len(),
         nodes.join(", "),
-        args.db.display()
+        db.display()
+    );
+    eprintln!("  showback pages:   {base}/   (sign in with the admin token)");
+    eprintln!("  admin token:      {token}");
+    eprintln!(
+        "  API:              curl -s -H 'Authorization: Bearer {token}' '{base}/api/v1/showback?group_by=tenant'"
+    );
+    eprintln!(
+        "  bill (JSON):      curl -s -H 'Authorization: Bearer {token}' '{base}/api/v1/bill'"
+    );
+    eprintln!(
+        "  ledger metrics:   curl -s -H 'Authorization: Bearer {token}' {base}/metrics | grep gpuledger_tenant"
     );
     eprintln!(
         "  exporter metrics: curl -s http://{}/metrics | grep gpuledger_instance_sm_active",
-        args.listen
+        args.exporter_listen
     );
     eprintln!(
-        "  aggregator:       curl -s http://{}/metrics | grep gpuledger_aggregator_ingest",
-        args.aggregator_listen
-    );
-    eprintln!("  admin token:      {token}");
-    eprintln!(
-        "  showback:         curl -s -H 'Authorization: Bearer {token}' 'http://{}/api/v1/showback?group_by=workload'",
-        args.aggregator_listen
-    );
-    eprintln!(
-        "  fragmentation:    curl -s -H 'Authorization: Bearer {token}' http://{}/api/v1/fragmentation",
-        args.aggregator_listen
+        "  ready when:       curl -s {base}/readyz   says ready (the month is laid down first)"
     );
     eprintln!("  stop with Ctrl-C: the ledger's per-tenant totals are printed then.");
+    let sim = Simulator::new(fleet);
+    let prepare: gpuledger_aggregator::Prepare = Box::new(move |startup| {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let report = history::prepare(startup, sim, plan).await?;
+            eprintln!(
+                "gpuledger demo: history from {} laid down in {:.1} s: {} minute rows ({:.0} instance-hours) and {} one-second samples; evaluating the analytics.",
+                chrono::DateTime::from_timestamp(report.from, 0).unwrap_or_default(),
+                started.elapsed().as_secs_f64(),
+                report.minute_rows,
+                report.minute_seconds as f64 / 3600.0,
+                report.samples
+            );
+            Ok(())
+        })
+    });
     let rt = super::runtime()?;
-    let spool_dir = spool.clone();
     rt.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let (agg_stop_tx, agg_stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let agg = tokio::spawn(gpuledger_aggregator::run(aggregator, stopped(agg_stop_rx)));
+        let agg = tokio::spawn(gpuledger_aggregator::run_with(
+            aggregator,
+            stopped(agg_stop_rx),
+            Some(prepare),
+        ));
         // Let the aggregator open the ledger and listen before the exporters' first shipment.
         for _ in 0..100 {
-            if tokio::net::TcpStream::connect(args.aggregator_listen)
-                .await
-                .is_ok()
-            {
+            if tokio::net::TcpStream::connect(args.listen).await.is_ok() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let ready = tokio::spawn(announce_ready(base.clone(), began));
         let mut exporters = Vec::new();
         for (i, node) in nodes.into_iter().enumerate() {
-            let listen = SocketAddr::new(args.listen.ip(), args.listen.port() + 2 * i as u16);
+            let listen = SocketAddr::new(
+                args.exporter_listen.ip(),
+                args.exporter_listen.port() + 2 * i as u16,
+            );
             let config = ExporterConfig {
                 source: SourceChoice::Sim { fleet: None },
                 listen,
                 node: node.clone(),
                 ship: Some(ShipConfig {
-                    aggregator: format!("http://{}", args.aggregator_listen),
+                    aggregator: base.clone(),
                     token: token.clone(),
                     node: node.clone(),
                     spool_dir: spool_dir.join(&node),
@@ -119,6 +170,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             exporters.push(tokio::spawn(daemon::run(config, stopped(stop_rx.clone()))));
         }
         super::shutdown_signal().await;
+        ready.abort();
         eprintln!(
             "gpuledger demo: stopping; the exporters send what they hold, then the ledger closes."
         );
@@ -130,9 +182,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         agg.await.context("the aggregator task")??;
         anyhow::Ok(())
     })?;
-    let _ = std::fs::remove_dir_all(&spool);
     // What the ledger now says: the showback finance would read, over everything recorded.
-    let (conn, _) = gpuledger_aggregator::store::open(&args.db)?;
+    let (conn, _) = gpuledger_aggregator::store::open(&db)?;
     // From the first second recorded to the last, so that coverage reflects the demo's own run.
     let edge = |sql: &str| -> anyhow::Result<Option<(i64, u64)>> {
         let mut stmt = conn.prepare(sql)?;
@@ -183,6 +234,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         t.stranded_gpu_seconds
     );
     Ok(())
+}
+
+/// Prints one line once `/readyz` first answers 200.
+async fn announce_ready(base: String, started: std::time::Instant) {
+    let Ok(client) = reqwest::Client::builder().build() else {
+        return;
+    };
+    loop {
+        if let Ok(r) = client.get(format!("{base}/readyz")).send().await
+            && r.status().is_success()
+        {
+            eprintln!(
+                "gpuledger demo: ready after {:.1} s: open {base}/",
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Illustrative list prices per GPU-hour, so that the demo's showback has costs.
