@@ -2,6 +2,7 @@
 //! loopback ports, and a fake aggregator.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod fake_aggregator;
 pub mod receiver;
 pub mod traces;
