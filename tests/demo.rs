@@ -304,3 +304,22 @@ async fn the_demo_opens_on_a_month_of_history() {
     let status = again.interrupt();
     assert!(status.success(), "{status:?}: {}", again.log());
 }
+
+#[test]
+fn version_names_the_commit_and_the_profile() {
+    let out = common::gpuledger().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    let head = String::from_utf8(head.stdout).unwrap();
+    assert!(
+        text.starts_with(&format!("gpuledger {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    assert!(text.contains(head.trim()), "{text} is not HEAD {head}");
+    assert!(text.trim_end().ends_with("dev profile)"), "{text}");
+}

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 
 /// Who holds which GPU slice, how much of it they use, what it costs, and what to reclaim.
 #[derive(Debug, Parser)]
-#[command(name = "gpuledger", version, about)]
+#[command(name = "gpuledger", version = env!("GPULEDGER_BUILD"), about)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,7 +34,8 @@ enum Command {
     Export(aggregator::ExportArgs),
     /// Write a trace CSV from the deterministic fleet simulator.
     Simulate(simulate::Args),
-    /// Run a simulated node end to end on this machine and show where to look.
+    /// Run the simulated fleet end to end on this machine, with a month of history: the showback
+    /// pages, the API and /metrics, ready in about a minute.
     Demo(demo::Args),
 }
 
