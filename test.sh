@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs every gpuledger test. On a fresh Debian machine it first installs what the tests need:
 # Prometheus (promtool and the scrape test), Alertmanager, Chromium and chromedriver (the web UI
-# tests), shellcheck, the TLS headers the HTTP
-# client links against, Python's prometheus-client (the reference OpenMetrics parser) and
-# jsonschema (validates the webhook events).
+# tests), shellcheck, the TLS headers the HTTP client links against, Python's
+# prometheus-client (the reference OpenMetrics parser), jsonschema (validates the webhook
+# events) and kubernetes-validate (the Kubernetes OpenAPI schemas for deploy/kubernetes).
 # Tests never skip for a missing tool; they fail naming it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -34,6 +34,11 @@ fi
 if ! python3 -c 'import jsonschema' 2>/dev/null; then
   echo "test.sh: installing the Python jsonschema package (checks the webhook events' JSON Schema)"
   python3 -m pip install -q --disable-pip-version-check jsonschema
+fi
+
+if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
+  echo "test.sh: installing the Python kubernetes-validate package (the Kubernetes OpenAPI schemas)"
+  python3 -m pip install -q --disable-pip-version-check kubernetes-validate
 fi
 
 shellcheck test.sh .ci/run deploy/slurm/*.sh

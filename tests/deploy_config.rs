@@ -302,3 +302,49 @@ fn check_config(subcommand: &str, path: &std::path::Path) -> std::process::Outpu
         .output()
         .unwrap()
 }
+
+/// The Kustomize base, validated against the Kubernetes OpenAPI schemas (Python's
+/// `kubernetes-validate`, strict): see tests/kubernetes_manifests.py. The Prometheus Operator
+/// kinds are skipped with the reason printed; the PrometheusRule's groups, which must be
+/// alerts/*.rules.yml's, go through `promtool check rules`.
+#[test]
+fn the_kubernetes_base_validates_against_the_openapi_schemas() {
+    common::require_tool("promtool");
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("prometheus-rule.groups.yml");
+    let out = std::process::Command::new("python3")
+        .arg(common::root().join("tests/kubernetes_manifests.py"))
+        .arg(common::root())
+        .arg(&rules)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "tests/kubernetes_manifests.py failed (./test.sh installs kubernetes-validate): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for skipped in report["skipped"].as_array().unwrap() {
+        println!("skipped {}", skipped.as_str().unwrap());
+    }
+    let errors = report["errors"].as_array().unwrap();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let validated = report["validated"].as_array().unwrap();
+    for kind in ["DaemonSet/", "StatefulSet/gpuledger-aggregator", "ClusterRole/", "Service/"] {
+        assert!(
+            validated.iter().any(|v| v.as_str().unwrap().contains(kind)),
+            "{kind} was validated: {validated:?}"
+        );
+    }
+    let check = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
