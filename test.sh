@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every gpuledger test. On a fresh Debian machine it first installs what the tests need:
 # Prometheus (promtool and the scrape test), Alertmanager, Chromium and chromedriver (the web UI
-# tests), shellcheck, the TLS headers the HTTP client links against, Python's
+# tests), shellcheck, systemd-analyze, the TLS headers the HTTP client links against, Python's
 # prometheus-client (the reference OpenMetrics parser), jsonschema (validates the webhook
 # events) and kubernetes-validate (the Kubernetes OpenAPI schemas for deploy/kubernetes).
 # Tests never skip for a missing tool; they fail naming it.
@@ -19,6 +19,7 @@ command -v pkg-config >/dev/null || missing+=(pkg-config)
 dpkg -s libssl-dev >/dev/null 2>&1 || missing+=(libssl-dev)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
 if ((${#missing[@]})); then
   echo "test.sh: installing ${missing[*]}"
   SUDO=""

@@ -348,3 +348,51 @@ fn the_kubernetes_base_validates_against_the_openapi_schemas() {
         String::from_utf8_lossy(&check.stderr)
     );
 }
+
+/// `systemd-analyze verify` accepts every unit without a warning (the ExecStart pointed at the
+/// binary under test, since /usr/local/bin/gpuledger is not installed here), and each unit keeps
+/// its hardening.
+#[test]
+fn the_systemd_units_verify_and_are_hardened() {
+    common::require_tool("systemd-analyze");
+    let dir = tempfile::tempdir().unwrap();
+    let mut units = Vec::new();
+    for entry in std::fs::read_dir(common::root().join("deploy/systemd")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "service") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for directive in [
+            "DynamicUser=yes",
+            "NoNewPrivileges=yes",
+            "ProtectSystem=strict",
+            "ProtectHome=yes",
+            "PrivateTmp=yes",
+            "StateDirectory=",
+            "ProtectKernelTunables=yes",
+            "RestrictAddressFamilies=",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(directive)),
+                "{} lacks {directive}",
+                path.display()
+            );
+        }
+        let copy = dir.path().join(path.file_name().unwrap());
+        std::fs::write(
+            &copy,
+            text.replace("/usr/local/bin/gpuledger", env!("CARGO_BIN_EXE_gpuledger")),
+        )
+        .unwrap();
+        units.push(copy);
+    }
+    assert_eq!(units.len(), 3, "the exporter, aggregator and reclaimer units");
+    let out = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .args(&units)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.trim().is_empty(), "{stderr}");
+}
