@@ -167,3 +167,15 @@ where
         }
     }
 }
+
+/// A JSON request body as `T`; a 400 naming the field (its path in the body) otherwise.
+pub fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::bad_request(
+            if path == "." { "body".to_owned() } else { path },
+            e.into_inner().to_string(),
+        )
+    })
+}

@@ -14,7 +14,6 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::params::Params;
@@ -24,17 +23,6 @@ use crate::reclaim::alertmanager::{self, IntakeReport, WebhookMessage};
 use crate::reclaim::records::{self, Decision, Delivery, Exemption, NewExemption, Replay};
 
 /// Parses a JSON body, naming the field at fault.
-fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        ApiError::bad_request(
-            if path == "." { "body".to_owned() } else { path },
-            e.into_inner().to_string(),
-        )
-    })
-}
-
 async fn read<T: Send + 'static>(
     app: &AppState,
     f: impl FnOnce(&duckdb::Connection) -> duckdb::Result<T> + Send + 'static,
@@ -132,7 +120,7 @@ pub async fn create_exemption(
     bytes: Bytes,
 ) -> Result<(StatusCode, Json<Exemption>), ApiError> {
     let role = app.tokens.authenticate(&headers)?;
-    let req: NewExemption = body(&bytes)?;
+    let req: NewExemption = super::error::json_body(&bytes)?;
     let e = add_exemption(&app, &role, req, "snoozed through the API").await?;
     Ok((StatusCode::CREATED, Json(e)))
 }
@@ -304,9 +292,9 @@ pub async fn replay(
 ) -> Result<Json<Requeued>, ApiError> {
     app.tokens.authenticate(&headers)?.require_admin()?;
     let req: Replay = if bytes.is_empty() {
-        body(b"{}")?
+        super::error::json_body(b"{}")?
     } else {
-        body(&bytes)?
+        super::error::json_body(&bytes)?
     };
     let from = time_param("from", req.from.as_deref())?.unwrap_or(0);
     let to = time_param("to", req.to.as_deref())?.unwrap_or(i64::MAX);
@@ -368,7 +356,7 @@ pub async fn alertmanager_webhook(
     bytes: Bytes,
 ) -> Result<Json<IntakeReport>, ApiError> {
     app.tokens.authenticate(&headers)?.require_admin()?;
-    let msg: WebhookMessage = body(&bytes)?;
+    let msg: WebhookMessage = super::error::json_body(&bytes)?;
     if msg.version != "4" {
         return Err(ApiError::bad_request(
             "version",
