@@ -1,6 +1,7 @@
 //! Past one machine: two aggregators (one per cluster) each ingest their node, export
-//! Hive-partitioned Parquet into one directory, and DuckDB reading the Parquet files alone gets
-//! both clusters' totals back. Also `gpuledger import`: all or nothing, and idempotent.
+//! Hive-partitioned Parquet into one directory (one while it runs, through its API; one from the
+//! file), each twice, and DuckDB reading the Parquet files alone gets both clusters' totals back,
+//! once. Also `gpuledger import`: all or nothing, and idempotent.
 
 mod common;
 
@@ -47,12 +48,21 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
     let dir = tempfile::tempdir().unwrap();
     // Starts 90 minutes ago, so the hours and (UTC) dates of the export are several.
     let start = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 1800;
+    let out = dir.path().join("parquet");
+    let range = [
+        "--from".to_owned(),
+        (start - 86400).to_string(),
+        "--to".to_owned(),
+        (start + 86400).to_string(),
+        "--raw".to_owned(),
+    ];
+    let admin = token_file(dir.path(), ADMIN_TOKEN);
     let mut ledgers = Vec::new();
     for (cluster, node) in [("east", "gpu-h100-02"), ("west", "gpu-h200-01")] {
         let trace = dir.path().join(format!("{node}.csv"));
         simulate(&trace, node, &start.to_string(), "90m");
         let db = dir.path().join(format!("{cluster}.duckdb"));
-        let a = Aggregator::start(&db, 0, &[]).await;
+        let a = Aggregator::start(&db, 0, &["--export-dir", out.to_str().unwrap()]).await;
         let status = tokio::time::timeout(
             Duration::from_secs(120),
             replay(dir.path(), &a, node, &trace).wait(),
@@ -61,10 +71,34 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
         .unwrap()
         .unwrap();
         assert!(status.success());
+        if cluster == "east" {
+            // While the aggregator runs (it holds the file's lock): through its API, twice.
+            for _ in 0..2 {
+                let status = gpuledger()
+                    .args(["export", "--aggregator", &a.url(), "--token-file"])
+                    .arg(&admin)
+                    .args(&range)
+                    .args(["--cluster", cluster])
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+            }
+            let offline = gpuledger()
+                .args(["export", "--db"])
+                .arg(&db)
+                .arg("--parquet")
+                .arg(dir.path().join("elsewhere"))
+                .args(&range)
+                .output()
+                .unwrap();
+            assert!(
+                !offline.status.success(),
+                "the file is locked by the running aggregator"
+            );
+        }
         assert!(a.terminate().success());
         ledgers.push((cluster, db));
     }
-    let out = dir.path().join("parquet");
     let mut expected = (0, 0.0);
     for (cluster, db) in &ledgers {
         let conn = open_ledger(db);
@@ -72,24 +106,57 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
         assert!(t.0 > 0);
         expected = (expected.0 + t.0, expected.1 + t.1);
         drop(conn);
-        let status = gpuledger()
-            .args(["export", "--db"])
-            .arg(db)
-            .arg("--parquet")
-            .arg(&out)
-            .args([
-                "--from",
-                &(start - 86400).to_string(),
-                "--to",
-                &(start + 86400).to_string(),
-                "--raw",
-                "--cluster",
-                cluster,
-            ])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        if *cluster == "west" {
+            // From the file, with no aggregator running; twice as well.
+            for _ in 0..2 {
+                let status = gpuledger()
+                    .args(["export", "--db"])
+                    .arg(db)
+                    .arg("--parquet")
+                    .arg(&out)
+                    .args(&range)
+                    .args(["--cluster", cluster])
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+            }
+        }
     }
+    // A day whose raw samples retention has deleted keeps its earlier file.
+    {
+        let conn = duckdb::Connection::open(&ledgers[1].1).unwrap();
+        conn.execute_batch("DELETE FROM samples_raw").unwrap();
+    }
+    let again = gpuledger()
+        .args(["export", "--db"])
+        .arg(&ledgers[1].1)
+        .arg("--parquet")
+        .arg(&out)
+        .args(&range)
+        .args(["--cluster", "west"])
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        said.contains("samples_raw") && said.contains("kept the earlier export's file"),
+        "{said}"
+    );
+    // Each cluster exported the same range twice: one file per table, day and cluster.
+    let files = |table: &str| {
+        std::fs::read_dir(out.join(table))
+            .unwrap()
+            .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+            .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+    };
+    let rollup_files = files("rollup_1h");
+    assert!(
+        rollup_files
+            .iter()
+            .all(|f| f == "east.parquet" || f == "west.parquet"),
+        "{rollup_files:?}"
+    );
     let conn = duckdb::Connection::open_in_memory().unwrap();
     let glob = |table: &str| {
         format!(
@@ -223,4 +290,78 @@ fn import_is_all_or_nothing_and_importing_twice_stores_nothing_new() {
     );
     let conn = open_ledger(&db);
     assert_eq!(totals(&conn, "rollup_1h").0, rows);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_export_endpoint_is_for_admins_and_needs_an_export_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let viewer = "viewer-token-0123456789abc";
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("viewer {viewer}\n")).unwrap();
+    let post = |a: &Aggregator, token: &str, body: &str| {
+        let (url, token, body) = (a.url(), token.to_owned(), body.to_owned());
+        async move {
+            let r = reqwest::Client::new()
+                .post(format!("{url}/api/v1/export"))
+                .bearer_auth(token)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let ok = r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}"#;
+    let off = Aggregator::start(
+        &dir.path().join("off.duckdb"),
+        0,
+        &["--token-file", tokens.to_str().unwrap()],
+    )
+    .await;
+    let (status, body) = post(&off, ADMIN_TOKEN, ok).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("export_dir"), "{body}");
+    drop(off);
+    let out = dir.path().join("out");
+    let on = Aggregator::start(
+        &dir.path().join("on.duckdb"),
+        0,
+        &[
+            "--token-file",
+            tokens.to_str().unwrap(),
+            "--export-dir",
+            out.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        post(&on, viewer, ok).await.0,
+        403,
+        "a viewer cannot write files"
+    );
+    let (status, body) = post(
+        &on,
+        ADMIN_TOKEN,
+        r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z", "dir": "/etc"}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "no path in the request: {body}");
+    assert!(body.contains("dir"), "{body}");
+    let (status, body) = post(
+        &on,
+        ADMIN_TOKEN,
+        r#"{"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("\"from\""), "{body}");
+    let (status, body) = post(&on, ADMIN_TOKEN, ok).await;
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["from"], 1_767_225_600);
+    assert_eq!(report["to"], 1_767_225_600 + 86_400);
+    assert_eq!(
+        report["files"], 0,
+        "an empty ledger writes no file: {report}"
+    );
 }

@@ -91,6 +91,8 @@ pub struct Config {
     pub reclaim: crate::reclaim::Settings,
     /// The pages' sign-in.
     pub ui: crate::ui::session::UiSettings,
+    /// Where `POST /api/v1/export` writes Parquet; `None`: the endpoint is off.
+    pub export_dir: Option<PathBuf>,
 }
 
 impl Config {

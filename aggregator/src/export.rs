@@ -4,10 +4,18 @@
 //! (`read_parquet('<dir>/rollup_1h/*/*.parquet', hive_partitioning = true)`).
 //!
 //! Rows are denormalised (node, GPU, profile, tenant, … inline, no ids) and carry a `cluster`
-//! column; file names start with the cluster name and a UUID, so exports of several ledgers, or
-//! repeated exports of new ranges, never overwrite each other. Exporting the same range of the
-//! same ledger twice does duplicate it: export each range once.
-
+//! column. Key decision: an export covers whole UTC days, and each (table, day, cluster) is one
+//! file, `<table>/date=<day>/<cluster>.parquet`, written beside its final name and renamed into
+//! place. So exporting a range again replaces those days' files instead of adding to them (the
+//! combined month never counts a row twice), several clusters share a directory without touching
+//! each other's files, and a reader never sees half a file. A day's rows only grow (late data)
+//! until retention deletes them, so an earlier file holding more rows than the ledger now has
+//! for that day (raw samples past their 48 h, say) is kept: re-exporting never shrinks the
+//! archive.
+//!
+//! It runs on any connection to the ledger: `gpuledger export --db` opens the file read-only (no
+//! aggregator may have it open), and `POST /api/v1/export` runs the same code inside a running
+//! aggregator on a reader connection (`gpuledger export --aggregator`).
 use std::path::{Path, PathBuf};
 
 use duckdb::{AccessMode, Config, Connection};
@@ -45,11 +53,20 @@ pub enum ExportError {
     Db(#[from] duckdb::Error),
 }
 
-/// Rows written per table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What an export wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExportReport {
-    /// (table, rows).
-    pub tables: Vec<(&'static str, u64)>,
+    /// The range exported, widened to whole UTC days (Unix seconds, `to` exclusive).
+    pub from: i64,
+    /// End of that range.
+    pub to: i64,
+    /// (table, rows written).
+    pub tables: Vec<(String, u64)>,
+    /// Files written (each replaced any earlier export's file for its table, day and cluster).
+    pub files: u64,
+    /// (table, day) files kept from an earlier export because the ledger now holds fewer of that
+    /// day's rows than they do.
+    pub kept: Vec<(String, String)>,
 }
 
 const DIMENSIONS: &str = "i.node, i.gpu_uuid, i.gpu_model, i.mig_profile,
@@ -117,8 +134,23 @@ fn path_literal(p: &Path) -> Result<String, ExportError> {
     Ok(format!("'{}'", s.replace('\'', "''")))
 }
 
-/// Runs an export.
+/// Runs an export of the ledger file `opts.db`, opened read-only.
 pub fn export(opts: &ExportOptions) -> Result<ExportReport, ExportError> {
+    if !opts.db.exists() {
+        return Err(ExportError::Option {
+            field: "db",
+            message: format!("{} does not exist", opts.db.display()),
+        });
+    }
+    let conn = Connection::open_with_flags(
+        &opts.db,
+        Config::default().access_mode(AccessMode::ReadOnly)?,
+    )?;
+    export_with(&conn, opts)
+}
+
+/// Checks the options that do not depend on the ledger.
+pub fn check(opts: &ExportOptions) -> Result<(), ExportError> {
     if opts.cluster.is_empty()
         || !opts
             .cluster
@@ -136,38 +168,85 @@ pub fn export(opts: &ExportOptions) -> Result<ExportReport, ExportError> {
     if opts.from >= opts.to {
         return Err(ExportError::Option {
             field: "from",
-            message: "must be before --to".into(),
+            message: "must be before to".into(),
         });
     }
-    if !opts.db.exists() {
+    if opts.to - opts.from > 3660 * 86_400 {
         return Err(ExportError::Option {
-            field: "db",
-            message: format!("{} does not exist", opts.db.display()),
+            field: "to",
+            message: "the range is longer than ten years".into(),
         });
     }
+    Ok(())
+}
+
+/// Runs an export on `conn`, a connection to the ledger (`opts.db` is not used).
+pub fn export_with(conn: &Connection, opts: &ExportOptions) -> Result<ExportReport, ExportError> {
+    check(opts)?;
     std::fs::create_dir_all(&opts.dir).map_err(|e| ExportError::Option {
         field: "parquet",
         message: format!("cannot create {}: {e}", opts.dir.display()),
     })?;
-    let conn = Connection::open_with_flags(
-        &opts.db,
-        Config::default().access_mode(AccessMode::ReadOnly)?,
-    )?;
-    let mut report = ExportReport::default();
+    let from = opts.from.div_euclid(86_400) * 86_400;
+    let to = (opts.to + 86_399).div_euclid(86_400) * 86_400;
+    let mut report = ExportReport {
+        from,
+        to,
+        ..ExportReport::default()
+    };
     for (table, select) in selects(opts.raw) {
+        let mut rows = 0u64;
+        let mut day = from;
+        while day < to {
+            let date = chrono::DateTime::from_timestamp(day, 0)
+                .map(|d| d.format("%Y-%m-%d").to_string())
+                .unwrap_or_default();
+            let partition = opts.dir.join(table).join(format!("date={date}"));
+            let file = partition.join(format!("{}.parquet", opts.cluster));
+            conn.execute_batch("DROP TABLE IF EXISTS temp.export_rows")?;
+            conn.execute(
+                &format!("CREATE TEMP TABLE export_rows AS {select}"),
+                duckdb::params![opts.cluster, day, day + 86_400],
+            )?;
+            let n: i64 =
+                conn.query_row("SELECT count(*) FROM temp.export_rows", [], |r| r.get(0))?;
+            // Rows of a day only grow (late data) until retention deletes them: an earlier file
+            // with more rows than the ledger now holds is kept.
+            let earlier: i64 = if file.exists() {
+                conn.query_row(
+                    &format!(
+                        "SELECT count(*) FROM read_parquet({})",
+                        path_literal(&file)?
+                    ),
+                    [],
+                    |r| r.get(0),
+                )?
+            } else {
+                0
+            };
+            if earlier > n {
+                report.kept.push((table.to_owned(), date));
+            } else if n > 0 {
+                std::fs::create_dir_all(&partition).map_err(|e| ExportError::Option {
+                    field: "parquet",
+                    message: format!("cannot create {}: {e}", partition.display()),
+                })?;
+                let partial = partition.join(format!(".{}.parquet.partial", opts.cluster));
+                conn.execute_batch(&format!(
+                    "COPY (SELECT * EXCLUDE (date) FROM temp.export_rows) TO {} (FORMAT parquet)",
+                    path_literal(&partial)?
+                ))?;
+                std::fs::rename(&partial, &file).map_err(|e| ExportError::Option {
+                    field: "parquet",
+                    message: format!("cannot rename into {}: {e}", file.display()),
+                })?;
+                rows += n as u64;
+                report.files += 1;
+            }
+            day += 86_400;
+        }
         conn.execute_batch("DROP TABLE IF EXISTS temp.export_rows")?;
-        let n = conn.execute(
-            &format!("CREATE TEMP TABLE export_rows AS {select}"),
-            duckdb::params![opts.cluster, opts.from, opts.to],
-        )?;
-        let target = path_literal(&opts.dir.join(table))?;
-        // The file pattern is built from the checked cluster name only.
-        conn.execute_batch(&format!(
-            "COPY temp.export_rows TO {target} (FORMAT parquet, PARTITION_BY (date), \
-             FILENAME_PATTERN '{}_{{uuid}}', OVERWRITE_OR_IGNORE)",
-            opts.cluster
-        ))?;
-        report.tables.push((table, n as u64));
+        report.tables.push((table.to_owned(), rows));
     }
     Ok(report)
 }

@@ -73,6 +73,8 @@ pub fn router(state: AppState) -> Router {
             get(reclaim::list_exemptions).post(reclaim::create_exemption),
         )
         .route("/api/v1/exemptions/{id}", delete(reclaim::delete_exemption))
+        // Parquet for the fleet of clusters, while the ledger runs (admin).
+        .route("/api/v1/export", post(api::export::export))
         // The showback pages (sign-in, session cookie or bearer token; `?format=csv&table=`)
         .route("/", get(ui::overview))
         .route("/tenants", get(ui::tenants))

@@ -71,6 +71,10 @@ pub struct Args {
     /// Currency the prices are in, shown beside costs [default: USD].
     #[arg(long)]
     currency: Option<String>,
+    /// Directory `POST /api/v1/export` (`gpuledger export --aggregator`) writes Parquet into,
+    /// while the aggregator runs [default: none, the endpoint is off].
+    #[arg(long)]
+    export_dir: Option<PathBuf>,
     /// Ingest admission and batch limits (config file: the `[limits]` table).
     #[command(flatten)]
     limits: LimitFlags,
@@ -165,6 +169,7 @@ struct FileConfig {
     db: Option<PathBuf>,
     listen: Option<SocketAddr>,
     token_file: Option<PathBuf>,
+    export_dir: Option<PathBuf>,
     raw_retention: Option<String>,
     rollup_retention: Option<String>,
     retention_interval: Option<String>,
@@ -318,6 +323,7 @@ fn config(args: Args) -> anyhow::Result<Config> {
         analytics,
         reclaim,
         ui: file.ui.resolve().map_err(anyhow::Error::msg)?,
+        export_dir: args.export_dir.or(file.export_dir),
         db: args
             .db
             .or(file.db)
@@ -433,16 +439,31 @@ pub fn import(args: ImportArgs) -> anyhow::Result<()> {
 /// Flags of `gpuledger export`.
 #[derive(Debug, clap::Args)]
 pub struct ExportArgs {
-    /// The DuckDB ledger file (opened read-only; not while an aggregator has it open).
+    /// The DuckDB ledger file, opened read-only (not while an aggregator has it open: use
+    /// --aggregator then).
+    #[arg(
+        long,
+        required_unless_present = "aggregator",
+        conflicts_with = "aggregator"
+    )]
+    db: Option<PathBuf>,
+    /// Output directory: <DIR>/<table>/date=YYYY-MM-DD/<cluster>.parquet (with --db).
+    #[arg(
+        long,
+        required_unless_present = "aggregator",
+        conflicts_with = "aggregator"
+    )]
+    parquet: Option<PathBuf>,
+    /// A running aggregator's URL: it exports into its own --export-dir (needs an admin token).
+    #[arg(long, requires = "token_file")]
+    aggregator: Option<String>,
+    /// File holding the admin token, with --aggregator.
     #[arg(long)]
-    db: PathBuf,
-    /// Output directory: <DIR>/<table>/date=YYYY-MM-DD/<cluster>_<uuid>.parquet.
-    #[arg(long)]
-    parquet: PathBuf,
-    /// Start of the range (RFC 3339 or Unix seconds), inclusive.
+    token_file: Option<PathBuf>,
+    /// Start of the range (RFC 3339 or Unix seconds), inclusive; widened to its UTC day.
     #[arg(long)]
     from: String,
-    /// End of the range (RFC 3339 or Unix seconds), exclusive.
+    /// End of the range (RFC 3339 or Unix seconds), exclusive; widened to the end of its UTC day.
     #[arg(long)]
     to: String,
     /// Also export raw 1 s samples (only those still in the raw window exist).
@@ -453,17 +474,20 @@ pub struct ExportArgs {
     cluster: Option<String>,
 }
 
-/// Exports Parquet.
+/// Exports Parquet: from the ledger file, or through a running aggregator.
 pub fn export(args: ExportArgs) -> anyhow::Result<()> {
+    if let Some(url) = &args.aggregator {
+        return export_through(url, &args);
+    }
     let time = |flag: &str, s: &str| {
         gpuledger_schema::trace::parse_timestamp(s)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("--{flag} {s:?}"))
     };
+    let db = args.db.clone().context("--db")?;
     let cluster = match args.cluster {
         Some(c) => c,
-        None => args
-            .db
+        None => db
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "ledger".into()),
@@ -471,16 +495,67 @@ pub fn export(args: ExportArgs) -> anyhow::Result<()> {
     let opts = ExportOptions {
         from: time("from", &args.from)?,
         to: time("to", &args.to)?,
-        db: args.db,
-        dir: args.parquet,
+        db,
+        dir: args.parquet.context("--parquet")?,
         raw: args.raw,
         cluster,
     };
-    let report = export::export(&opts)?;
-    for (table, rows) in report.tables {
+    print_report(&export::export(&opts)?);
+    Ok(())
+}
+
+/// `POST /api/v1/export` on a running aggregator.
+fn export_through(url: &str, args: &ExportArgs) -> anyhow::Result<()> {
+    let path = args.token_file.as_ref().context("--token-file")?;
+    let token = std::fs::read_to_string(path)
+        .with_context(|| format!("--token-file {}", path.display()))?;
+    let body = serde_json::json!({
+        "from": args.from,
+        "to": args.to,
+        "raw": args.raw,
+        "cluster": args.cluster,
+    });
+    let rt = super::runtime()?;
+    let report: export::ExportReport = rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(format!("{}/api/v1/export", url.trim_end_matches('/')))
+            .bearer_auth(token.trim())
+            .json(&body)
+            .send()
+            .await
+            .with_context(|| format!("--aggregator {url}"))?;
+        let status = r.status();
+        let text = r.text().await?;
+        anyhow::ensure!(
+            status.is_success(),
+            "the aggregator answered {status}: {text}"
+        );
+        serde_json::from_str(&text).context("the aggregator's export report")
+    })?;
+    print_report(&report);
+    Ok(())
+}
+
+fn print_report(report: &export::ExportReport) {
+    let day = |t: i64| {
+        chrono::DateTime::from_timestamp(t, 0)
+            .map(|d| d.format("%Y-%m-%d").to_string())
+            .unwrap_or_default()
+    };
+    eprintln!(
+        "gpuledger export: the UTC days {} to {} (exclusive), {} files",
+        day(report.from),
+        day(report.to),
+        report.files
+    );
+    for (table, rows) in &report.tables {
         eprintln!("gpuledger export: {table}: {rows} rows");
     }
-    Ok(())
+    for (table, date) in &report.kept {
+        eprintln!(
+            "gpuledger export: {table} {date}: kept the earlier export's file (the ledger no longer holds all of that day)"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod error;
+pub mod export;
 pub mod fragmentation;
 pub mod hoarding;
 pub mod ingest;

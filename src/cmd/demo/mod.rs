@@ -70,6 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         analytics: demo_settings(),
         reclaim: Default::default(),
         ui: Default::default(),
+        export_dir: Some(args.data.join("export")),
     };
     let now = chrono::Utc::now().timestamp();
     let plan = history::Plan {
