@@ -330,7 +330,12 @@ fn the_kubernetes_base_validates_against_the_openapi_schemas() {
     let errors = report["errors"].as_array().unwrap();
     assert!(errors.is_empty(), "{errors:#?}");
     let validated = report["validated"].as_array().unwrap();
-    for kind in ["DaemonSet/", "StatefulSet/gpuledger-aggregator", "ClusterRole/", "Service/"] {
+    for kind in [
+        "DaemonSet/",
+        "StatefulSet/gpuledger-aggregator",
+        "ClusterRole/",
+        "Service/",
+    ] {
         assert!(
             validated.iter().any(|v| v.as_str().unwrap().contains(kind)),
             "{kind} was validated: {validated:?}"
@@ -387,7 +392,11 @@ fn the_systemd_units_verify_and_are_hardened() {
         .unwrap();
         units.push(copy);
     }
-    assert_eq!(units.len(), 3, "the exporter, aggregator and reclaimer units");
+    assert_eq!(
+        units.len(),
+        3,
+        "the exporter, aggregator and reclaimer units"
+    );
     let out = std::process::Command::new("systemd-analyze")
         .args(["verify", "--man=no"])
         .args(&units)
