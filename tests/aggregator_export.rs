@@ -100,8 +100,23 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
         ledgers.push((cluster, db));
     }
     let mut expected = (0, 0.0);
+    let mut per_tenant: Vec<(String, String, f64, f64)> = Vec::new();
     for (cluster, db) in &ledgers {
         let conn = open_ledger(db);
+        let mut stmt = conn
+            .prepare(
+                "SELECT tenant, sum(gpu_seconds) / 3600, sum(used_gpu_seconds) / 3600
+                 FROM rollup_tenant_1h WHERE tenant IS NOT NULL GROUP BY ALL ORDER BY ALL",
+            )
+            .unwrap();
+        per_tenant.extend(
+            stmt.query_map([], |r| {
+                Ok((cluster.to_string(), r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .unwrap()
+            .map(Result::unwrap),
+        );
+        drop(stmt);
         let t = totals(&conn, "rollup_1h");
         assert!(t.0 > 0);
         expected = (expected.0 + t.0, expected.1 + t.1);
@@ -158,6 +173,38 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
         "{rollup_files:?}"
     );
     let conn = duckdb::Connection::open_in_memory().unwrap();
+    // The README's fleet query, on these files and days, answers what the ledgers say.
+    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
+    let query = readme
+        .split("<!-- fleet-query -->\n```sql\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("README.md's fleet query");
+    let day = |t: i64| {
+        chrono::DateTime::from_timestamp(t.div_euclid(86400) * 86400, 0)
+            .unwrap()
+            .format("%Y-%m-%d")
+            .to_string()
+    };
+    let query = query
+        .replace("/shared/gpuledger", out.to_str().unwrap())
+        .replace("2026-11-01", &day(start - 86400))
+        .replace("2026-12-01", &day(start + 2 * 86400));
+    let mut stmt = conn.prepare(query.trim().trim_end_matches(';')).unwrap();
+    let fleet: Vec<(String, String, f64, f64)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    drop(stmt);
+    assert_eq!(fleet.len(), per_tenant.len(), "{fleet:?}\n{per_tenant:?}");
+    for (got, want) in fleet.iter().zip(&per_tenant) {
+        assert_eq!((&got.0, &got.1), (&want.0, &want.1));
+        assert!(
+            (got.2 - want.2).abs() < 1e-9 && (got.3 - want.3).abs() < 1e-9,
+            "{got:?} {want:?}"
+        );
+    }
     let glob = |table: &str| {
         format!(
             "read_parquet('{}/{table}/*/*.parquet', hive_partitioning = true)",
