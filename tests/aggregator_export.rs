@@ -412,3 +412,54 @@ async fn the_export_endpoint_is_for_admins_and_needs_an_export_dir() {
         "an empty ledger writes no file: {report}"
     );
 }
+
+/// `gpuledger import --aggregator`: the same all-or-nothing check, then the running aggregator's
+/// ingest API; a second run stores nothing new, and the ledger never had to stop.
+#[tokio::test(flavor = "multi_thread")]
+async fn import_into_a_running_aggregator_is_checked_first_and_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let start = (chrono::Utc::now().timestamp() / 3600 - 5) * 3600;
+    simulate(&trace, "gpu-a100-01", &start.to_string(), "20m");
+    let rows = std::fs::read_to_string(&trace).unwrap().lines().count() as i64 - 1;
+    let bad = dir.path().join("bad.csv");
+    let mut text = std::fs::read_to_string(&trace).unwrap();
+    text.push_str("not,a,sample\n");
+    std::fs::write(&bad, text).unwrap();
+    let db = dir.path().join("ledger.duckdb");
+    let a = Aggregator::start(&db, 0, &[]).await;
+    let admin = token_file(dir.path(), ADMIN_TOKEN);
+    let import = |files: &[&std::path::Path]| {
+        let mut c = gpuledger();
+        c.args(["import", "--aggregator", &a.url(), "--token-file"])
+            .arg(&admin)
+            .args(files);
+        c.output().unwrap()
+    };
+    let out = import(&[&trace, &bad]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("nothing was imported"), "{stderr}");
+    assert_eq!(
+        a.value("gpuledger_aggregator_ingest_samples_total")
+            .await
+            .unwrap_or(0.0),
+        0.0,
+        "nothing was sent before every file was checked"
+    );
+    let out = import(&[&trace]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{rows} samples: {rows} stored, 0 already")),
+        "{stderr}"
+    );
+    let out = import(&[&trace]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{rows} samples: 0 stored, {rows} already")),
+        "{stderr}"
+    );
+    assert!(a.terminate().success());
+    assert_eq!(totals(&open_ledger(&db), "rollup_1h").0, rows);
+}

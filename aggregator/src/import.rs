@@ -42,11 +42,28 @@ pub enum ImportError {
     Store(#[from] StoreError),
 }
 
+/// Where an import goes.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A ledger file, written here through its own writer (no aggregator may have it open).
+    Ledger(PathBuf),
+    /// A running aggregator, through `POST /api/v1/ingest` (as exporters send): its writer
+    /// deduplicates the samples like any batch, so the ledger need not stop. The files are all
+    /// checked before the first batch is sent; a run cut short part-way is completed by running
+    /// it again (what was stored is not stored twice).
+    Aggregator {
+        /// Its base URL.
+        url: String,
+        /// A token that may ingest every node in the files (`admin` or `node:*`).
+        token: String,
+    },
+}
+
 /// Options of an import.
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
-    /// The ledger file.
-    pub db: PathBuf,
+    /// Where the samples go.
+    pub target: Target,
     /// The traces.
     pub files: Vec<PathBuf>,
     /// The ledger's retention (older samples are refused, as at ingest).
@@ -92,8 +109,15 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     for f in &opts.files {
         total += tokio::task::block_in_place(|| check_file(f, oldest, newest))?;
     }
-    let (conn, _) = tokio::task::block_in_place(|| store::open(&opts.db))?;
-    let (writer, thread) = Writer::spawn(conn, 4 * CHUNK, Arc::new(()))?;
+    let (writer, thread) = match &opts.target {
+        Target::Ledger(db) => {
+            let (conn, _) = tokio::task::block_in_place(|| store::open(db))?;
+            let (writer, thread) = Writer::spawn(conn, 4 * CHUNK, Arc::new(()))?;
+            (Some(writer), Some(thread))
+        }
+        Target::Aggregator { .. } => (None, None),
+    };
+    let client = reqwest::Client::new();
     let bar = if opts.progress {
         indicatif::ProgressBar::new(total)
     } else {
@@ -124,6 +148,20 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
                 let batch = Batch::from_samples(&chunk[0].instance.node, &chunk);
                 let n = chunk.len();
                 chunk.clear();
+                let Some(writer) = &writer else {
+                    let Target::Aggregator { url, token } = &opts.target else {
+                        unreachable!("no writer only for an aggregator target")
+                    };
+                    let outcome = post(&client, url, token, &batch).await?;
+                    report.samples += outcome.samples;
+                    report.stored += outcome.stored;
+                    report.duplicates += outcome.duplicate_samples;
+                    bar.inc(outcome.samples);
+                    if end {
+                        break;
+                    }
+                    continue;
+                };
                 let reservation = writer
                     .reserve(n)
                     .await
@@ -158,8 +196,77 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     }
     bar.finish_and_clear();
     drop(writer);
-    tokio::task::block_in_place(|| {
-        let _ = thread.join();
-    });
+    if let Some(thread) = thread {
+        tokio::task::block_in_place(|| {
+            let _ = thread.join();
+        });
+    }
     Ok(report)
+}
+
+/// What the aggregator says of a batch (`api::ingest::IngestResponse`'s counts).
+#[derive(Debug, serde::Deserialize)]
+struct Posted {
+    samples: u64,
+    stored: u64,
+    duplicate_samples: u64,
+}
+
+/// Sends one batch to a running aggregator, as an exporter does (gzip JSON, its batch id), and
+/// retries what the aggregator asks to be retried (408, 429, 503, or no answer) with jittered
+/// back-off, honouring `Retry-After`.
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    batch: &Batch,
+) -> Result<Posted, ImportError> {
+    use backon::{ExponentialBuilder, Retryable};
+    let body = batch.encode();
+    let url = format!(
+        "{}{}",
+        url.trim_end_matches('/'),
+        gpuledger_schema::wire::INGEST_PATH
+    );
+    let attempt = || async {
+        let r = client
+            .post(&url)
+            .bearer_auth(token)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                gpuledger_schema::wire::CONTENT_TYPE,
+            )
+            .header(reqwest::header::CONTENT_ENCODING, "gzip")
+            .header("x-gpuledger-batch-id", batch.batch_id.to_string())
+            .body(body.clone())
+            .send()
+            .await
+            .map_err(|e| (true, format!("{url}: {}", e.without_url())))?;
+        let status = r.status();
+        let after = r
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+        let text = r.text().await.unwrap_or_default();
+        if status.is_success() {
+            return serde_json::from_str::<Posted>(&text)
+                .map_err(|e| (false, format!("the aggregator's answer: {e}: {text}")));
+        }
+        let retry = matches!(status.as_u16(), 408 | 429 | 503);
+        if retry && let Some(secs) = after {
+            tokio::time::sleep(std::time::Duration::from_secs(secs.min(30))).await;
+        }
+        Err((retry, format!("the aggregator answered {status}: {text}")))
+    };
+    attempt
+        .retry(
+            ExponentialBuilder::default()
+                .with_jitter()
+                .with_max_times(8)
+                .with_max_delay(std::time::Duration::from_secs(15)),
+        )
+        .sleep(tokio::time::sleep)
+        .when(|(retry, _)| *retry)
+        .await
+        .map_err(|(_, message)| ImportError::Store(StoreError::Io(message)))
 }

@@ -401,9 +401,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Flags of `gpuledger import`.
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
-    /// The DuckDB ledger file (created if missing; not while an aggregator has it open).
+    /// The DuckDB ledger file (created if missing; not while an aggregator has it open: use
+    /// --aggregator then).
+    #[arg(
+        long,
+        required_unless_present = "aggregator",
+        conflicts_with = "aggregator"
+    )]
+    db: Option<PathBuf>,
+    /// A running aggregator's URL: the samples go through its ingest API, deduplicated like any
+    /// batch (needs an `admin` or `node:*` token).
+    #[arg(long, requires = "token_file")]
+    aggregator: Option<String>,
+    /// File holding the token, with --aggregator.
     #[arg(long)]
-    db: PathBuf,
+    token_file: Option<PathBuf>,
     /// How long raw samples are kept (older ones go to the rollups only) [default: 48h].
     #[arg(long, default_value = "48h")]
     raw_retention: humantime::Duration,
@@ -418,8 +430,21 @@ pub struct ImportArgs {
 /// Imports traces.
 pub fn import(args: ImportArgs) -> anyhow::Result<()> {
     use std::io::IsTerminal;
+    let target = match (args.db, args.aggregator) {
+        (Some(db), _) => import::Target::Ledger(db),
+        (None, Some(url)) => {
+            let path = args.token_file.context("--token-file")?;
+            let token = std::fs::read_to_string(&path)
+                .with_context(|| format!("--token-file {}", path.display()))?;
+            import::Target::Aggregator {
+                url,
+                token: token.trim().to_owned(),
+            }
+        }
+        (None, None) => anyhow::bail!("--db or --aggregator"),
+    };
     let opts = ImportOptions {
-        db: args.db,
+        target,
         files: args.files,
         retention: Retention {
             raw_secs: args.raw_retention.as_secs() as i64,
