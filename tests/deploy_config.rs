@@ -405,3 +405,58 @@ fn the_systemd_units_verify_and_are_hardened() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && stderr.trim().is_empty(), "{stderr}");
 }
+
+/// Every option of the services can come from `GPULEDGER_<COMMAND>_<FLAG>` (a flag on the
+/// command line wins; the config file comes last); a bad value names the variable.
+#[test]
+fn environment_variables_set_options_and_bad_ones_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "admin aaaaaaaaaaaaaaaaaaaaaaaa\n").unwrap();
+    let config = dir.path().join("aggregator.toml");
+    std::fs::write(&config, "listen = \"127.0.0.1:7001\"\n").unwrap();
+    let check = |env: &[(&str, &str)], args: &[&str]| {
+        let out = common::gpuledger()
+            .args(["aggregator", "--check-config"])
+            .args(args)
+            .env("GPULEDGER_AGGREGATOR_TOKEN_FILE", &tokens)
+            .env("GPULEDGER_AGGREGATOR_CONFIG", &config)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, text) = check(&[], &[]);
+    assert!(
+        ok && text.contains("listen 127.0.0.1:7001"),
+        "the file: {text}"
+    );
+    let (ok, text) = check(&[("GPULEDGER_AGGREGATOR_LISTEN", "127.0.0.1:7002")], &[]);
+    assert!(
+        ok && text.contains("listen 127.0.0.1:7002"),
+        "env over the file: {text}"
+    );
+    let (ok, text) = check(
+        &[("GPULEDGER_AGGREGATOR_LISTEN", "127.0.0.1:7002")],
+        &["--listen", "127.0.0.1:7003"],
+    );
+    assert!(
+        ok && text.contains("listen 127.0.0.1:7003"),
+        "the flag over env: {text}"
+    );
+    let (ok, text) = check(&[("GPULEDGER_AGGREGATOR_LISTEN", "nope")], &[]);
+    assert!(!ok);
+    assert!(
+        text.contains("--listen") && text.contains("GPULEDGER_AGGREGATOR_LISTEN"),
+        "{text}"
+    );
+    let (ok, text) = check(&[("GPULEDGER_AGGREGATOR_IDLE_THRESHOLD", "lots")], &[]);
+    assert!(
+        !ok && text.contains("GPULEDGER_AGGREGATOR_IDLE_THRESHOLD"),
+        "{text}"
+    );
+}

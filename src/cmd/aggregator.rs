@@ -22,58 +22,58 @@ use super::duration;
 pub struct Args {
     /// The DuckDB ledger file, created with its schema on first start
     /// [default: /var/lib/gpuledger/ledger.duckdb].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_DB")]
     db: Option<PathBuf>,
     /// Address of the API, /metrics and the probes [default: 0.0.0.0:9836].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_LISTEN")]
     listen: Option<SocketAddr>,
     /// TOML file with any of these flags.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_CONFIG")]
     config: Option<PathBuf>,
     /// Token file: one `<scope> <token>` per line, scope node:NAME, node:*, viewer,
     /// tenant:NAME or admin.
     /// GPULEDGER_ADMIN_TOKEN in the environment adds an admin token.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// How long raw 1 s samples are kept [default: 48h].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_RAW_RETENTION")]
     raw_retention: Option<humantime::Duration>,
     /// How long the minute, hour and tenant rollups are kept [default: 400days].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_ROLLUP_RETENTION")]
     rollup_retention: Option<humantime::Duration>,
     /// How often retention runs [default: 10m].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_RETENTION_INTERVAL")]
     retention_interval: Option<humantime::Duration>,
     /// Largest ingest body in bytes, as sent (gzip) [default: 4194304].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
     /// Samples accepted but not yet written before ingest answers 503 [default: 2000000].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_QUEUE_SAMPLES")]
     queue_samples: Option<usize>,
     /// How far in the future a sample may be [default: 5m].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_MAX_FUTURE_SKEW")]
     max_future_skew: Option<humantime::Duration>,
     /// DuckDB's memory limit, in DuckDB's syntax [default: 1GB].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_MEMORY_LIMIT")]
     memory_limit: Option<String>,
     /// A minute of an allocation is idle when its mean SM activity is below this [default: 0.05].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_IDLE_THRESHOLD")]
     idle_threshold: Option<f64>,
     /// How long an idle run lasts before it is a hoarding episode [default: 30m].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_HOARDING_WINDOW")]
     hoarding_window: Option<humantime::Duration>,
     /// How often hoarding and fragmentation are evaluated, then the reclaim policy [default: 15s].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_ANALYTICS_INTERVAL")]
     analytics_interval: Option<humantime::Duration>,
     /// Price of a GPU-hour for models without an entry in the config file's [prices] [default: 0].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_DEFAULT_PRICE")]
     default_price: Option<f64>,
     /// Currency the prices are in, shown beside costs [default: USD].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_CURRENCY")]
     currency: Option<String>,
     /// Directory `POST /api/v1/export` (`gpuledger export --aggregator`) writes Parquet into,
     /// while the aggregator runs [default: none, the endpoint is off].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_EXPORT_DIR")]
     export_dir: Option<PathBuf>,
     /// Ingest admission and batch limits (config file: the `[limits]` table).
     #[command(flatten)]
@@ -91,17 +91,17 @@ pub struct Args {
 struct LimitFlags {
     /// Samples plus share seconds one batch may hold; the decoded size and JSON values a body
     /// may have follow from it (schema/WIRE.md) [default: 50000].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_MAX_BATCH_SAMPLES")]
     max_batch_samples: Option<usize>,
     /// Instances (MIG slices, whole GPUs) one node may have in the ledger; a batch adding more
     /// gets 422 [default: 256].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_MAX_INSTANCES_PER_NODE")]
     max_instances_per_node: Option<usize>,
     /// Ingest requests in flight at once [default: 64].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_INGEST_SLOTS")]
     ingest_slots: Option<usize>,
     /// Ingest requests one token may have in flight; more get 429 [default: 16].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_INGEST_SLOTS_PER_TOKEN")]
     ingest_slots_per_token: Option<usize>,
     /// How long an ingest body may take to arrive before 408 [default: 10s].
     #[arg(long, value_parser = humantime::parse_duration)]

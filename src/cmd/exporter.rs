@@ -24,102 +24,102 @@ use serde::Deserialize;
 #[command(after_help = sources_help())]
 pub struct Args {
     /// Where samples come from: nvml, sim or replay [default: nvml].
-    #[arg(long, value_parser = source_names())]
+    #[arg(long, value_parser = source_names(), env = "GPULEDGER_EXPORTER_SOURCE")]
     source: Option<String>,
     /// Address for /metrics [default: 0.0.0.0:9835].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_LISTEN")]
     listen: Option<SocketAddr>,
     /// Aggregator base URL (http://aggregator:9836); without it the exporter only serves /metrics.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_AGGREGATOR")]
     aggregator: Option<String>,
     /// File holding the bearer token for the aggregator (required with --aggregator).
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// This node's name [default: $NODE_NAME, else the host name].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_NODE")]
     node: Option<String>,
     /// TOML file with any of these flags.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_CONFIG")]
     config: Option<PathBuf>,
     /// Simulated fleet (TOML) for --source sim [default: the built-in fleet].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_FLEET")]
     fleet: Option<PathBuf>,
     /// Trace CSV for --source replay.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_REPLAY_FILE")]
     replay_file: Option<PathBuf>,
     /// Replay pace: 1 (real time), a factor such as 60, or max [default: 1].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_SPEED")]
     speed: Option<String>,
     /// Exit (0) once the whole replay file is shipped and acknowledged.
     #[arg(long)]
     once: bool,
     /// Static attribution map (TOML): device UUID → tenant, workload, SLO class.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_ATTRIBUTION_MAP")]
     attribution_map: Option<PathBuf>,
     /// Directory of the on-disk spool [default: /var/lib/gpuledger/spool].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_SPOOL_DIR")]
     spool_dir: Option<PathBuf>,
     /// Spool bound in bytes; when full, the oldest batch is dropped [default: 1073741824].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_SPOOL_MAX_BYTES")]
     spool_max_bytes: Option<u64>,
     /// How often samples are sealed into a batch and shipped [default: 5s].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_SHIP_INTERVAL")]
     ship_interval: Option<humantime::Duration>,
     /// NVML collector to skip (mig, memory, gpm, power, processes); repeatable.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_DISABLE_COLLECTOR")]
     disable_collector: Vec<String>,
     /// Slurm per-device job map written by deploy/slurm's prolog (e.g. /run/gpuledger/slurm-jobs).
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_SLURM_JOB_DIR")]
     slurm_job_dir: Option<PathBuf>,
     /// Which Slurm job field is the tenant: account, user, partition or qos [default: account].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_SLURM_TENANT")]
     slurm_tenant: Option<String>,
     /// A Slurm QoS's SLO class, as QOS=CLASS (e.g. high=latency_critical); repeatable.
     /// Unmapped QoS are batch.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_SLURM_QOS_CLASS")]
     slurm_qos_class: Vec<String>,
     /// Kubelet pod-resources socket; enables Kubernetes attribution
     /// (usually /var/lib/kubelet/pod-resources/kubelet.sock).
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBELET_SOCKET")]
     kubelet_socket: Option<PathBuf>,
     /// How often to ask the kubelet [default: 5s].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBELET_POLL_INTERVAL")]
     kubelet_poll_interval: Option<humantime::Duration>,
     /// A namespace's tenant, as NAMESPACE=TENANT; repeatable. Unmapped namespaces are their own tenant.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBELET_NAMESPACE_TENANT")]
     kubelet_namespace_tenant: Vec<String>,
     /// A namespace's SLO class, as NAMESPACE=CLASS; repeatable.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBELET_NAMESPACE_CLASS")]
     kubelet_namespace_class: Vec<String>,
     /// Kubernetes API server for pod labels, priority classes and deleted-pod filtering:
     /// a URL, or `in-cluster` (KUBERNETES_SERVICE_HOST/PORT with the pod's service-account
     /// token and CA). Needs --kubelet-socket.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBE_APISERVER")]
     kube_apiserver: Option<String>,
     /// Bearer token file for the API server [default in-cluster: the service-account token].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBE_TOKEN_FILE")]
     kube_token_file: Option<PathBuf>,
     /// CA bundle for the API server [default in-cluster: the service-account ca.crt].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBE_CA_FILE")]
     kube_ca_file: Option<PathBuf>,
     /// How often this node's pods are listed [default: 30s].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBE_REFRESH_INTERVAL")]
     kube_refresh_interval: Option<humantime::Duration>,
     /// Pod label whose value is the tenant (wins over the namespace rules).
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBE_TENANT_LABEL")]
     kube_tenant_label: Option<String>,
     /// Pod annotation whose value is the tenant (after the label).
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBE_TENANT_ANNOTATION")]
     kube_tenant_annotation: Option<String>,
     /// Pod label whose value is the SLO class.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBE_CLASS_LABEL")]
     kube_class_label: Option<String>,
     /// A priority class's SLO class, as PRIORITYCLASS=CLASS; repeatable.
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_KUBE_PRIORITY_CLASS")]
     kube_priority_class: Vec<String>,
     /// Where GPU processes' cgroups are read to name their pod or Slurm job: the /proc of the
     /// exporter's PID namespace, which must be the host's (hostPID in Kubernetes) [default: /proc].
-    #[arg(long)]
+    #[arg(long, env = "GPULEDGER_EXPORTER_PROC_PATH")]
     proc_path: Option<PathBuf>,
 }
 
