@@ -6,7 +6,8 @@
 //! 2. that process's RSS while it ingests, and bytes on disk per stored sample;
 //! 3. a month's showback for 1,000 GPUs × 7 MIG instances, from the rollups, through the same
 //!    function the API calls;
-//! 4. one hoarding + fragmentation evaluation over the last hour for 10,000 instances.
+//! 4. one hoarding + fragmentation evaluation over the last hour for 10,000 instances;
+//! 5. (`-- history`) a day of the demo's history as minute rows against the same seconds.
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
@@ -504,12 +505,92 @@ fn hour_evaluation(dir: &std::path::Path) {
     );
 }
 
+/// The demo's history (`src/cmd/demo/history.rs`): one day of the built-in fleet written through
+/// the one writer as the simulator's minute rows, against the baseline of the same day's seconds
+/// (each second reading its minute row's counters) sent as 1 s batches of an hour per node, all
+/// older than the raw window (rollups only, as most of the demo's month is). Generating the rows
+/// is not timed, only the writer.
+fn history_day(dir: &std::path::Path) {
+    use gpuledger_aggregator::store::writer::{MinuteBatch, MinuteRow};
+    use gpuledger_exporter::source::sim::{Fleet, Simulator};
+    use gpuledger_schema::wire::Series;
+    let sim = Simulator::new(Fleet::builtin());
+    let day = (chrono::Utc::now().timestamp() / 86_400 - 3) * 86_400;
+    let open = |name: &str| {
+        let (conn, _) = store::open(&dir.join(name)).unwrap();
+        Writer::spawn(conn, 4_000_000, Arc::new(())).unwrap()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (minutes_writer, _t1) = open("history-minutes.duckdb");
+    let mut batch = MinuteBatch::default();
+    sim.minutes(None, day, day + 86_400, |m| {
+        batch
+            .entries
+            .push(Series::describing(&m.instance, &m.attribution));
+        batch.rows.push(MinuteRow {
+            entry: batch.entries.len() - 1,
+            bucket: m.bucket,
+            mask: m.mask,
+            counters: m.counters,
+        });
+    });
+    let rows = batch.rows.len();
+    let start = Instant::now();
+    let outcome = rt.block_on(minutes_writer.ingest_minutes(batch)).unwrap();
+    let minutes_secs = start.elapsed().as_secs_f64();
+    let (seconds_writer, _t2) = open("history-seconds.duckdb");
+    let mut seconds_secs = 0.0;
+    let mut samples = 0u64;
+    for hour in 0..24 {
+        let from = day + hour * 3600;
+        let mut by_node: std::collections::HashMap<String, Vec<Sample>> = Default::default();
+        sim.minutes(None, from, from + 3600, |m| {
+            for s in 0..60 {
+                if m.mask & (1 << s) != 0 {
+                    by_node
+                        .entry(m.instance.node.clone())
+                        .or_default()
+                        .push(Sample {
+                            timestamp: m.bucket + s,
+                            instance: m.instance.clone(),
+                            attribution: m.attribution.clone(),
+                            counters: m.counters,
+                        });
+                }
+            }
+        });
+        for (node, chunk) in by_node {
+            for part in chunk.chunks(50_000) {
+                let b = Batch::from_samples(&node, part);
+                let start = Instant::now();
+                let r = seconds_writer.try_reserve(b.sample_count()).unwrap();
+                samples += rt
+                    .block_on(seconds_writer.ingest(b, i64::MAX, r))
+                    .unwrap()
+                    .stored;
+                seconds_secs += start.elapsed().as_secs_f64();
+            }
+        }
+    }
+    assert_eq!(samples, outcome.stored_seconds, "the same instance-seconds");
+    eprintln!(
+        "history, one day of the built-in fleet ({samples} instance-seconds):\n  baseline: 1 s samples through the writer: {seconds_secs:.2} s ({:.0} instance-seconds/s)\n  {rows} minute rows through the writer: {minutes_secs:.3} s ({:.0} instance-seconds/s) = {:.0}× the baseline",
+        samples as f64 / seconds_secs,
+        samples as f64 / minutes_secs,
+        seconds_secs / minutes_secs
+    );
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!("benches/aggregator.rs: run with `cargo bench --bench aggregator`");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    if std::env::args().any(|a| a == "history") {
+        history_day(dir.path());
+        return;
+    }
     if std::env::args().any(|a| a == "pages") {
         month_pages(dir.path());
         return;
