@@ -15,9 +15,8 @@ use std::collections::HashMap;
 use gpuledger_schema::Counters;
 use gpuledger_schema::wire::Series;
 
-use super::{
-    MinuteDelta, WriteError, WriterThread, covered_masks, fold_gpu_deltas, fold_minute_deltas,
-};
+use super::rollups::{MinuteDelta, covered_masks, fold_gpu_deltas, fold_minute_deltas};
+use super::{WriteError, WriterThread};
 use crate::store::StoreError;
 
 /// All 60 seconds of a minute.

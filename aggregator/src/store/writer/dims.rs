@@ -1,0 +1,351 @@
+//! The dimension tables (`instances`, `holders`) mirrored in memory, so that the writer assigns
+//! ids without a query per series, and the GPU index (which instances share a GPU, whose observed
+//! seconds are the union of theirs). New ids are appended in the caller's transaction; if it
+//! fails, the writer reloads the mirror from the database.
+
+use std::collections::HashMap;
+
+use duckdb::{Connection, params};
+use gpuledger_schema::wire::{Batch, Series};
+
+use super::WriteError;
+
+/// The dimension tables, mirrored in memory so that ids are assigned without a query per series.
+pub(super) struct Dims {
+    pub(super) instances: HashMap<InstanceKey, i32>,
+    pub(super) holders: HashMap<HolderKey, i32>,
+    /// Each instance's GPU, as an index into `gpu_members` (GPUs are told apart by UUID).
+    pub(super) gpu_of: HashMap<i32, usize>,
+    pub(super) gpu_slots: HashMap<String, usize>,
+    /// The instance ids on each GPU: the GPU's observed seconds are the union of theirs.
+    pub(super) gpu_members: Vec<Vec<i32>>,
+    /// Instances per node, for the per-node bound.
+    pub(super) per_node: HashMap<String, usize>,
+    pub(super) next_instance: i32,
+    pub(super) next_holder: i32,
+    pub(super) new_instances: Vec<(i32, InstanceKey)>,
+    pub(super) new_holders: Vec<(i32, HolderKey)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct InstanceKey {
+    pub(super) node: String,
+    pub(super) gpu_uuid: String,
+    pub(super) gpu_instance_id: i32,
+    pub(super) gpu_model: String,
+    pub(super) mig_profile: Option<String>,
+    pub(super) placement_start: Option<i32>,
+    pub(super) placement_size: Option<i32>,
+}
+
+pub(super) type HolderKey = (Option<String>, Option<String>, Option<String>);
+
+impl InstanceKey {
+    pub(super) fn of(s: &Series) -> InstanceKey {
+        InstanceKey {
+            node: s.node.clone(),
+            gpu_uuid: s.gpu_uuid.clone(),
+            // Validation bounds ids far below i32::MAX (`MAX_MIG_ID`); saturating keeps an
+            // unvalidated id from ever becoming -1, the whole-GPU marker.
+            gpu_instance_id: s
+                .gpu_instance_id
+                .map_or(-1, |g| i32::try_from(g).unwrap_or(i32::MAX)),
+            gpu_model: s.gpu_model.clone(),
+            mig_profile: s.mig_profile.clone(),
+            placement_start: s
+                .placement_start
+                .map(|v| i32::try_from(v).unwrap_or(i32::MAX)),
+            placement_size: s
+                .placement_size
+                .map(|v| i32::try_from(v).unwrap_or(i32::MAX)),
+        }
+    }
+}
+
+pub(super) fn holder_key(s: &Series) -> HolderKey {
+    (
+        s.tenant.clone(),
+        s.workload.clone(),
+        s.slo_class.map(|c| c.as_str().to_owned()),
+    )
+}
+
+impl Dims {
+    pub(super) fn load(conn: &Connection) -> duckdb::Result<Dims> {
+        let mut instances = HashMap::new();
+        let mut stmt = conn.prepare(
+            "SELECT instance_id, node, gpu_uuid, gpu_instance_id, gpu_model, mig_profile, placement_start, placement_size FROM instances",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, i32>(0)?,
+                InstanceKey {
+                    node: r.get(1)?,
+                    gpu_uuid: r.get(2)?,
+                    gpu_instance_id: r.get(3)?,
+                    gpu_model: r.get(4)?,
+                    mig_profile: r.get(5)?,
+                    placement_start: r.get(6)?,
+                    placement_size: r.get(7)?,
+                },
+            ))
+        })?;
+        let mut gpus = GpuIndex::default();
+        let mut per_node: HashMap<String, usize> = HashMap::new();
+        for row in rows {
+            let (id, key) = row?;
+            gpus.add(id, &key.gpu_uuid);
+            *per_node.entry(key.node.clone()).or_default() += 1;
+            instances.insert(key, id);
+        }
+        let mut holders = HashMap::new();
+        let mut stmt =
+            conn.prepare("SELECT holder_id, tenant, workload, slo_class FROM holders")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, i32>(0)?, (r.get(1)?, r.get(2)?, r.get(3)?)))
+        })?;
+        for row in rows {
+            let (id, key) = row?;
+            holders.insert(key, id);
+        }
+        Ok(Dims {
+            next_instance: instances.values().copied().max().unwrap_or(0) + 1,
+            next_holder: holders.values().copied().max().unwrap_or(0) + 1,
+            instances,
+            holders,
+            gpu_of: gpus.gpu_of,
+            gpu_slots: gpus.slots,
+            gpu_members: gpus.members,
+            per_node,
+            new_instances: Vec::new(),
+            new_holders: Vec::new(),
+        })
+    }
+
+    /// The id of `s`'s instance; a new one is assigned in memory and written by [`Dims::flush`].
+    /// `None` when a new one would give its node more than `max_per_node` instances.
+    pub(super) fn instance_id(&mut self, s: &Series, max_per_node: usize) -> Option<i32> {
+        let key = InstanceKey::of(s);
+        if let Some(&id) = self.instances.get(&key) {
+            return Some(id);
+        }
+        let count = self.per_node.entry(key.node.clone()).or_default();
+        if *count >= max_per_node {
+            return None;
+        }
+        *count += 1;
+        let id = self.next_instance;
+        self.next_instance += 1;
+        let slot = match self.gpu_slots.get(&key.gpu_uuid) {
+            Some(&g) => g,
+            None => {
+                self.gpu_members.push(Vec::new());
+                self.gpu_slots
+                    .insert(key.gpu_uuid.clone(), self.gpu_members.len() - 1);
+                self.gpu_members.len() - 1
+            }
+        };
+        self.gpu_of.insert(id, slot);
+        self.gpu_members[slot].push(id);
+        self.new_instances.push((id, key.clone()));
+        self.instances.insert(key, id);
+        Some(id)
+    }
+
+    /// The id of `s`'s holder; a new one is written by [`Dims::flush`].
+    pub(super) fn holder_id(&mut self, s: &Series) -> i32 {
+        let key = holder_key(s);
+        if let Some(&id) = self.holders.get(&key) {
+            return id;
+        }
+        let id = self.next_holder;
+        self.next_holder += 1;
+        self.new_holders.push((id, key.clone()));
+        self.holders.insert(key, id);
+        id
+    }
+
+    /// The (instance, holder) ids of every series and every share of the new batches, assigning
+    /// new ones; a batch that would give a node more instances than allowed is refused, naming
+    /// its first entry that would.
+    pub(super) fn assign_ids(
+        &mut self,
+        max: usize,
+        batches: &[(&Batch, i64)],
+        new: &[usize],
+    ) -> Result<Vec<BatchIds>, WriteError> {
+        let mut ids = Vec::with_capacity(new.len());
+        for &i in new {
+            let mut these = BatchIds::default();
+            for (list, j, s) in batches[i].0.entries() {
+                let Some(iid) = self.instance_id(s, max) else {
+                    return Err(WriteError::Rejected {
+                        field: format!("{list}[{j}]"),
+                        message: format!(
+                            "node {:?} would have more than {max} GPU instances in the ledger (--max-instances-per-node)",
+                            s.node
+                        ),
+                    });
+                };
+                let pair = (iid, self.holder_id(s));
+                match list {
+                    "series" => these.series.push(pair),
+                    _ => these.shares.push(pair),
+                }
+            }
+            ids.push(these);
+        }
+        Ok(ids)
+    }
+
+    /// The seconds each GPU was observed in, per minute, given the instances' covered masks.
+    pub(super) fn gpu_seen(
+        &self,
+        covered: &HashMap<(i32, i64), u64>,
+    ) -> HashMap<(usize, i64), u64> {
+        let mut gpu_seen: HashMap<(usize, i64), u64> = HashMap::new();
+        for (&(iid, bucket), &mask) in covered {
+            if let Some(&g) = self.gpu_of.get(&iid) {
+                *gpu_seen.entry((g, bucket)).or_insert(0) |= mask;
+            }
+        }
+        gpu_seen
+    }
+
+    /// Appends the ids assigned since the last flush, in the caller's transaction (a fleet's
+    /// first batches bring thousands of new instances: one appender, not a statement each). If
+    /// that transaction fails, the writer reloads the mirror from the database.
+    pub(super) fn flush(&mut self, conn: &Connection) -> duckdb::Result<()> {
+        if !self.new_instances.is_empty() {
+            let mut app = conn.appender("instances")?;
+            for (id, key) in self.new_instances.drain(..) {
+                let size = gpuledger_schema::mig::gpu_equivalents_of(key.mig_profile.as_deref())
+                    .unwrap_or(0.0);
+                app.append_row(params![
+                    id,
+                    key.node,
+                    key.gpu_uuid,
+                    key.gpu_instance_id,
+                    key.gpu_model,
+                    key.mig_profile,
+                    key.placement_start,
+                    key.placement_size,
+                    size
+                ])?;
+            }
+            app.flush()?;
+        }
+        if !self.new_holders.is_empty() {
+            let mut app = conn.appender("holders")?;
+            for (id, key) in self.new_holders.drain(..) {
+                app.append_row(params![id, key.0, key.1, key.2])?;
+            }
+            app.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// The (instance, holder) ids of one batch's entries, in the order of its lists.
+#[derive(Default)]
+pub(super) struct BatchIds {
+    pub(super) series: Vec<(i32, i32)>,
+    pub(super) shares: Vec<(i32, i32)>,
+}
+
+/// Builds [`Dims`]' GPU index while loading.
+#[derive(Default)]
+pub(super) struct GpuIndex {
+    pub(super) gpu_of: HashMap<i32, usize>,
+    pub(super) slots: HashMap<String, usize>,
+    pub(super) members: Vec<Vec<i32>>,
+}
+
+impl GpuIndex {
+    pub(super) fn add(&mut self, iid: i32, gpu_uuid: &str) {
+        let next = self.members.len();
+        let slot = *self.slots.entry(gpu_uuid.to_owned()).or_insert(next);
+        if slot == next {
+            self.members.push(Vec::new());
+        }
+        self.members[slot].push(iid);
+        self.gpu_of.insert(iid, slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(uuid: &str, gi: Option<u32>, tenant: Option<&str>) -> Series {
+        let instance = gpuledger_schema::Instance {
+            node: "n1".into(),
+            gpu_uuid: uuid.into(),
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+            mig_profile: gi.map(|_| "1g.10gb".into()),
+            gpu_instance_id: gi,
+            placement_start: gi,
+            placement_size: gi.map(|_| 1),
+        };
+        let holder = gpuledger_schema::Attribution {
+            tenant: tenant.map(str::to_owned),
+            ..Default::default()
+        };
+        Series::describing(&instance, &holder)
+    }
+
+    #[test]
+    fn ids_are_assigned_once_and_instances_are_grouped_by_gpu() {
+        let conn = crate::store::open(std::path::Path::new(":memory:"))
+            .unwrap()
+            .0;
+        let mut dims = Dims::load(&conn).unwrap();
+        let a = dims
+            .instance_id(&series("GPU-a", Some(7), None), 10)
+            .unwrap();
+        let b = dims
+            .instance_id(&series("GPU-a", Some(8), None), 10)
+            .unwrap();
+        let c = dims.instance_id(&series("GPU-b", None, None), 10).unwrap();
+        assert_eq!(
+            dims.instance_id(&series("GPU-a", Some(7), Some("x")), 10),
+            Some(a)
+        );
+        assert_ne!(a, b);
+        assert_eq!(dims.gpu_of[&a], dims.gpu_of[&b], "one GPU");
+        assert_ne!(dims.gpu_of[&a], dims.gpu_of[&c]);
+        assert_eq!(dims.gpu_members[dims.gpu_of[&a]], vec![a, b]);
+        let nobody = dims.holder_id(&series("GPU-a", Some(7), None));
+        let x = dims.holder_id(&series("GPU-b", None, Some("x")));
+        assert_eq!(nobody, 0, "holder 0 is nobody, loaded from the migration");
+        assert_eq!(dims.holder_id(&series("GPU-a", Some(8), Some("x"))), x);
+        dims.flush(&conn).unwrap();
+        let reloaded = Dims::load(&conn).unwrap();
+        assert_eq!(
+            reloaded.instances, dims.instances,
+            "what was flushed loads back"
+        );
+        assert_eq!(reloaded.next_instance, dims.next_instance);
+    }
+
+    #[test]
+    fn a_node_past_its_bound_gets_no_new_instance() {
+        let conn = crate::store::open(std::path::Path::new(":memory:"))
+            .unwrap()
+            .0;
+        let mut dims = Dims::load(&conn).unwrap();
+        assert!(
+            dims.instance_id(&series("GPU-a", Some(7), None), 1)
+                .is_some()
+        );
+        assert!(
+            dims.instance_id(&series("GPU-a", Some(7), None), 1)
+                .is_some(),
+            "a known one"
+        );
+        assert!(
+            dims.instance_id(&series("GPU-a", Some(8), None), 1)
+                .is_none()
+        );
+    }
+}

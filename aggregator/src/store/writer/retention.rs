@@ -1,0 +1,200 @@
+//! Retention: what is deleted when, as a table of (table, statement, window), then the dimension
+//! rows no fact refers to any more. A rollup bucket goes only once all of it is older than the
+//! cutoff, and the minute rollup (whose masks make re-sent samples no-ops) is kept as long as the
+//! other rollups.
+
+use super::{Retention, RetentionReport, WriterThread};
+use crate::store::StoreError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Window {
+    Raw,
+    Rollup,
+}
+
+/// What retention deletes: (table, statement, which window's cutoff binds `?`). A rollup bucket
+/// goes once all of it is older than the cutoff.
+pub(super) const RETENTION: &[(&str, &str, Window)] = &[
+    (
+        "samples_raw",
+        "DELETE FROM samples_raw WHERE ts < ?",
+        Window::Raw,
+    ),
+    (
+        "ingested_batches",
+        "DELETE FROM ingested_batches WHERE received_at < ?",
+        Window::Raw,
+    ),
+    (
+        "rollup_1m",
+        "DELETE FROM rollup_1m WHERE bucket + 60 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "rollup_1h",
+        "DELETE FROM rollup_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "rollup_tenant_1h",
+        "DELETE FROM rollup_tenant_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "rollup_gpu_1h",
+        "DELETE FROM rollup_gpu_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "rollup_alloc_1d",
+        "DELETE FROM rollup_alloc_1d WHERE bucket + 86400 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "fragmentation_1h",
+        "DELETE FROM fragmentation_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "hoarding_episodes",
+        "DELETE FROM hoarding_episodes WHERE ended_at <= ?",
+        Window::Rollup,
+    ),
+    (
+        "shares_raw",
+        "DELETE FROM shares_raw WHERE ts < ?",
+        Window::Raw,
+    ),
+    (
+        "rollup_share_1h",
+        "DELETE FROM rollup_share_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    // Reclaim (migration 0005): the record of decisions and deliveries is kept as long as the
+    // rollups; a finished episode's state as long as its hoarding episode (so it is never
+    // noticed twice); the outbox keeps undelivered rows whatever their age.
+    (
+        "reclaim_decisions",
+        "DELETE FROM reclaim_decisions WHERE decided_at <= ?",
+        Window::Rollup,
+    ),
+    (
+        "reclaim_episodes",
+        "DELETE FROM reclaim_episodes WHERE state = 'resolved' AND closed_at <= ?",
+        Window::Rollup,
+    ),
+    (
+        "webhook_outbox",
+        "DELETE FROM webhook_outbox WHERE state IN ('delivered', 'cancelled') AND created_at <= ?",
+        Window::Rollup,
+    ),
+    (
+        "reclaim_exemptions",
+        "DELETE FROM reclaim_exemptions WHERE until <= ?",
+        Window::Raw,
+    ),
+    (
+        "alertmanager_confirmations",
+        "DELETE FROM alertmanager_confirmations WHERE confirmed_at <= ?",
+        Window::Raw,
+    ),
+];
+
+/// Dimension rows no fact refers to any more, deleted after the facts' retention: (table,
+/// statement). Every fact's instance and holder also has an hour row (`rollup_1h`, written in the
+/// same transaction as the minute and raw rows, and deleted only after them) or is in one of the
+/// longer-kept tables named here, so those are the ones consulted.
+pub(super) const DIMENSION_RETENTION: &[(&str, &str)] = &[
+    (
+        "instances",
+        "DELETE FROM instances WHERE instance_id NOT IN (
+            SELECT instance_id FROM rollup_1h UNION SELECT instance_id FROM rollup_alloc_1d
+            UNION SELECT instance_id FROM rollup_share_1h UNION SELECT instance_id FROM hoarding_episodes)",
+    ),
+    (
+        "holders",
+        "DELETE FROM holders WHERE holder_id <> 0 AND holder_id NOT IN (
+            SELECT holder_id FROM rollup_1h UNION SELECT holder_id FROM rollup_alloc_1d
+            UNION SELECT holder_id FROM rollup_share_1h UNION SELECT holder_id FROM hoarding_episodes)",
+    ),
+];
+
+impl WriterThread {
+    pub(super) fn retention(
+        &mut self,
+        now: i64,
+        r: Retention,
+    ) -> Result<RetentionReport, StoreError> {
+        let raw = now - r.raw_secs;
+        let rollup = now - r.rollup_secs;
+        let mut report = RetentionReport::default();
+        let tx = self.conn.transaction().map_err(StoreError::from_db)?;
+        for (table, sql, cutoff) in RETENTION {
+            let cutoff = if *cutoff == Window::Raw { raw } else { rollup };
+            let n = tx.execute(sql, [cutoff]).map_err(StoreError::from_db)?;
+            report.deleted.push((*table, n as u64));
+        }
+        let mut dimensions_deleted = 0;
+        for (table, sql) in DIMENSION_RETENTION {
+            let n = tx.execute(sql, []).map_err(StoreError::from_db)?;
+            dimensions_deleted += n;
+            report.deleted.push((*table, n as u64));
+        }
+        tx.commit().map_err(StoreError::from_db)?;
+        if dimensions_deleted > 0 {
+            // The mirror must forget the ids too (and their per-node counts).
+            self.reload_dims();
+        }
+        // Lets DuckDB reuse the freed blocks.
+        self.conn
+            .execute_batch("CHECKPOINT")
+            .map_err(StoreError::from_db)?;
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new table that holds facts over time must get a retention rule (or be named here as one
+    /// that needs none): otherwise it grows forever.
+    #[test]
+    fn every_table_of_the_schema_has_a_retention_rule() {
+        let conn = crate::store::open(std::path::Path::new(":memory:"))
+            .unwrap()
+            .0;
+        let mut stmt = conn
+            .prepare("SELECT table_name FROM duckdb_tables() WHERE NOT temporary ORDER BY 1")
+            .unwrap();
+        let tables: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        // Kept as they are: the schema's version, the writer's scratch tables (empty once
+        // committed) and its probe row, and the webhook endpoints a 410 switched off (one row per
+        // configured endpoint, until an admin enables it again: expiring it would re-enable it).
+        const NONE_NEEDED: &[&str] = &[
+            "schema_version",
+            "ingest_delta_1m",
+            "ingest_delta_gpu_1h",
+            "ingest_shares",
+            "writer_probe",
+            "webhook_endpoints",
+        ];
+        let unruled: Vec<&String> = tables
+            .iter()
+            .filter(|t| {
+                !RETENTION.iter().any(|(table, _, _)| table == t)
+                    && !DIMENSION_RETENTION.iter().any(|(table, _)| table == t)
+                    && !NONE_NEEDED.contains(&t.as_str())
+            })
+            .collect();
+        assert!(
+            unruled.is_empty(),
+            "tables without a retention rule: {unruled:?}"
+        );
+        assert!(tables.len() > 10, "{tables:?}");
+    }
+}
