@@ -416,10 +416,10 @@ pub struct ImportArgs {
     /// File holding the token, with --aggregator.
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// How long raw samples are kept (older ones go to the rollups only) [default: 48h].
+    /// How long raw samples are kept (older ones go to the rollups only).
     #[arg(long, default_value = "48h")]
     raw_retention: humantime::Duration,
-    /// How long rollups are kept (older samples are refused) [default: 400days].
+    /// How long rollups are kept (older samples are refused).
     #[arg(long, default_value = "400days")]
     rollup_retention: humantime::Duration,
     /// Trace CSV files (schema/TRACE.md).

@@ -28,9 +28,11 @@ enum Command {
     /// Run the reclaimer beside a scheduler: verify signed reclaim webhooks and evict the pod,
     /// deactivate its Kueue Workload, or requeue the Slurm job.
     Reclaimer(reclaimer::Args),
-    /// Backfill trace CSVs into a ledger file (all or nothing).
+    /// Backfill trace CSVs into a ledger file or a running aggregator (every file is checked
+    /// before anything is written).
     Import(aggregator::ImportArgs),
-    /// Write a ledger's rollups (and raw samples) as Hive-partitioned Parquet.
+    /// Write a ledger's rollups (and raw samples) as Hive-partitioned Parquet, from the file or
+    /// through a running aggregator.
     Export(aggregator::ExportArgs),
     /// Write a trace CSV from the deterministic fleet simulator.
     Simulate(simulate::Args),
