@@ -61,7 +61,7 @@ pub async fn prepare(startup: Startup, sim: Simulator, plan: Plan) -> Result<Rep
         from,
         ..Report::default()
     };
-    let progress = Progress::new(from, plan.to);
+    let progress = Progress::new(from, seconds_from, plan.to);
     // Days of minute rows are made on a blocking thread while the writer stores the previous one.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(i64, MinuteBatch, Vec<Instance>)>(1);
     let maker = tokio::task::spawn_blocking(move || {
@@ -183,14 +183,16 @@ async fn send_seconds(
 /// The progress line: in `/readyz`, and redrawn on stderr when it is a terminal.
 struct Progress {
     from: i64,
+    seconds_from: i64,
     to: i64,
     terminal: bool,
 }
 
 impl Progress {
-    fn new(from: i64, to: i64) -> Progress {
+    fn new(from: i64, seconds_from: i64, to: i64) -> Progress {
         Progress {
             from,
+            seconds_from,
             to,
             terminal: std::io::stderr().is_terminal(),
         }
@@ -198,8 +200,17 @@ impl Progress {
 
     fn line(&self, at: i64) -> String {
         let done = (at - self.from) as f64 / (self.to - self.from).max(1) as f64;
+        let stage = if at > self.seconds_from {
+            format!(
+                ", then second by second: minute {} of {}",
+                (at - self.seconds_from + 59) / 60,
+                (self.to - self.seconds_from + 59) / 60
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "laying down the history: {:.1} of {:.1} days ({:.0} %)",
+            "laying down the history: {:.1} of {:.1} days ({:.0} %){stage}",
             (at - self.from) as f64 / 86_400.0,
             (self.to - self.from) as f64 / 86_400.0,
             100.0 * done
