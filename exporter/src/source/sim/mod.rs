@@ -300,12 +300,6 @@ impl Simulator {
                 (sm.clamp(0.0, 1.0), l.fb_share)
             }
         };
-        let (occ, tensor, dram) = match lease.map(|l| l.behaviour) {
-            Some(Behaviour::Training) => (sm * 0.62, sm * 0.72, sm * 0.55),
-            Some(Behaviour::Inference) => (sm * 0.35, sm * 0.45, sm * 0.60),
-            Some(Behaviour::Notebook) => (sm * 0.30, sm * 0.20, sm * 0.25),
-            _ => (0.0, 0.0, 0.0),
-        };
         let whole_gpu = inst.instance.mig_profile.is_none();
         let (tx, rx) = match (whole_gpu, lease.map(|l| l.behaviour)) {
             (false, _) => (None, None),
@@ -322,18 +316,7 @@ impl Simulator {
             ),
             (true, _) => (Some(0), Some(0)),
         };
-        let round = |v: f64| (v * 10_000.0).round() / 10_000.0;
-        let fb_used = (inst.fb_total as f64 * fb_share) as u64 / 4096 * 4096;
-        Counters {
-            sm_active: Some(round(sm)),
-            sm_occupancy: Some(round(occ)),
-            tensor_active: Some(round(tensor)),
-            dram_active: Some(round(dram)),
-            fb_used_bytes: Some(fb_used),
-            fb_total_bytes: Some(inst.fb_total),
-            nvlink_tx_bytes: tx,
-            nvlink_rx_bytes: rx,
-        }
+        derived_counters(inst, lease, sm, fb_share, (tx, rx))
     }
 
     /// Everything `node` (every node when `None`) shows during second `t`.
@@ -380,6 +363,36 @@ impl Simulator {
             });
         }
         second
+    }
+}
+
+/// The counters that follow from an instance's SM activity, its lease and its memory share: the
+/// other pipes' activity per behaviour, the memory held, rounded as NVML reports them. Shared by
+/// the per-second values and the minute view's expected ones.
+fn derived_counters(
+    inst: &SimInstance,
+    lease: Option<&Lease>,
+    sm: f64,
+    fb_share: f64,
+    (tx, rx): (Option<u64>, Option<u64>),
+) -> Counters {
+    let (occ, tensor, dram) = match lease.map(|l| l.behaviour) {
+        Some(Behaviour::Training) => (sm * 0.62, sm * 0.72, sm * 0.55),
+        Some(Behaviour::Inference) => (sm * 0.35, sm * 0.45, sm * 0.60),
+        Some(Behaviour::Notebook) => (sm * 0.30, sm * 0.20, sm * 0.25),
+        _ => (0.0, 0.0, 0.0),
+    };
+    let round = |v: f64| (v * 10_000.0).round() / 10_000.0;
+    let fb_used = (inst.fb_total as f64 * fb_share) as u64 / 4096 * 4096;
+    Counters {
+        sm_active: Some(round(sm)),
+        sm_occupancy: Some(round(occ)),
+        tensor_active: Some(round(tensor)),
+        dram_active: Some(round(dram)),
+        fb_used_bytes: Some(fb_used),
+        fb_total_bytes: Some(inst.fb_total),
+        nvlink_tx_bytes: tx,
+        nvlink_rx_bytes: rx,
     }
 }
 
