@@ -31,6 +31,16 @@ pub struct ImportReport {
     pub duplicates: u64,
 }
 
+impl ImportReport {
+    /// Counts one batch's outcome, and advances the progress bar.
+    fn add(&mut self, samples: u64, stored: u64, duplicates: u64, bar: &indicatif::ProgressBar) {
+        self.samples += samples;
+        self.stored += stored;
+        self.duplicates += duplicates;
+        bar.inc(samples);
+    }
+}
+
 /// Why an import stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
@@ -148,38 +158,30 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
                 let batch = Batch::from_samples(&chunk[0].instance.node, &chunk);
                 let n = chunk.len();
                 chunk.clear();
-                let Some(writer) = &writer else {
-                    let Target::Aggregator { url, token } = &opts.target else {
-                        unreachable!("no writer only for an aggregator target")
-                    };
-                    let outcome = post(&client, url, token, &batch).await?;
-                    report.samples += outcome.samples;
-                    report.stored += outcome.stored;
-                    report.duplicates += outcome.duplicate_samples;
-                    bar.inc(outcome.samples);
-                    if end {
-                        break;
+                match (&writer, &opts.target) {
+                    (None, Target::Aggregator { url, token }) => {
+                        let o = post(&client, url, token, &batch).await?;
+                        report.add(o.samples, o.stored, o.duplicate_samples, &bar);
                     }
-                    continue;
-                };
-                let reservation = writer
-                    .reserve(n)
-                    .await
-                    .map_err(|e| StoreError::Io(e.to_string()))?;
-                let w = writer.clone();
-                pending.push(tokio::spawn(async move {
-                    w.ingest(batch, raw_cutoff, reservation).await
-                }));
+                    (Some(writer), _) => {
+                        let reservation = writer
+                            .reserve(n)
+                            .await
+                            .map_err(|e| StoreError::Io(e.to_string()))?;
+                        let w = writer.clone();
+                        pending.push(tokio::spawn(async move {
+                            w.ingest(batch, raw_cutoff, reservation).await
+                        }));
+                    }
+                    (None, Target::Ledger(_)) => unreachable!("a ledger target has a writer"),
+                }
                 // Results are collected in order as they complete; the queue bounds memory.
                 while pending.first().is_some_and(|h| h.is_finished()) {
-                    let outcome = pending
+                    let o = pending
                         .remove(0)
                         .await
                         .map_err(|e| StoreError::Io(e.to_string()))??;
-                    report.samples += outcome.samples;
-                    report.stored += outcome.stored;
-                    report.duplicates += outcome.duplicate_samples;
-                    bar.inc(outcome.samples);
+                    report.add(o.samples, o.stored, o.duplicate_samples, &bar);
                 }
             }
             if end {
@@ -188,11 +190,8 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         }
     }
     for h in pending {
-        let outcome = h.await.map_err(|e| StoreError::Io(e.to_string()))??;
-        report.samples += outcome.samples;
-        report.stored += outcome.stored;
-        report.duplicates += outcome.duplicate_samples;
-        bar.inc(outcome.samples);
+        let o = h.await.map_err(|e| StoreError::Io(e.to_string()))??;
+        report.add(o.samples, o.stored, o.duplicate_samples, &bar);
     }
     bar.finish_and_clear();
     drop(writer);
