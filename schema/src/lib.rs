@@ -15,6 +15,7 @@
 pub mod exposition;
 pub mod mig;
 pub mod migrations;
+pub mod options;
 pub mod sample;
 pub mod trace;
 pub mod webhook;
