@@ -154,17 +154,25 @@ impl Service {
 }
 
 /// Installs the process's log output (standard error, `RUST_LOG`, default `info`) and, when
-/// given, the layer that turns `tracing` spans into OpenTelemetry spans for `traces`.
+/// given, the layer that turns `tracing` spans into OpenTelemetry spans for `traces`. The two
+/// are filtered apart: spans at INFO and above are exported whatever `RUST_LOG` says, so quiet
+/// logs do not mean missing traces.
 pub fn init_logging(traces: Option<&Traces>) {
+    use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let otel = traces.map(|t| tracing_opentelemetry::layer().with_tracer(t.tracer()));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let otel = traces.map(|t| {
+        tracing_opentelemetry::layer()
+            .with_tracer(t.tracer())
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
     // A second call (tests run several services in one process) keeps the first subscriber.
     let _ = tracing_subscriber::registry()
-        .with(filter)
         .with(fmt)
         .with(otel)
         .try_init();

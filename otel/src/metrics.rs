@@ -16,10 +16,12 @@
 //! as their three Prometheus series because the OpenTelemetry API has no asynchronous histogram;
 //! nothing of them is lost.
 //!
-//! The instruments are made from the families of the first rendering: every family is registered
-//! when its process starts (an empty family still has its `# TYPE` line), so none is missed.
-//! One rendering serves every callback of one collection: a callback re-renders only when the
-//! text it holds is older than [`FRESH`].
+//! `prometheus-client` writes no `# TYPE` line for a labelled family that has no series yet, so
+//! the instruments cannot all be made at start: a discovery thread renders every half interval
+//! (between 1 s and 30 s) and makes the instruments of families it has not seen. A family's
+//! first series is pushed from the collection after it was discovered. One rendering serves
+//! every callback of one collection: a callback re-renders only when the text it holds is older
+//! than [`FRESH`].
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,9 +44,11 @@ pub const FRESH: Duration = Duration::from_millis(500);
 /// any family holds: `/metrics` already bounds cardinality (README, "Cardinality").
 const CARDINALITY_LIMIT: usize = 1_000_000;
 
-/// A running push; dropping it without [`MetricsPush::shutdown`] also stops it.
+/// A running push; [`MetricsPush::shutdown`] pushes once more and stops it.
 pub struct MetricsPush {
     provider: SdkMeterProvider,
+    stop: std::sync::mpsc::Sender<()>,
+    discovery: Option<std::thread::JoinHandle<()>>,
 }
 
 struct Snapshot {
@@ -77,8 +81,10 @@ fn read(text: &str) -> Vec<Family> {
     }
 }
 
-/// The UCUM unit OTLP expects for an OpenMetrics unit.
-pub fn ucum(unit: &str) -> &str {
+/// The UCUM unit OTLP expects for an OpenMetrics unit; a unit UCUM does not know (such as
+/// `gpu_equivalents`) becomes an annotation, `{gpu_equivalents}`, as OpenTelemetry's semantic
+/// conventions write counted things.
+pub fn ucum(unit: &str) -> String {
     match unit {
         "bytes" => "By",
         "seconds" => "s",
@@ -90,8 +96,9 @@ pub fn ucum(unit: &str) -> &str {
         "celsius" => "Cel",
         "grams" => "g",
         "meters" => "m",
-        other => other,
+        other => return format!("{{{other}}}"),
     }
+    .to_owned()
 }
 
 /// One OTLP metric made from a family: its name, the sample name it reads, and whether it is a
@@ -135,6 +142,39 @@ fn observe(snapshot: &Snapshot, family: &str, sample: &str, out: &dyn AsyncInstr
     }
 }
 
+/// Makes the instruments of the families `known` does not hold yet.
+fn register_new(
+    meter: &opentelemetry::metrics::Meter,
+    snapshot: &Arc<Snapshot>,
+    known: &mut std::collections::HashSet<String>,
+) {
+    for family in snapshot.families().iter() {
+        if !known.insert(family.name.clone()) {
+            continue;
+        }
+        let unit = family.unit.as_deref().map(ucum).unwrap_or_default();
+        for i in instruments(family) {
+            let (snap, fam, sample) = (snapshot.clone(), family.name.clone(), i.sample);
+            let callback = move |o: &dyn AsyncInstrument<f64>| observe(&snap, &fam, &sample, o);
+            if i.sum {
+                meter
+                    .f64_observable_counter(i.name)
+                    .with_description(family.help.clone())
+                    .with_unit(unit.clone())
+                    .with_callback(callback)
+                    .build();
+            } else {
+                meter
+                    .f64_observable_gauge(i.name)
+                    .with_description(family.help.clone())
+                    .with_unit(unit.clone())
+                    .with_callback(callback)
+                    .build();
+            }
+        }
+    }
+}
+
 impl MetricsPush {
     /// Starts pushing what `source` renders to `config.endpoint` + `/v1/metrics` every
     /// `config.interval`, as `service`.
@@ -165,38 +205,38 @@ impl MetricsPush {
             source,
             last: Mutex::new(None),
         });
-        for family in snapshot.families().iter() {
-            let unit = family.unit.as_deref().map(ucum).unwrap_or("").to_owned();
-            for i in instruments(family) {
-                let (snap, fam, sample) = (snapshot.clone(), family.name.clone(), i.sample);
-                let callback = move |o: &dyn AsyncInstrument<f64>| observe(&snap, &fam, &sample, o);
-                if i.sum {
-                    meter
-                        .f64_observable_counter(i.name)
-                        .with_description(family.help.clone())
-                        .with_unit(unit.clone())
-                        .with_callback(callback)
-                        .build();
-                } else {
-                    meter
-                        .f64_observable_gauge(i.name)
-                        .with_description(family.help.clone())
-                        .with_unit(unit.clone())
-                        .with_callback(callback)
-                        .build();
+        let mut known = std::collections::HashSet::new();
+        register_new(&meter, &snapshot, &mut known);
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let every = (config.interval / 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
+        let discovery = std::thread::Builder::new()
+            .name("otlp-discovery".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(every)
+                {
+                    register_new(&meter, &snapshot, &mut known);
                 }
-            }
-        }
+            })
+            .map_err(|e| Error::Build(format!("cannot start the discovery thread: {e}")))?;
         tracing::info!(
             endpoint = %config.endpoint,
             interval = ?config.interval,
             "Pushing metrics over OTLP/HTTP."
         );
-        Ok(MetricsPush { provider })
+        Ok(MetricsPush {
+            provider,
+            stop,
+            discovery: Some(discovery),
+        })
     }
 
     /// Pushes once more and stops.
-    pub fn shutdown(self) {
+    pub fn shutdown(mut self) {
+        let _ = self.stop.send(());
+        if let Some(d) = self.discovery.take() {
+            let _ = d.join();
+        }
         if let Err(e) = self.provider.shutdown() {
             tracing::warn!(error = %e, "The last OTLP metrics push failed.");
         }
@@ -231,6 +271,7 @@ mod tests {
         );
         assert_eq!(ucum("bytes"), "By");
         assert_eq!(ucum("ratios"), "1");
+        assert_eq!(ucum("gpu_equivalents"), "{gpu_equivalents}");
     }
 
     #[test]

@@ -26,7 +26,8 @@ pub struct OtlpOptions {
     #[arg(long = "otlp-interval", value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub interval: Option<Duration>,
-    /// Time limit of one OTLP request [default: 10s].
+    /// Time limit of one OTLP request, at most the interval [default: 10s, or the interval when
+    /// shorter].
     #[arg(long = "otlp-timeout", value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub timeout: Option<Duration>,
@@ -45,11 +46,13 @@ impl OtlpOptions {
             }
             return Ok(None);
         };
+        let interval = self.interval.unwrap_or(DEFAULT_INTERVAL);
         Ok(Some(OtlpConfig::new(
             endpoint,
             self.headers.into_iter().collect(),
-            self.interval.unwrap_or(DEFAULT_INTERVAL),
-            self.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            interval,
+            // A short interval shortens the default time limit with it.
+            self.timeout.unwrap_or(DEFAULT_TIMEOUT.min(interval)),
         )?))
     }
 }
