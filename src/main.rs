@@ -5,10 +5,8 @@ mod cmd;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
-
 fn main() -> ExitCode {
-    let cli = match cmd::Cli::try_parse() {
+    let cli = match cmd::Cli::parse_with_env() {
         Ok(cli) => cli,
         Err(e) => {
             let from_env = env_source(&e);
@@ -20,12 +18,6 @@ fn main() -> ExitCode {
             return ExitCode::from(code as u8);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     match cmd::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -48,7 +40,7 @@ fn env_source(e: &clap::Error) -> Option<String> {
     if on_command_line {
         return None;
     }
-    let command = cmd::Cli::command();
+    let command = cmd::Cli::command_with_env();
     command
         .get_subcommands()
         .flat_map(|c| c.get_arguments())

@@ -6,8 +6,6 @@ mod exporter;
 mod reclaimer;
 mod simulate;
 
-use std::time::Duration;
-
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
@@ -41,8 +39,49 @@ enum Command {
     Demo(demo::Args),
 }
 
-/// Runs the chosen subcommand.
+/// The subcommands whose every option can come from `GPULEDGER_<COMMAND>_<FLAG>`.
+const ENV_COMMANDS: [&str; 4] = ["exporter", "aggregator", "reclaimer", "demo"];
+
+impl Cli {
+    /// The command line, with `GPULEDGER_<COMMAND>_<FLAG>` as the environment variable of every
+    /// option of [`ENV_COMMANDS`] that does not name one itself (options shared by several
+    /// subcommands, such as `--otlp-endpoint`, are declared once and named here per command).
+    pub fn command_with_env() -> clap::Command {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        for name in ENV_COMMANDS {
+            command = command.mut_subcommand(name, |mut sub| {
+                let missing: Vec<(clap::Id, String)> = sub
+                    .get_arguments()
+                    .filter(|a| a.get_env().is_none() && a.get_action().takes_values())
+                    .filter_map(|a| Some((a.get_id().clone(), a.get_long()?.to_owned())))
+                    .collect();
+                for (id, long) in missing {
+                    let var = format!("GPULEDGER_{name}_{long}")
+                        .to_ascii_uppercase()
+                        .replace('-', "_");
+                    // clap keeps environment variable names as &'static; these are made once.
+                    let var: &'static str = Box::leak(var.into_boxed_str());
+                    sub = sub.mut_arg(id, |a| a.env(var));
+                }
+                sub
+            });
+        }
+        command
+    }
+
+    /// Parses the process's arguments and environment (see [`Cli::command_with_env`]).
+    pub fn parse_with_env() -> Result<Cli, clap::Error> {
+        let matches = Self::command_with_env().try_get_matches()?;
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
+    }
+}
+
+/// Runs the chosen subcommand. The exporter and the aggregator set up logging themselves, once
+/// their configuration says whether spans also go over OTLP.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    if !matches!(cli.command, Command::Exporter(_) | Command::Aggregator(_)) {
+        gpuledger_otel::init_logging(None);
+    }
     match cli.command {
         Command::Exporter(args) => exporter::run(*args),
         Command::Aggregator(args) => aggregator::run(*args),
@@ -75,20 +114,6 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
-}
-
-/// A duration from the flag, else the config file (humantime text), else `default_secs`.
-pub fn duration(
-    key: &str,
-    flag: Option<humantime::Duration>,
-    file: Option<String>,
-    default_secs: u64,
-) -> anyhow::Result<Duration> {
-    Ok(match (flag, file) {
-        (Some(d), _) => d.into(),
-        (None, Some(s)) => humantime::parse_duration(&s).with_context(|| format!("{key} {s:?}"))?,
-        (None, None) => Duration::from_secs(default_secs),
-    })
 }
 
 /// The `--config` TOML file of a subcommand, or its defaults when none is given.
