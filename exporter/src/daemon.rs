@@ -94,6 +94,8 @@ pub struct ExporterConfig {
     pub kubelet: Option<KubeletConfig>,
     /// How long to keep sending at shutdown.
     pub drain_timeout: Duration,
+    /// Also push `/metrics`'s families over OTLP/HTTP (README, "OpenTelemetry").
+    pub otlp: Option<gpuledger_otel::OtlpConfig>,
 }
 
 /// Where the Slurm prolog writes its job map, and how to read it.
@@ -127,6 +129,9 @@ pub enum DaemonError {
     /// Shipping failed in a way retrying cannot fix.
     #[error(transparent)]
     Ship(#[from] ship::ShipError),
+    /// The OTLP push could not start.
+    #[error(transparent)]
+    Otlp(#[from] gpuledger_otel::Error),
     /// `--once` without an aggregator.
     #[error(
         "--once needs --aggregator: it exits when the aggregator has acknowledged the whole file"
@@ -359,6 +364,21 @@ pub async fn run(
         attributors.push(Box::new(KubeletAttributor::start(kubelet.clone())));
     }
     let metrics = Metrics::new();
+    let otlp = match &config.otlp {
+        None => None,
+        Some(otlp) => {
+            let m = metrics.clone();
+            let service = gpuledger_otel::Service {
+                name: "gpuledger-exporter",
+                instance: config.node.clone(),
+            };
+            Some(gpuledger_otel::MetricsPush::start(
+                otlp,
+                &service,
+                Arc::new(move || m.render(gpuledger_schema::exposition::Format::OpenMetrics)),
+            )?)
+        }
+    };
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -445,6 +465,10 @@ pub async fn run(
     }
     let _ = server_stop_tx.send(());
     let _ = server.await;
+    if let Some(otlp) = otlp {
+        // The push's last export blocks on HTTP; keep it off the runtime's workers.
+        let _ = tokio::task::spawn_blocking(move || otlp.shutdown()).await;
+    }
     Ok(())
 }
 

@@ -13,6 +13,7 @@
 pub mod attribution;
 pub mod daemon;
 pub mod metrics;
+pub mod options;
 pub mod server;
 pub mod ship;
 pub mod source;

@@ -75,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         reclaim: Default::default(),
         ui: Default::default(),
         export_dir: Some(args.data.join("export")),
+        otlp: None,
     };
     let now = chrono::Utc::now().timestamp();
     let plan = history::Plan {
@@ -171,6 +172,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 slurm: None,
                 kubelet: None,
                 drain_timeout: Duration::from_secs(3),
+                otlp: None,
             };
             exporters.push(tokio::spawn(daemon::run(config, stopped(stop_rx.clone()))));
         }
