@@ -93,6 +93,9 @@ pub struct Config {
     pub ui: crate::ui::session::UiSettings,
     /// Where `POST /api/v1/export` writes Parquet; `None`: the endpoint is off.
     pub export_dir: Option<PathBuf>,
+    /// Also push the metrics (operational and ledger families) over OTLP/HTTP; the traces go
+    /// where the binary's logging set-up sends them (README, "OpenTelemetry").
+    pub otlp: Option<gpuledger_otel::OtlpConfig>,
 }
 
 impl Config {

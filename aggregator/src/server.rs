@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::store::query::Readers;
 use crate::store::{self, Writer};
 use crate::telemetry::{AggregatorMetrics, TableLabels};
+use gpuledger_schema::exposition;
 
 /// Why the service could not run.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +28,9 @@ pub enum ServeError {
     /// Serving failed.
     #[error("serving HTTP: {0}")]
     Serve(std::io::Error),
+    /// The OTLP push could not start.
+    #[error(transparent)]
+    Otlp(#[from] gpuledger_otel::Error),
 }
 
 /// Runs the aggregator until `shutdown` resolves. Every batch acknowledged before then is
@@ -111,6 +115,27 @@ pub async fn run_with(
         sessions: crate::ui::session::Sessions::default(),
         preparing: std::sync::Mutex::new(prepare.as_ref().map(|_| "starting".to_owned())),
     }));
+    let otlp = match &state.config.otlp {
+        None => None,
+        Some(otlp) => {
+            let app = state.clone();
+            let service = gpuledger_otel::Service {
+                name: "gpuledger-aggregator",
+                instance: state.config.listen.to_string(),
+            };
+            // The first rendering (it names the instruments) reads the ledger: not on a worker.
+            let push = tokio::task::block_in_place(|| {
+                gpuledger_otel::MetricsPush::start(
+                    otlp,
+                    &service,
+                    Arc::new(move || {
+                        app.render_metrics(Some(&None), exposition::Format::OpenMetrics)
+                    }),
+                )
+            })?;
+            Some(push)
+        }
+    };
     let prepared =
         prepare.map(|prepare| tokio::spawn(prepare_then_evaluate(state.clone(), prepare)));
     let retention = tokio::spawn(retention_loop(state.clone()));
@@ -147,6 +172,10 @@ pub async fn run_with(
     deliveries.abort();
     if let Some(a) = alerts {
         a.abort();
+    }
+    if let Some(push) = otlp {
+        // Its last export blocks on HTTP and its callbacks hold the state: before the writer ends.
+        tokio::task::block_in_place(|| push.shutdown());
     }
     drop(state);
     // The writer thread ends once every handle is gone and its queue is written.

@@ -84,6 +84,11 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// The handler.
+#[tracing::instrument(
+    name = "ingest",
+    skip_all,
+    fields(node, batch_id, samples, stored, duplicate_samples)
+)]
 pub async fn ingest(
     State(app): State<AppState>,
     headers: HeaderMap,
@@ -168,6 +173,9 @@ pub async fn ingest(
         ),
     })?;
     let node = Some(batch.node.as_str());
+    let span = tracing::Span::current();
+    span.record("node", batch.node.as_str());
+    span.record("batch_id", tracing::field::display(batch.batch_id));
     if !role.may_ingest_for(&batch.node) {
         return Err(reject(
             RejectReason::Forbidden,
@@ -257,6 +265,9 @@ pub async fn ingest(
     }
     m.samples.inc_by(outcome.stored);
     m.duplicate_samples.inc_by(outcome.duplicate_samples);
+    span.record("samples", outcome.samples);
+    span.record("stored", outcome.stored);
+    span.record("duplicate_samples", outcome.duplicate_samples);
     Ok(Json(IngestResponse {
         batch_id,
         samples: outcome.samples,

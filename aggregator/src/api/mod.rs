@@ -67,6 +67,7 @@ pub struct EvaluateReport {
 impl App {
     /// Evaluates hoarding and fragmentation for every dirty GPU-hour, refreshes the analytics
     /// metrics, then runs the reclaim pass over the episodes as they now stand.
+    #[tracing::instrument(name = "analytics.evaluate", skip_all)]
     pub async fn evaluate(&self) -> Result<EvaluateReport, crate::store::StoreError> {
         let _one = self.analytics_lock.lock().await;
         let started = std::time::Instant::now();
@@ -137,6 +138,37 @@ impl std::ops::Deref for AppState {
     }
 }
 
+impl App {
+    /// The `/metrics` text for `scope` (see [`metrics`]): `None`, the operational families;
+    /// `Some(None)`, also every tenant's ledger families; `Some(Some(t))`, also tenant `t`'s own.
+    /// Table row counts and the file size are read now. The OTLP push renders `Some(None)`.
+    pub fn render_metrics(
+        &self,
+        scope: Option<&Option<String>>,
+        format: exposition::Format,
+    ) -> String {
+        let m = &self.metrics;
+        m.queue_samples.set(self.writer.queued_samples() as i64);
+        m.queue_capacity.set(self.writer.capacity() as i64);
+        m.database_bytes.set(self.readers.database_bytes() as i64);
+        match self.readers.connect().and_then(|c| query::table_rows(&c)) {
+            Ok(rows) => {
+                for (table, n) in rows {
+                    m.rows.get_or_create(&TableLabels { table }).set(n as i64);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "Cannot read table sizes for /metrics."),
+        }
+        match scope {
+            None => exposition::render(&[m.registry()], format),
+            Some(tenant) => {
+                let ledger = m.ledger_for(tenant.as_deref());
+                exposition::render(&[m.registry(), ledger.registry()], format)
+            }
+        }
+    }
+}
+
 /// `GET /metrics`: the aggregator's own families, OpenMetrics or classic by `Accept`. Table row
 /// counts and file size are read at scrape time.
 ///
@@ -157,29 +189,9 @@ pub async fn metrics(
             role => Some(role.read_scope()?.map(str::to_owned)),
         },
     };
-    let body = tokio::task::spawn_blocking(move || {
-        let m = &app.metrics;
-        m.queue_samples.set(app.writer.queued_samples() as i64);
-        m.queue_capacity.set(app.writer.capacity() as i64);
-        m.database_bytes.set(app.readers.database_bytes() as i64);
-        match app.readers.connect().and_then(|c| query::table_rows(&c)) {
-            Ok(rows) => {
-                for (table, n) in rows {
-                    m.rows.get_or_create(&TableLabels { table }).set(n as i64);
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "Cannot read table sizes for /metrics."),
-        }
-        match scope {
-            None => exposition::render(&[m.registry()], format),
-            Some(tenant) => {
-                let ledger = m.ledger_for(tenant.as_deref());
-                exposition::render(&[m.registry(), ledger.registry()], format)
-            }
-        }
-    })
-    .await
-    .map_err(|e| error::ApiError::internal(&e))?;
+    let body = tokio::task::spawn_blocking(move || app.render_metrics(scope.as_ref(), format))
+        .await
+        .map_err(|e| error::ApiError::internal(&e))?;
     Ok((
         StatusCode::OK,
         [(header::CONTENT_TYPE, format.content_type())],

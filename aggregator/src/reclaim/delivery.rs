@@ -99,7 +99,12 @@ fn retry_after(headers: &reqwest::header::HeaderMap, now: i64) -> Option<i64> {
     Some((t - now).clamp(0, 86400))
 }
 
-/// Sends one event once.
+/// Sends one event once. Traced as a `webhook.delivery` span (README, "OpenTelemetry").
+#[tracing::instrument(
+    name = "webhook.delivery",
+    skip_all,
+    fields(endpoint = %endpoint.name, event_id = %event_id, attempt = attempts_before + 1, status)
+)]
 pub async fn attempt(
     client: &reqwest::Client,
     endpoint: &Endpoint,
@@ -120,6 +125,9 @@ pub async fn attempt(
         .body(body.to_owned())
         .send()
         .await;
+    if let Ok(r) = &sent {
+        tracing::Span::current().record("status", r.status().as_u16());
+    }
     let (status, error, asked) = match sent {
         Ok(r) if r.status().is_success() => return Outcome::Delivered(r.status().as_u16()),
         Ok(r) if r.status() == reqwest::StatusCode::GONE => return Outcome::Gone,

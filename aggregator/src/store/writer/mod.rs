@@ -431,6 +431,8 @@ impl WriterThread {
     }
 
     fn ingest_group(&mut self, group: Vec<IngestJob>) {
+        // One span per transaction; the ingest requests it commits are their own spans.
+        let _span = tracing::info_span!("writer.commit", batches = group.len()).entered();
         let started = Instant::now();
         let batches: Vec<(&Batch, i64)> = group.iter().map(|j| (&j.batch, j.raw_cutoff)).collect();
         match self.write(&batches) {
