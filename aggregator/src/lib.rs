@@ -19,6 +19,7 @@ pub mod auth;
 pub mod config;
 pub mod export;
 pub mod import;
+pub mod options;
 pub mod reclaim;
 pub mod reclaimer;
 pub mod router;
