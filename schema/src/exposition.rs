@@ -165,7 +165,10 @@ pub fn parse(openmetrics: &str) -> Result<Vec<Family>, ParseError> {
     let mut families: Vec<Family> = Vec::new();
     let mut help: Option<(String, String)> = None;
     for (i, line) in openmetrics.lines().enumerate() {
-        let err = |reason: String| ParseError { line: i + 1, reason };
+        let err = |reason: String| ParseError {
+            line: i + 1,
+            reason,
+        };
         if line.is_empty() || line == "# EOF" {
             continue;
         }
@@ -206,7 +209,10 @@ pub fn parse(openmetrics: &str) -> Result<Vec<Family>, ParseError> {
             .last_mut()
             .ok_or_else(|| err("a sample before any # TYPE line".into()))?;
         let sample = parse_sample(line).map_err(err)?;
-        let suffix = sample.name.strip_prefix(family.name.as_str()).unwrap_or("?");
+        let suffix = sample
+            .name
+            .strip_prefix(family.name.as_str())
+            .unwrap_or("?");
         let belongs = match family.kind {
             Kind::Counter => matches!(suffix, "_total" | "_created"),
             Kind::Gauge => suffix.is_empty(),
@@ -263,7 +269,9 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     let value = match value {
         "+Inf" => f64::INFINITY,
         "-Inf" => f64::NEG_INFINITY,
-        v => v.parse().map_err(|_| format!("value {v:?} is not a number"))?,
+        v => v
+            .parse()
+            .map_err(|_| format!("value {v:?} is not a number"))?,
     };
     Ok(Sample {
         name,
@@ -358,7 +366,8 @@ mod tests {
         use prometheus_client::metrics::{counter::Counter, family::Family as F, gauge::Gauge};
         let mut r = prometheus_client::registry::Registry::default();
         let c: F<Vec<(String, String)>, Counter> = F::default();
-        c.get_or_create(&vec![("tenant".into(), "a\"b".into())]).inc_by(7);
+        c.get_or_create(&vec![("tenant".into(), "a\"b".into())])
+            .inc_by(7);
         r.register_with_unit("sent", "Sent.", prometheus_client::registry::Unit::Bytes, c);
         let g = Gauge::<i64>::default();
         g.set(-4);

@@ -257,7 +257,11 @@ mod tests {
         let got = layered(&flags, Some(&path)).unwrap();
         assert_eq!(
             (got.name.as_deref(), got.list, got.every),
-            (Some("flag"), vec!["b".to_owned()], Some(Duration::from_secs(60)))
+            (
+                Some("flag"),
+                vec!["b".to_owned()],
+                Some(Duration::from_secs(60))
+            )
         );
         assert_eq!(layered(&flags, None).unwrap().name.as_deref(), Some("flag"));
     }
@@ -265,11 +269,21 @@ mod tests {
     #[test]
     fn file_errors_name_the_file_and_the_key() {
         let (_d, path) = file("nmae = \"x\"\n");
-        let e = layered(&Opts::default(), Some(&path)).unwrap_err().to_string();
-        assert!(e.contains("c.toml") && e.contains("unknown field `nmae`"), "{e}");
+        let e = layered(&Opts::default(), Some(&path))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("c.toml") && e.contains("unknown field `nmae`"),
+            "{e}"
+        );
         let (_d, path) = file("every = \"soon\"\n");
-        let e = layered(&Opts::default(), Some(&path)).unwrap_err().to_string();
-        assert!(e.contains("c.toml") && e.contains("every") && e.contains("soon"), "{e}");
+        let e = layered(&Opts::default(), Some(&path))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("c.toml") && e.contains("every") && e.contains("soon"),
+            "{e}"
+        );
         let e = layered(&Opts::default(), Some(Path::new("/nonexistent.toml")))
             .unwrap_err()
             .to_string();
