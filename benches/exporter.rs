@@ -141,6 +141,13 @@ fn main() {
     let scrape_classic = measure(500, || {
         black_box(metrics.render(Format::Classic));
     });
+    // What one OTLP push reads (otel/src/metrics.rs): the OpenMetrics rendering, parsed back into
+    // families; the SDK's own encoding and the HTTP request come on top.
+    let otlp_read = measure(500, || {
+        black_box(
+            gpuledger_schema::exposition::parse(&metrics.render(Format::OpenMetrics)).unwrap(),
+        );
+    });
     let five_seconds: Vec<Sample> = (0..5)
         .flat_map(|k| {
             samples.iter().map(move |s| Sample {
@@ -164,6 +171,7 @@ fn main() {
         ("sampling cycle (collect + /metrics update)", cycle),
         ("scrape render, OpenMetrics", scrape_om),
         ("scrape render, classic text", scrape_classic),
+        ("OTLP push: render + parse the families", otlp_read),
         ("seal a 5 s batch (group + JSON + gzip)", seal),
         (
             "shared GPUs: 8 whole GPUs × 16 processes, owners from /proc, shares to /metrics",
