@@ -127,3 +127,40 @@ pub fn config_file<T: serde::de::DeserializeOwned + Default>(
         .with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_option_of_the_services_has_its_environment_variable() {
+        let command = Cli::command_with_env();
+        let mut seen = 0;
+        for name in ENV_COMMANDS {
+            let sub = command.find_subcommand(name).unwrap();
+            for arg in sub.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                if !arg.get_action().takes_values() {
+                    continue;
+                }
+                let want = format!("GPULEDGER_{name}_{long}")
+                    .to_ascii_uppercase()
+                    .replace('-', "_");
+                assert_eq!(
+                    arg.get_env().and_then(|e| e.to_str()),
+                    Some(want.as_str()),
+                    "{name} --{long}"
+                );
+                seen += 1;
+            }
+        }
+        assert!(seen > 60, "{seen} options");
+        let aggregator = command.find_subcommand("aggregator").unwrap();
+        assert!(
+            aggregator
+                .get_arguments()
+                .any(|a| a.get_env().and_then(|e| e.to_str())
+                    == Some("GPULEDGER_AGGREGATOR_OTLP_ENDPOINT"))
+        );
+    }
+}

@@ -10,7 +10,7 @@ use gpuledger_aggregator::reclaimer::{self, ReclaimerFile};
 pub struct Args {
     /// TOML file: listen, path, secret / secrets / secret_file, tolerance, dry_run, state_file,
     /// [kubernetes] (api_server, token_file, ca_file, mode = "evict" | "kueue"), [slurm] (command).
-    #[arg(long, env = "GPULEDGER_RECLAIMER_CONFIG")]
+    #[arg(long)]
     config: PathBuf,
     /// Log what would be done, act on nothing (overrides the file's dry_run).
     #[arg(long)]

@@ -25,25 +25,21 @@ use gpuledger_exporter::source::sim::{Fleet, Simulator};
 pub struct Args {
     /// Where the ledger (`ledger.duckdb`) and the exporters' spools live. Kept between runs: a
     /// second run reuses the month and fills the gap since the last one.
-    #[arg(long, default_value = "gpuledger-demo", env = "GPULEDGER_DEMO_DATA")]
+    #[arg(long, default_value = "gpuledger-demo")]
     data: PathBuf,
     /// Address of the aggregator: the showback pages, the API and /metrics.
-    #[arg(long, default_value = "127.0.0.1:9836", env = "GPULEDGER_DEMO_LISTEN")]
+    #[arg(long, default_value = "127.0.0.1:9836")]
     listen: SocketAddr,
     /// Address of the first exporter's /metrics; the other nodes' exporters take every second
     /// port after it.
-    #[arg(
-        long,
-        default_value = "127.0.0.1:9835",
-        env = "GPULEDGER_DEMO_EXPORTER_LISTEN"
-    )]
+    #[arg(long, default_value = "127.0.0.1:9835")]
     exporter_listen: SocketAddr,
     /// How much history the ledger holds before it is ready.
-    #[arg(long, default_value = "30d", env = "GPULEDGER_DEMO_HISTORY")]
+    #[arg(long, default_value = "30d")]
     history: humantime::Duration,
     /// The newest part of that history, laid down second by second as the exporters would have
     /// sent it (raw samples); the older part is written per minute.
-    #[arg(long, default_value = "15m", env = "GPULEDGER_DEMO_HISTORY_SECONDS")]
+    #[arg(long, default_value = "15m")]
     history_seconds: humantime::Duration,
 }
 
