@@ -189,25 +189,98 @@ fn main() {
         cycle.as_secs_f64() * 100.0
     );
 
-    // The real daemon: 30 s of the sim source at 1 Hz with a scrape every 5 s.
+    // The real daemon: 30 s of the sim source at 1 Hz with a scrape every 5 s; then the same
+    // with an OTLP push every second to a receiver that answers 200 (the worst case: the
+    // default interval is 60 s).
+    let receiver = sink();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    for (what, otlp) in [
+        ("running exporter", None),
+        ("running exporter + OTLP push every 1 s", Some(receiver)),
+    ] {
+        let (share, elapsed, rss0, rss1) = daemon(NODE, otlp);
+        println!(
+            "{what}, {elapsed:.0} s at 1 Hz with a scrape every 5 s: {share:.2} % of one core (clock-tick resolution: {:.2} %)",
+            100.0 / hz / elapsed
+        );
+        println!(
+            "{what} RSS: {:.1} MiB after 2 s, {:.1} MiB after {elapsed:.0} s more ({:.2}× growth)",
+            rss0 as f64 / 1024.0,
+            rss1 as f64 / 1024.0,
+            rss1 as f64 / rss0 as f64
+        );
+    }
+}
+
+/// An HTTP server on loopback that answers every request 200 with an empty body: it stands in
+/// for an OTLP collector, whose own cost is not the exporter's. Returns its port.
+fn sink() -> u16 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut stream = stream;
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some((k, v)) = line.split_once(':')
+                            && k.eq_ignore_ascii_case("content-length")
+                        {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Runs `gpuledger exporter --source sim` for 30 s (scraped every 5 s, OTLP to `otlp` when
+/// given) and returns its CPU share of one core in %, the seconds measured, and its RSS in KiB
+/// after 2 s and at the end.
+fn daemon(node: &str, otlp: Option<u16>) -> (f64, f64, u64, u64) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args([
-            "exporter",
-            "--source",
-            "sim",
-            "--node",
-            NODE,
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuledger"));
+    cmd.args([
+        "exporter",
+        "--source",
+        "sim",
+        "--node",
+        node,
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    if let Some(p) = otlp {
+        cmd.args([
+            "--otlp-endpoint",
+            &format!("http://127.0.0.1:{p}"),
+            "--otlp-interval",
+            "1s",
+        ]);
+    }
+    let mut child = cmd.stderr(Stdio::null()).spawn().unwrap();
     std::thread::sleep(Duration::from_secs(2));
     let (ticks0, rss0) = proc_stat(child.id());
     let started = Instant::now();
@@ -229,14 +302,5 @@ fn main() {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let share = (ticks1 - ticks0) as f64 / hz / elapsed * 100.0;
-    println!(
-        "running exporter, {elapsed:.0} s at 1 Hz with a scrape every 5 s: {share:.2} % of one core (clock-tick resolution: {:.2} %)",
-        100.0 / hz / elapsed
-    );
-    println!(
-        "running exporter RSS: {:.1} MiB after 2 s, {:.1} MiB after {elapsed:.0} s more ({:.2}× growth)",
-        rss0 as f64 / 1024.0,
-        rss1 as f64 / 1024.0,
-        rss1 as f64 / rss0 as f64
-    );
+    (share, elapsed, rss0, rss1)
 }
