@@ -40,9 +40,15 @@ pub type Source = Arc<dyn Fn() -> String + Send + Sync>;
 /// How long one rendering is reused across the callbacks of a collection.
 pub const FRESH: Duration = Duration::from_millis(500);
 
-/// Series per instrument before the SDK folds the rest into an overflow series. Far above what
-/// any family holds: `/metrics` already bounds cardinality (README, "Cardinality").
-const CARDINALITY_LIMIT: usize = 1_000_000;
+/// Series per instrument before the SDK folds the rest into one series marked
+/// `otel.metric.overflow`: the larger of this and four times the family's series when its
+/// instrument is made. The SDK reserves a hash table of that size per instrument up front (2 MiB
+/// of RSS each at a limit of a million, measured), so the limit follows the family instead of
+/// being set once for all.
+pub const MIN_CARDINALITY_LIMIT: usize = 10_000;
+
+/// Each instrument's series limit, looked up by the view when the instrument is made.
+type Limits = Arc<Mutex<std::collections::HashMap<String, usize>>>;
 
 /// A running push; [`MetricsPush::shutdown`] pushes once more and stops it.
 pub struct MetricsPush {
@@ -146,6 +152,7 @@ fn observe(snapshot: &Snapshot, family: &str, sample: &str, out: &dyn AsyncInstr
 fn register_new(
     meter: &opentelemetry::metrics::Meter,
     snapshot: &Arc<Snapshot>,
+    limits: &Limits,
     known: &mut std::collections::HashSet<String>,
 ) {
     for family in snapshot.families().iter() {
@@ -154,6 +161,11 @@ fn register_new(
         }
         let unit = family.unit.as_deref().map(ucum).unwrap_or_default();
         for i in instruments(family) {
+            let series = family.samples.iter().filter(|s| s.name == i.sample).count();
+            limits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(i.name.clone(), MIN_CARDINALITY_LIMIT.max(4 * series));
             let (snap, fam, sample) = (snapshot.clone(), family.name.clone(), i.sample);
             let callback = move |o: &dyn AsyncInstrument<f64>| observe(&snap, &fam, &sample, o);
             if i.sum {
@@ -187,17 +199,27 @@ impl MetricsPush {
             .with_headers(config.headers_map())
             .build()
             .map_err(|e| Error::Build(e.to_string()))?;
+        let limits = Limits::default();
         let reader = PeriodicReader::builder(exporter)
             .with_interval(config.interval)
             .build();
         let provider = SdkMeterProvider::builder()
             .with_resource(service.resource())
             .with_reader(reader)
-            .with_view(|_: &opentelemetry_sdk::metrics::Instrument| {
-                Stream::builder()
-                    .with_cardinality_limit(CARDINALITY_LIMIT)
-                    .build()
-                    .ok()
+            .with_view({
+                let limits = limits.clone();
+                move |i: &opentelemetry_sdk::metrics::Instrument| {
+                    let limit = limits
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(i.name())
+                        .copied()
+                        .unwrap_or(MIN_CARDINALITY_LIMIT);
+                    Stream::builder()
+                        .with_cardinality_limit(limit)
+                        .build()
+                        .ok()
+                }
             })
             .build();
         let meter = provider.meter("gpuledger");
@@ -206,7 +228,7 @@ impl MetricsPush {
             last: Mutex::new(None),
         });
         let mut known = std::collections::HashSet::new();
-        register_new(&meter, &snapshot, &mut known);
+        register_new(&meter, &snapshot, &limits, &mut known);
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let every = (config.interval / 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
         let discovery = std::thread::Builder::new()
@@ -215,7 +237,7 @@ impl MetricsPush {
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(every)
                 {
-                    register_new(&meter, &snapshot, &mut known);
+                    register_new(&meter, &snapshot, &limits, &mut known);
                 }
             })
             .map_err(|e| Error::Build(format!("cannot start the discovery thread: {e}")))?;
