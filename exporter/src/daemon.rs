@@ -364,22 +364,6 @@ pub async fn run(
         attributors.push(Box::new(KubeletAttributor::start(kubelet.clone())));
     }
     let metrics = Metrics::new();
-    let otlp = match &config.otlp {
-        None => None,
-        Some(otlp) => {
-            let m = metrics.clone();
-            let service = gpuledger_otel::Service {
-                name: "gpuledger-exporter",
-                instance: config.node.clone(),
-            };
-            Some(gpuledger_otel::MetricsPush::start(
-                otlp,
-                &service,
-                Arc::new(move || m.render(gpuledger_schema::exposition::Format::OpenMetrics)),
-            )?)
-        }
-    };
-
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| DaemonError::Listen {
@@ -393,6 +377,20 @@ pub async fn run(
             source,
         })?;
     tracing::info!(listen = %local, source = source.name(), node = %config.node, "Serving /metrics.");
+    // Started once the address is bound, so that no early return leaves a push to stop on an
+    // async worker (stopping it pushes once more, over blocking HTTP).
+    let otlp = match &config.otlp {
+        None => None,
+        Some(otlp) => {
+            let m = metrics.clone();
+            let service = gpuledger_otel::Service::exporter(&config.node);
+            Some(gpuledger_otel::MetricsPush::start(
+                otlp,
+                &service,
+                Arc::new(move || m.render(gpuledger_schema::exposition::Format::OpenMetrics)),
+            )?)
+        }
+    };
     let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
         axum::serve(listener, crate::server::router(metrics.clone()))
@@ -457,11 +455,12 @@ pub async fn run(
         Finish::Drain(Some(tokio::time::Instant::now() + config.drain_timeout))
     };
     let _ = finish_tx.send(finish);
-    if let Some(shipper) = shipper {
-        shipper.await.expect("the shipper does not panic")?;
-        if once {
-            tracing::info!("The whole trace is shipped and acknowledged.");
-        }
+    let shipped = match shipper {
+        Some(shipper) => shipper.await.expect("the shipper does not panic"),
+        None => Ok(()),
+    };
+    if once && shipped.is_ok() {
+        tracing::info!("The whole trace is shipped and acknowledged.");
     }
     let _ = server_stop_tx.send(());
     let _ = server.await;
@@ -469,7 +468,7 @@ pub async fn run(
         // The push's last export blocks on HTTP; keep it off the runtime's workers.
         let _ = tokio::task::spawn_blocking(move || otlp.shutdown()).await;
     }
-    Ok(())
+    Ok(shipped?)
 }
 
 #[cfg(test)]
