@@ -119,10 +119,7 @@ pub async fn run_with(
         None => None,
         Some(otlp) => {
             let app = state.clone();
-            let service = gpuledger_otel::Service {
-                name: "gpuledger-aggregator",
-                instance: state.config.listen.to_string(),
-            };
+            let service = gpuledger_otel::Service::aggregator(state.config.listen);
             // The first rendering (it names the instruments) reads the ledger: not on a worker.
             let push = tokio::task::block_in_place(|| {
                 gpuledger_otel::MetricsPush::start(

@@ -136,11 +136,34 @@ impl OtlpConfig {
 pub struct Service {
     /// `service.name`: `gpuledger-exporter` or `gpuledger-aggregator`.
     pub name: &'static str,
-    /// `service.instance.id`: the node name of an exporter, the listen address of an aggregator.
+    /// `service.instance.id`: the node name of an exporter; host name and port of an aggregator.
     pub instance: String,
 }
 
 impl Service {
+    /// An exporter: its instance is the node.
+    pub fn exporter(node: &str) -> Service {
+        Service {
+            name: "gpuledger-exporter",
+            instance: node.to_owned(),
+        }
+    }
+
+    /// An aggregator: its instance is this host's name and the port it listens on (the listen
+    /// address alone is usually `0.0.0.0:9836` on every cluster, and two aggregators pushing to
+    /// one collector must not look like one).
+    pub fn aggregator(listen: std::net::SocketAddr) -> Service {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| listen.ip().to_string());
+        Service {
+            name: "gpuledger-aggregator",
+            instance: format!("{host}:{}", listen.port()),
+        }
+    }
+
     fn resource(&self) -> opentelemetry_sdk::Resource {
         use opentelemetry::KeyValue;
         opentelemetry_sdk::Resource::builder_empty()
@@ -166,10 +189,32 @@ pub fn init_logging(traces: Option<&Traces>) {
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(filter);
+    // The SDK's and its HTTP client's own events stay out of the spans: exporting them would
+    // feed the exporter with itself.
+    let spans = tracing_subscriber::filter::Targets::new()
+        .with_default(tracing::Level::INFO)
+        .with_target(
+            "opentelemetry",
+            tracing_subscriber::filter::LevelFilter::OFF,
+        )
+        .with_target(
+            "opentelemetry_sdk",
+            tracing_subscriber::filter::LevelFilter::OFF,
+        )
+        .with_target(
+            "opentelemetry_otlp",
+            tracing_subscriber::filter::LevelFilter::OFF,
+        )
+        .with_target(
+            "opentelemetry_http",
+            tracing_subscriber::filter::LevelFilter::OFF,
+        )
+        .with_target("reqwest", tracing_subscriber::filter::LevelFilter::OFF)
+        .with_target("hyper", tracing_subscriber::filter::LevelFilter::OFF);
     let otel = traces.map(|t| {
         tracing_opentelemetry::layer()
             .with_tracer(t.tracer())
-            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+            .with_filter(spans)
     });
     // A second call (tests run several services in one process) keeps the first subscriber.
     let _ = tracing_subscriber::registry()

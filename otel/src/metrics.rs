@@ -155,7 +155,9 @@ fn register_new(
     limits: &Limits,
     known: &mut std::collections::HashSet<String>,
 ) {
-    for family in snapshot.families().iter() {
+    // A rendering of its own: the cache belongs to the collections, so that every callback of
+    // one collection reads the same rendering.
+    for family in read(&(snapshot.source)()).iter() {
         if !known.insert(family.name.clone()) {
             continue;
         }
@@ -215,10 +217,7 @@ impl MetricsPush {
                         .get(i.name())
                         .copied()
                         .unwrap_or(MIN_CARDINALITY_LIMIT);
-                    Stream::builder()
-                        .with_cardinality_limit(limit)
-                        .build()
-                        .ok()
+                    Stream::builder().with_cardinality_limit(limit).build().ok()
                 }
             })
             .build();
