@@ -161,6 +161,10 @@ pub struct LimitOptions {
     pub body_read_timeout: Option<Duration>,
 }
 
+/// Where the aggregator listens when `--listen` is not given.
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9836);
+
 /// Options that cannot run; the message names the option (flag and file key alike).
 #[derive(Debug, thiserror::Error)]
 pub enum OptionsError {
@@ -315,9 +319,7 @@ impl AggregatorOptions {
             db: self
                 .db
                 .unwrap_or_else(|| "/var/lib/gpuledger/ledger.duckdb".into()),
-            listen: self
-                .listen
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9836))),
+            listen: self.listen.unwrap_or(DEFAULT_LISTEN),
             tokens,
             retention,
             retention_interval: self.retention_interval.unwrap_or(Duration::from_secs(600)),

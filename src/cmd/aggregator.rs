@@ -30,7 +30,23 @@ pub struct Args {
 /// Runs the aggregator until SIGINT/SIGTERM.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let check = args.check_config;
-    let config = args.options.over_file(args.config.as_deref())?.resolve()?;
+    let options = args.options.over_file(args.config.as_deref())?;
+    // Logging (and the span export) before the rest is checked: the checks warn (a token file
+    // others can read, a reclaim rule on latency-critical work), and --check-config shows it.
+    let traces = match options.otlp.clone().resolve()? {
+        Some(otlp) if !check => {
+            let listen = options
+                .listen
+                .unwrap_or(gpuledger_aggregator::options::DEFAULT_LISTEN);
+            Some(gpuledger_otel::Traces::start(
+                &otlp,
+                &gpuledger_otel::Service::aggregator(listen),
+            )?)
+        }
+        _ => None,
+    };
+    gpuledger_otel::init_logging(traces.as_ref());
+    let config = options.resolve()?;
     if check {
         let r = &config.reclaim;
         println!(
@@ -58,17 +74,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let traces = match &config.otlp {
-        Some(otlp) => Some(gpuledger_otel::Traces::start(
-            otlp,
-            &gpuledger_otel::Service {
-                name: "gpuledger-aggregator",
-                instance: config.listen.to_string(),
-            },
-        )?),
-        None => None,
-    };
-    gpuledger_otel::init_logging(traces.as_ref());
     let served =
         super::runtime()?.block_on(gpuledger_aggregator::run(config, super::shutdown_signal()));
     if let Some(traces) = traces {

@@ -76,10 +76,10 @@ impl Cli {
     }
 }
 
-/// Runs the chosen subcommand. The exporter and the aggregator set up logging themselves, once
-/// their configuration says whether spans also go over OTLP.
+/// Runs the chosen subcommand. The aggregator sets up logging itself, once its configuration
+/// says whether spans also go over OTLP.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    if !matches!(cli.command, Command::Exporter(_) | Command::Aggregator(_)) {
+    if !matches!(cli.command, Command::Aggregator(_)) {
         gpuledger_otel::init_logging(None);
     }
     match cli.command {
