@@ -34,13 +34,13 @@ pub enum OptionsError {
         /// TOML's message: line, column and key.
         message: String,
     },
-    /// A flag's value cannot go where the file's value of that key goes (a bug of the options
-    /// struct, not of the input).
-    #[error("option {key}: {message}")]
+    /// A flag's value cannot be laid over the file: TOML holds integers up to 2^63 − 1 and
+    /// UTF-8 text only.
+    #[error(
+        "a flag's value cannot be used (integers up to 9223372036854775807, UTF-8 paths): {message}"
+    )]
     Flag {
-        /// The key.
-        key: String,
-        /// Why.
+        /// Why, in TOML's words.
         message: String,
     },
 }
@@ -51,7 +51,6 @@ pub fn layered<T: Serialize + DeserializeOwned>(
     file: Option<&Path>,
 ) -> Result<T, OptionsError> {
     let flag_table = toml::Table::try_from(flags).map_err(|e| OptionsError::Flag {
-        key: String::new(),
         message: e.to_string(),
     })?;
     let mut table = match file {
@@ -73,7 +72,6 @@ pub fn layered<T: Serialize + DeserializeOwned>(
     };
     overlay(&mut table, flag_table);
     T::deserialize(toml::Value::Table(table)).map_err(|e| OptionsError::Flag {
-        key: String::new(),
         message: e.to_string(),
     })
 }
@@ -83,14 +81,12 @@ pub fn layered<T: Serialize + DeserializeOwned>(
 pub fn over<T: Serialize + DeserializeOwned>(flags: &T, file: &T) -> Result<T, OptionsError> {
     let table = |t: &T| {
         toml::Table::try_from(t).map_err(|e| OptionsError::Flag {
-            key: String::new(),
             message: e.to_string(),
         })
     };
     let mut base = table(file)?;
     overlay(&mut base, table(flags)?);
     T::deserialize(toml::Value::Table(base)).map_err(|e| OptionsError::Flag {
-        key: String::new(),
         message: e.to_string(),
     })
 }
