@@ -40,6 +40,37 @@ struct Inbox {
     traces: Vec<Received<ExportTraceServiceRequest>>,
 }
 
+/// Where each kind of request is kept.
+trait Kept: Message + Default + Clone + Send + 'static {
+    fn kept(inbox: &mut Inbox) -> &mut Vec<Received<Self>>;
+}
+
+impl Kept for ExportMetricsServiceRequest {
+    fn kept(inbox: &mut Inbox) -> &mut Vec<Received<Self>> {
+        &mut inbox.metrics
+    }
+}
+
+impl Kept for ExportTraceServiceRequest {
+    fn kept(inbox: &mut Inbox) -> &mut Vec<Received<Self>> {
+        &mut inbox.traces
+    }
+}
+
+/// Decodes one OTLP/HTTP protobuf request and keeps it; answers as a collector does.
+async fn receive<T: Kept>(
+    State(inbox): State<Arc<Mutex<Inbox>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> impl axum::response::IntoResponse {
+    let body = T::decode(body).expect("an OTLP protobuf request");
+    T::kept(&mut inbox.lock().unwrap()).push(Received { headers, body });
+    (
+        [("content-type", "application/x-protobuf")],
+        Vec::<u8>::new(),
+    )
+}
+
 /// An OTLP/HTTP receiver on loopback: `POST /v1/metrics` and `POST /v1/traces`, protobuf.
 struct Receiver {
     url: String,
@@ -51,49 +82,16 @@ impl Receiver {
         let inbox = Arc::new(Mutex::new(Inbox::default()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let app =
-            axum::Router::new()
-                .route(
-                    "/v1/metrics",
-                    axum::routing::post(
-                        |State(inbox): State<Arc<Mutex<Inbox>>>,
-                         headers: HeaderMap,
-                         body: Bytes| async move {
-                            let body = ExportMetricsServiceRequest::decode(body)
-                                .expect("OTLP metrics protobuf");
-                            inbox
-                                .lock()
-                                .unwrap()
-                                .metrics
-                                .push(Received { headers, body });
-                            (
-                                [("content-type", "application/x-protobuf")],
-                                Vec::<u8>::new(),
-                            )
-                        },
-                    ),
-                )
-                .route(
-                    "/v1/traces",
-                    axum::routing::post(
-                        |State(inbox): State<Arc<Mutex<Inbox>>>,
-                         headers: HeaderMap,
-                         body: Bytes| async move {
-                            let body = ExportTraceServiceRequest::decode(body)
-                                .expect("OTLP traces protobuf");
-                            inbox
-                                .lock()
-                                .unwrap()
-                                .traces
-                                .push(Received { headers, body });
-                            (
-                                [("content-type", "application/x-protobuf")],
-                                Vec::<u8>::new(),
-                            )
-                        },
-                    ),
-                )
-                .with_state(inbox.clone());
+        let app = axum::Router::new()
+            .route(
+                "/v1/metrics",
+                axum::routing::post(receive::<ExportMetricsServiceRequest>),
+            )
+            .route(
+                "/v1/traces",
+                axum::routing::post(receive::<ExportTraceServiceRequest>),
+            )
+            .with_state(inbox.clone());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         Receiver { url, inbox }
     }
