@@ -227,7 +227,7 @@ fn tokens(file: Option<PathBuf>) -> Result<Tokens, OptionsError> {
     {
         tokens = tokens
             .with_admin(&admin)
-            .map_err(|e| invalid(format!("GPULEDGER_ADMIN_TOKEN: {e}")))?;
+            .map_err(|e| invalid(e.to_string()))?;
     }
     if tokens.is_empty() {
         return Err(invalid(

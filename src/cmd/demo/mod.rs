@@ -11,13 +11,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use gpuledger_aggregator::analytics::Settings;
 use gpuledger_aggregator::analytics::showback::{self, GroupBy};
-use gpuledger_aggregator::auth::Tokens;
-use gpuledger_aggregator::store::Retention;
-use gpuledger_aggregator::{Config, Limits};
-use gpuledger_exporter::daemon::{self, ExporterConfig, SourceChoice};
-use gpuledger_exporter::ship::ShipConfig;
+use gpuledger_aggregator::options::AggregatorOptions;
+use gpuledger_exporter::daemon;
+use gpuledger_exporter::options::ExporterOptions;
 use gpuledger_exporter::source::sim::{Fleet, Simulator};
 
 /// Flags of `gpuledger demo`.
@@ -57,22 +54,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let spool_dir = args.data.join("spool");
     let fleet = Fleet::builtin();
     let nodes: Vec<String> = fleet.nodes.iter().map(|n| n.name.clone()).collect();
-    let retention = Retention::default();
-    let aggregator = Config {
-        db: db.clone(),
-        listen: args.listen,
-        tokens: Tokens::default()
-            .with_admin(&token)
-            .context("GPULEDGER_ADMIN_TOKEN")?,
-        retention,
-        retention_interval: Duration::from_secs(600),
-        limits: Limits::default(),
-        analytics: demo_settings(),
-        reclaim: Default::default(),
-        ui: Default::default(),
-        export_dir: Some(args.data.join("export")),
-        otlp: None,
+    // The services are configured the way an operator's files configure them, through the
+    // options' own checks: the token in a file of the data directory that only its owner reads.
+    // GPULEDGER_ADMIN_TOKEN, when set, is read by the options themselves.
+    let tokens = match std::env::var_os("GPULEDGER_ADMIN_TOKEN") {
+        Some(_) => None,
+        None => Some(private_file(
+            &args.data.join("tokens"),
+            &format!("admin {token}\n"),
+        )?),
     };
+    let token_file = private_file(&args.data.join("admin-token"), &format!("{token}\n"))?;
+    let aggregator = AggregatorOptions {
+        db: Some(db.clone()),
+        listen: Some(args.listen),
+        token_file: tokens,
+        export_dir: Some(args.data.join("export")),
+        prices: demo_prices(),
+        ..AggregatorOptions::default()
+    }
+    .resolve()?;
+    let retention = aggregator.retention;
+    let settings = aggregator.analytics.clone();
     let now = chrono::Utc::now().timestamp();
     let plan = history::Plan {
         from: now - args.history.as_secs() as i64,
@@ -148,28 +151,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.exporter_listen.ip(),
                 args.exporter_listen.port() + 2 * i as u16,
             );
-            let config = ExporterConfig {
-                source: SourceChoice::Sim { fleet: None },
-                listen,
-                node: node.clone(),
-                ship: Some(ShipConfig {
-                    aggregator: base.clone(),
-                    token: token.clone(),
-                    node: node.clone(),
-                    spool_dir: spool_dir.join(&node),
-                    spool_max_bytes: 64 << 20,
-                    interval: Duration::from_secs(5),
-                    max_batch_samples: 50_000,
-                    wait_when_full: false,
-                    request_timeout: Duration::from_secs(30),
-                }),
-                attribution_map: None,
-                proc_path: "/proc".into(),
-                slurm: None,
-                kubelet: None,
-                drain_timeout: Duration::from_secs(3),
-                otlp: None,
-            };
+            let mut config = ExporterOptions {
+                source: Some("sim".into()),
+                listen: Some(listen),
+                node: Some(node.clone()),
+                aggregator: Some(base.clone()),
+                token_file: Some(token_file.clone()),
+                spool_dir: Some(spool_dir.join(&node)),
+                spool_max_bytes: Some(64 << 20),
+                ship_interval: Some(Duration::from_secs(5)),
+                ..ExporterOptions::default()
+            }
+            .resolve()?;
+            // Ctrl-C should not wait the daemon's full drain time for a local aggregator.
+            config.drain_timeout = Duration::from_secs(3);
             exporters.push(tokio::spawn(daemon::run(config, stopped(stop_rx.clone()))));
         }
         super::shutdown_signal().await;
@@ -210,7 +205,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let from = b0 + i64::from(m0.trailing_zeros());
     let to = b1 + 64 - i64::from(m1.leading_zeros());
-    let settings = demo_settings();
     let s = showback::showback(&conn, from, to, GroupBy::Tenant, None, i64::MIN, &settings)?;
     eprintln!(
         "\n{:<16} {:>16} {:>16} {:>10} {:>12}",
@@ -258,25 +252,27 @@ async fn announce_ready(base: String, started: std::time::Instant) {
     }
 }
 
-/// Illustrative list prices per GPU-hour, so that the demo's showback has costs.
-fn demo_settings() -> Settings {
-    Settings {
-        prices: gpuledger_aggregator::analytics::prices::PriceBook {
-            entries: [
-                ("A100-80GB", 1.79),
-                ("H100-80GB", 2.49),
-                ("H200-141GB", 3.39),
-            ]
-            .into_iter()
-            .map(|(m, p)| gpuledger_aggregator::analytics::prices::Price {
-                gpu_model: m.to_owned(),
-                mig_profile: None,
-                per_hour: p,
-                from: None,
-            })
-            .collect(),
-            ..Default::default()
-        },
-        ..Settings::default()
-    }
+/// Illustrative list prices per GPU-hour, so that the demo's showback has costs (an operator's
+/// `[prices]` table).
+fn demo_prices() -> std::collections::HashMap<String, f64> {
+    [("A100-80GB", 1.79), ("H100-80GB", 2.49), ("H200-141GB", 3.39)]
+        .into_iter()
+        .map(|(m, p)| (m.to_owned(), p))
+        .collect()
+}
+
+/// Writes `text` to `path`, readable by its owner only (the token files' required mode).
+fn private_file(path: &std::path::Path, text: &str) -> anyhow::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path.to_owned())
 }
