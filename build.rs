@@ -1,5 +1,5 @@
 //! Names the build for `gpuledger --version`: the package version, the git commit it was built
-//! from and the Cargo profile.
+//! from and the Cargo profile; compresses a release binary's debug sections.
 
 use std::process::Command;
 
@@ -20,6 +20,13 @@ fn main() {
         "cargo:rustc-env=GPULEDGER_BUILD={} ({commit}, {profile} profile)",
         env!("CARGO_PKG_VERSION")
     );
+    // Release: the Rust line tables (the bundled C++ has none, Cargo.toml) are kept for
+    // backtraces but compressed, so the binary stays small. Done here rather than in RUSTFLAGS,
+    // which would change every unit of every profile, DuckDB's build script included.
+    if profile == "release" {
+        println!("cargo:rustc-link-arg-bins=-Wl,--compress-debug-sections=zlib");
+        println!("cargo:rustc-link-arg-bins=-Wl,--discard-all");
+    }
     // A new commit or a checkout moves HEAD or the branch it names.
     for path in [".git/HEAD", ".git/refs/heads"] {
         println!("cargo:rerun-if-changed={path}");
