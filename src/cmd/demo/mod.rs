@@ -255,10 +255,14 @@ async fn announce_ready(base: String, started: std::time::Instant) {
 /// Illustrative list prices per GPU-hour, so that the demo's showback has costs (an operator's
 /// `[prices]` table).
 fn demo_prices() -> std::collections::HashMap<String, f64> {
-    [("A100-80GB", 1.79), ("H100-80GB", 2.49), ("H200-141GB", 3.39)]
-        .into_iter()
-        .map(|(m, p)| (m.to_owned(), p))
-        .collect()
+    [
+        ("A100-80GB", 1.79),
+        ("H100-80GB", 2.49),
+        ("H200-141GB", 3.39),
+    ]
+    .into_iter()
+    .map(|(m, p)| (m.to_owned(), p))
+    .collect()
 }
 
 /// Writes `text` to `path`, readable by its owner only (the token files' required mode).
