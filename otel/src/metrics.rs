@@ -12,7 +12,8 @@
 //! | histogram `x` | monotonic cumulative sums `x_count`, `x_sum` and `x_bucket` (with `le`) |
 //!
 //! Labels become attributes of the same names and values. The unit is the family's `# UNIT`
-//! in UCUM (`bytes` → `By`, `seconds` → `s`, `ratios` → `1`, …), else empty. Histograms travel
+//! in UCUM (`bytes` → `By`, `seconds` → `s`, `ratios` → `1`, …; one UCUM lacks as an annotation,
+//! `{gpu_equivalents}`), and empty for a family without one. Histograms travel
 //! as their three Prometheus series because the OpenTelemetry API has no asynchronous histogram;
 //! nothing of them is lost.
 //!
