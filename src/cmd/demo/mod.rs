@@ -38,6 +38,10 @@ pub struct Args {
     /// sent it (raw samples); the older part is written per minute.
     #[arg(long, default_value = "15m")]
     history_seconds: humantime::Duration,
+    /// Also push the aggregator's and every exporter's metrics to an OTLP collector, as the
+    /// services' own `--otlp-*` flags do (metrics only: the demo exports no traces).
+    #[command(flatten)]
+    otlp: gpuledger_otel::OtlpOptions,
 }
 
 /// Runs until Ctrl-C.
@@ -71,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         token_file: tokens,
         export_dir: Some(args.data.join("export")),
         prices: demo_prices(),
+        otlp: args.otlp.clone(),
         ..AggregatorOptions::default()
     }
     .resolve()?;
@@ -160,6 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 spool_dir: Some(spool_dir.join(&node)),
                 spool_max_bytes: Some(64 << 20),
                 ship_interval: Some(Duration::from_secs(5)),
+                otlp: args.otlp.clone(),
                 ..ExporterOptions::default()
             }
             .resolve()?;
