@@ -63,27 +63,15 @@ async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
     a
 }
 
-/// `/metrics` as an admin sees it: every family, the ledger's included.
-async fn scrape(a: &Aggregator, accept: &str) -> String {
-    reqwest::Client::new()
-        .get(format!("{}/metrics", a.url()))
-        .bearer_auth(ADMIN_TOKEN)
-        .header("accept", accept)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match_the_readme() {
     common::require_tool("promtool");
     let dir = tempfile::tempdir().unwrap();
     let a = fed_aggregator(dir.path()).await;
-    let classic = scrape(&a, "text/plain").await;
-    let openmetrics = scrape(&a, "application/openmetrics-text; version=1.0.0").await;
+    let classic = a.metrics_accepting(ADMIN_TOKEN, "text/plain").await;
+    let openmetrics = a
+        .metrics_accepting(ADMIN_TOKEN, "application/openmetrics-text; version=1.0.0")
+        .await;
 
     common::assert_promtool_clean(&classic);
     common::assert_openmetrics_valid(&openmetrics);

@@ -96,6 +96,21 @@ impl Receiver {
         Receiver { url, inbox }
     }
 
+    /// The flags that push to this receiver every second, with a header it checks.
+    fn flags(&self) -> [String; 8] {
+        [
+            "--otlp-endpoint",
+            &self.url,
+            "--otlp-interval",
+            "1s",
+            "--otlp-timeout",
+            "1s",
+            "--otlp-header",
+            "x-test-key=s3cret",
+        ]
+        .map(str::to_owned)
+    }
+
     fn metric_pushes(&self) -> usize {
         self.inbox.lock().unwrap().metrics.len()
     }
@@ -250,24 +265,21 @@ async fn the_exporter_pushes_what_metrics_serves() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace.csv");
     common::simulate(&trace, "gpu-h100-02", "2026-01-01T00:00:00Z", "30s");
-    let exporter = Exporter::start(&[
-        "--source",
-        "replay",
-        "--replay-file",
-        trace.to_str().unwrap(),
-        "--speed",
-        "max",
-        "--node",
-        "gpu-h100-02",
-        "--otlp-endpoint",
-        &receiver.url,
-        "--otlp-interval",
-        "1s",
-        "--otlp-timeout",
-        "1s",
-        "--otlp-header",
-        "x-test-key=s3cret",
-    ])
+    let exporter = Exporter::start(
+        &[
+            "--source",
+            "replay",
+            "--replay-file",
+            trace.to_str().unwrap(),
+            "--speed",
+            "max",
+            "--node",
+            "gpu-h100-02",
+        ]
+        .into_iter()
+        .chain(receiver.flags().iter().map(String::as_str))
+        .collect::<Vec<_>>(),
+    )
     .await;
     // The replay is over when the samples counter stops moving.
     let mut last = -1.0;
@@ -321,18 +333,10 @@ async fn the_aggregator_pushes_its_metrics_and_traces() {
     let aggregator = Aggregator::start(
         &db,
         0,
-        &[
-            "--otlp-endpoint",
-            &receiver.url,
-            "--otlp-interval",
-            "1s",
-            "--otlp-timeout",
-            "1s",
-            "--otlp-header",
-            "x-test-key=s3cret",
-            "--analytics-interval",
-            "1h",
-        ],
+        &["--analytics-interval", "1h"]
+            .into_iter()
+            .chain(receiver.flags().iter().map(String::as_str))
+            .collect::<Vec<_>>(),
     )
     .await;
     let trace = dir.path().join("trace.csv");
@@ -357,24 +361,12 @@ async fn the_aggregator_pushes_its_metrics_and_traces() {
     let (status, _) = aggregator.evaluate(ADMIN_TOKEN).await;
     assert_eq!(status, 200);
 
-    let scrape = || async {
-        reqwest::Client::new()
-            .get(format!("{}/metrics", aggregator.url()))
-            .bearer_auth(ADMIN_TOKEN)
-            .header("accept", OPENMETRICS)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
     // Retention and the first analytics pass may still be settling: compare until a scrape and
     // the push after it agree (each comparison is exact), for at most 20 pushes.
     let mut diff = Vec::new();
     for _ in 0..20 {
         let seen = receiver.metric_pushes();
-        let text = scrape().await;
+        let text = aggregator.metrics_accepting(ADMIN_TOKEN, OPENMETRICS).await;
         let push = receiver.metrics_push_after(seen).await;
         assert_eq!(
             push.headers.get("x-test-key").map(|v| v.to_str().unwrap()),

@@ -234,9 +234,15 @@ impl Aggregator {
 
     /// Its classic `/metrics` text, scraped with `token`.
     pub async fn metrics_as(&self, token: &str) -> String {
+        self.metrics_accepting(token, "text/plain").await
+    }
+
+    /// Its `/metrics` in the format `accept` asks for, scraped with `token`.
+    pub async fn metrics_accepting(&self, token: &str, accept: &str) -> String {
         reqwest::Client::new()
             .get(format!("{}/metrics", self.url()))
             .bearer_auth(token)
+            .header("accept", accept)
             .send()
             .await
             .unwrap()
