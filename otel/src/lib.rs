@@ -190,27 +190,14 @@ pub fn init_logging(traces: Option<&Traces>) {
         .with_writer(std::io::stderr)
         .with_filter(filter);
     // The SDK's and its HTTP client's own events stay out of the spans: exporting them would
-    // feed the exporter with itself.
+    // feed the exporter with itself. A target matches by prefix, so "opentelemetry" covers
+    // opentelemetry_sdk, opentelemetry-otlp and opentelemetry-http.
+    let off = tracing_subscriber::filter::LevelFilter::OFF;
     let spans = tracing_subscriber::filter::Targets::new()
         .with_default(tracing::Level::INFO)
-        .with_target(
-            "opentelemetry",
-            tracing_subscriber::filter::LevelFilter::OFF,
-        )
-        .with_target(
-            "opentelemetry_sdk",
-            tracing_subscriber::filter::LevelFilter::OFF,
-        )
-        .with_target(
-            "opentelemetry_otlp",
-            tracing_subscriber::filter::LevelFilter::OFF,
-        )
-        .with_target(
-            "opentelemetry_http",
-            tracing_subscriber::filter::LevelFilter::OFF,
-        )
-        .with_target("reqwest", tracing_subscriber::filter::LevelFilter::OFF)
-        .with_target("hyper", tracing_subscriber::filter::LevelFilter::OFF);
+        .with_target("opentelemetry", off)
+        .with_target("reqwest", off)
+        .with_target("hyper", off);
     let otel = traces.map(|t| {
         tracing_opentelemetry::layer()
             .with_tracer(t.tracer())
