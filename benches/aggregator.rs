@@ -12,85 +12,20 @@
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
 
-use std::process::{Child, Command, Stdio};
+#[path = "support/fleet.rs"]
+mod fleet;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fleet::{TOKEN, batches, start_aggregator};
 use gpuledger_aggregator::analytics::{
     self,
     showback::{self, GroupBy},
 };
 use gpuledger_aggregator::store::{self, Writer};
+use gpuledger_schema::Sample;
 use gpuledger_schema::wire::Batch;
-use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
-
-const TOKEN: &str = "bench-admin-token-0123456789";
-
-/// `nodes` nodes × 8 GPUs × 7 `1g.10gb` instances, `seconds` seconds, grouped as one batch per
-/// node per `batch_seconds` seconds (what an exporter ships).
-fn batches(nodes: usize, seconds: i64, batch_seconds: i64, t0: i64) -> Vec<Batch> {
-    let mut x: u64 = 88172645463325252;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut out = Vec::new();
-    for node in 0..nodes {
-        let name = format!("bench-{node:04}");
-        let mut start = t0;
-        while start < t0 + seconds {
-            let mut samples = Vec::new();
-            for t in start..(start + batch_seconds).min(t0 + seconds) {
-                for gpu in 0..8u32 {
-                    for gi in 0..7u32 {
-                        let sm = (rnd() % 1000) as f64 / 1000.0;
-                        samples.push(Sample {
-                            timestamp: t,
-                            instance: Instance {
-                                node: name.clone(),
-                                gpu_uuid: format!("GPU-{node:04}-{gpu}"),
-                                gpu_model: "NVIDIA H100 80GB HBM3".into(),
-                                mig_profile: Some("1g.10gb".into()),
-                                gpu_instance_id: Some(gi + 7),
-                                placement_start: Some(gi),
-                                placement_size: Some(1),
-                            },
-                            attribution: Attribution {
-                                tenant: Some(format!("tenant-{}", (node * 8 + gpu as usize) % 40)),
-                                workload: Some(format!("wl-{node}-{gpu}-{gi}")),
-                                slo_class: Some(SloClass::Batch),
-                            },
-                            counters: Counters {
-                                sm_active: Some(sm),
-                                sm_occupancy: Some(sm / 2.0),
-                                tensor_active: Some(sm / 3.0),
-                                dram_active: Some(sm / 4.0),
-                                fb_used_bytes: Some(rnd() % 10_000_000_000),
-                                fb_total_bytes: Some(10_737_418_240),
-                                nvlink_tx_bytes: None,
-                                nvlink_rx_bytes: None,
-                            },
-                        });
-                    }
-                }
-            }
-            out.push(Batch::from_samples(&name, &samples));
-            start += batch_seconds;
-        }
-    }
-    out
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        .unwrap_or(0)
-}
 
 const BARE_TABLE: &str = "CREATE TABLE t (ts BIGINT, instance_id INTEGER, holder_id INTEGER, sm_active DOUBLE, sm_occupancy DOUBLE, tensor_active DOUBLE, dram_active DOUBLE, fb_used_bytes UBIGINT, fb_total_bytes UBIGINT, nvlink_tx_bytes UBIGINT, nvlink_rx_bytes UBIGINT)";
 
@@ -171,43 +106,9 @@ fn writer_only(batches: Vec<Batch>, dir: &std::path::Path) -> f64 {
     rate
 }
 
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_aggregator(db: &std::path::Path) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args(["aggregator", "--db"])
-        .arg(db)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("GPULEDGER_ADMIN_TOKEN", TOKEN)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "the aggregator did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Server { child, port }
-}
-
-/// End to end: `clients` concurrent exporters POST pre-encoded bodies; 503s are retried after a
-/// pause, as the exporter does. Returns (samples/s, peak RSS KiB of the aggregator).
+/// End to end: `clients` concurrent exporters POST pre-encoded bodies, each with its node's own
+/// `node:NAME` token; a 503 or 429 is retried after a pause, as the exporter does. Returns
+/// (samples/s, peak RSS KiB of the aggregator, ledger bytes after a clean stop).
 fn http_ingest(
     batches: Vec<Batch>,
     clients: usize,
@@ -215,23 +116,23 @@ fn http_ingest(
     name: &str,
 ) -> (f64, u64, u64) {
     let db = dir.join(format!("{name}.duckdb"));
-    let server = start_aggregator(&db);
+    let token = |node: &str| format!("{node}-token-0123456789");
+    let nodes: std::collections::BTreeSet<&str> = batches.iter().map(|b| b.node.as_str()).collect();
+    let tokens: String = nodes
+        .iter()
+        .map(|n| format!("node:{n} {}\n", token(n)))
+        .collect();
+    let token_file = dir.join(format!("{name}.tokens"));
+    std::fs::write(&token_file, tokens).unwrap();
+    let server = start_aggregator(&db, &["--token-file", token_file.to_str().unwrap()]);
     let n: usize = batches.iter().map(Batch::sample_count).sum();
-    let bodies: Vec<Vec<u8>> = batches.iter().map(Batch::encode).collect();
+    let bodies: Vec<(String, Vec<u8>)> = batches
+        .iter()
+        .map(|b| (token(&b.node), b.encode()))
+        .collect();
     drop(batches);
     let url = format!("http://127.0.0.1:{}/api/v1/ingest", server.port);
     let pid = server.child.id();
-    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = {
-        let (peak, done) = (peak.clone(), done.clone());
-        std::thread::spawn(move || {
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -250,13 +151,13 @@ fn http_ingest(
                 let mut retries = 0u64;
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(body) = bodies.get(i) else {
+                    let Some((token, body)) = bodies.get(i) else {
                         return retries;
                     };
                     loop {
                         let r = client
                             .post(&url)
-                            .bearer_auth(TOKEN)
+                            .bearer_auth(token)
                             .header("content-encoding", "gzip")
                             .header("content-type", "application/json")
                             .body(body.clone())
@@ -266,7 +167,12 @@ fn http_ingest(
                         if r.status().is_success() {
                             break;
                         }
-                        assert_eq!(r.status().as_u16(), 503, "{}", r.text().await.unwrap());
+                        let status = r.status().as_u16();
+                        assert!(
+                            status == 503 || status == 429,
+                            "{}",
+                            r.text().await.unwrap()
+                        );
                         retries += 1;
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -280,16 +186,12 @@ fn http_ingest(
         retries
     });
     let rate = n as f64 / start.elapsed().as_secs_f64();
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    watcher.join().unwrap();
+    let peak = fleet::peak_rss_kib(pid);
     // A clean stop checkpoints the WAL into the file, so the size is the ledger's.
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let mut server = server;
-    server.child.wait().unwrap();
+    server.stop();
     let bytes = std::fs::metadata(&db).unwrap().len();
-    eprintln!("    ({retries} requests answered 503 and were retried)");
-    (rate, peak.load(std::sync::atomic::Ordering::Relaxed), bytes)
+    eprintln!("    ({retries} requests answered 503 or 429 and were retried)");
+    (rate, peak, bytes)
 }
 
 /// A ledger holding a month (January 2026) of rollups for 1,000 GPUs × 7 instances, 40 tenants,
@@ -328,7 +230,7 @@ fn month_ledger(path: &std::path::Path) -> (duckdb::Connection, u32) {
 fn month_pages(dir: &std::path::Path) {
     let db = dir.join("pages.duckdb");
     drop(month_ledger(&db));
-    let server = start_aggregator(&db);
+    let server = start_aggregator(&db, &[]);
     let base = format!("http://127.0.0.1:{}", server.port);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = reqwest::Client::new();
@@ -640,19 +542,7 @@ fn main() {
         peak as f64 / 1024.0,
         bytes as f64 / n as f64
     );
-    // Live shipping: 5 s batches of one node (280 samples), from 40 and from 400 concurrent
-    // senders: the writer commits whatever is queued together, so more senders make larger groups.
-    for (nodes, clients) in [(40, 40), (400, 400)] {
-        let small = batches(nodes, 3000 / nodes as i64 * 4, 5, t0 + 3600);
-        let n_small: usize = small.iter().map(Batch::sample_count).sum();
-        let (e2e, peak, _) =
-            http_ingest(small, clients, dir.path(), &format!("e2e-small-{clients}"));
-        eprintln!(
-            "  end to end, live 5 s batches of 280 samples ({n_small} samples, {clients} clients): {e2e:.0} samples/s = {:.2}× the baseline; peak RSS {:.1} MiB",
-            e2e / base,
-            peak as f64 / 1024.0
-        );
-    }
+    // Live batches (280 samples from 1,000 senders): `cargo bench --bench ingest_load`.
     month_showback(dir.path());
     hour_evaluation(dir.path());
 }

@@ -1,0 +1,342 @@
+//! The live-ingest load generator (issue: ingest and storage at fleet scale).
+//!
+//! What live exporters send: every node POSTs one gzip batch of 5 s × 56 instances (280 samples)
+//! at a time, with its own `node:NAME` token, to a real `gpuledger aggregator` process (this
+//! build's binary) on loopback. Three phases, one run:
+//!
+//! 1. **first contact**: each node's first batch, all at once (56 new instances per node);
+//! 2. **throughput**: every sender POSTs its node's next batches back to back, as fast as the
+//!    aggregator answers (a 503 or 429 is retried after its Retry-After, as the exporter does);
+//! 3. **latency at a fixed rate**: `--paced-senders` nodes each POST one batch every 5 s, spread
+//!    evenly (1,250 nodes = 70,000 samples/s, a 10,000-GPU fleet cut into 7 slices each), and every
+//!    request's latency is kept.
+//!
+//! The baseline, measured in the same run: DuckDB's own columnar insert (the appender's Arrow
+//! path, record batches of about a million rows) of the throughput phase's rows into a plain
+//! table of `samples_raw`'s shape. After a
+//! clean stop the ledger is opened and its raw rows, minute rollups and batch ids are counted:
+//! stored must equal sent. Peak RSS is the aggregator's `VmHWM`.
+//!
+//! Run: `cargo bench --bench ingest_load` (release), options after `--`: `--senders 1000`,
+//! `--seconds 60` (per node, throughput phase), `--paced-senders 1250`, `--paced-seconds 30`,
+//! `--flag ARG` (repeatable: passed to the aggregator). `cargo test` runs it only as a smoke check.
+
+#[path = "support/fleet.rs"]
+mod fleet;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fleet::{INSTANCES_PER_NODE, node_batches, node_name, quantile};
+use gpuledger_aggregator::store::writer::RawColumns;
+use gpuledger_schema::wire::Batch;
+
+const BATCH_SECONDS: i64 = 5;
+
+struct Args {
+    senders: usize,
+    seconds: i64,
+    paced_senders: usize,
+    paced_seconds: i64,
+    flags: Vec<String>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        senders: 1000,
+        seconds: 60,
+        paced_senders: 1250,
+        paced_seconds: 30,
+        flags: Vec::new(),
+    };
+    let argv: Vec<String> = std::env::args().collect();
+    let mut i = 1;
+    while i < argv.len() {
+        let value = || argv.get(i + 1).cloned().expect("a value after the option");
+        match argv[i].as_str() {
+            "--senders" => a.senders = value().parse().unwrap(),
+            "--seconds" => a.seconds = value().parse().unwrap(),
+            "--paced-senders" => a.paced_senders = value().parse().unwrap(),
+            "--paced-seconds" => a.paced_seconds = value().parse().unwrap(),
+            "--flag" => a.flags.push(value()),
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    a
+}
+
+/// One node's gzip bodies for one phase, in time order.
+struct Node {
+    token: String,
+    bodies: Vec<Vec<u8>>,
+}
+
+/// What one phase's requests measured.
+#[derive(Default)]
+struct Phase {
+    requests: u64,
+    samples: u64,
+    stored: u64,
+    retried: u64,
+    latencies_ms: Vec<f64>,
+    seconds: f64,
+}
+
+impl Phase {
+    fn report(&mut self, what: &str, base: Option<f64>) {
+        let rate = self.samples as f64 / self.seconds;
+        let ratio = base.map_or(String::new(), |b| {
+            format!(" = {:.2}× the baseline", rate / b)
+        });
+        let (p50, p99, max) = (
+            quantile(&mut self.latencies_ms, 0.5),
+            quantile(&mut self.latencies_ms, 0.99),
+            quantile(&mut self.latencies_ms, 1.0),
+        );
+        eprintln!(
+            "  {what}: {} samples in {} requests, {:.2} s: {rate:.0} samples/s{ratio}; latency p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms; {} retried after 503/429",
+            self.samples, self.requests, self.seconds, self.retried
+        );
+    }
+}
+
+/// POSTs `body` until it is accepted; returns (stored samples, retries).
+async fn post(client: &reqwest::Client, url: &str, token: &str, body: &[u8]) -> (u64, u64) {
+    #[derive(serde::Deserialize)]
+    struct Accepted {
+        stored: u64,
+    }
+    let mut retries = 0;
+    loop {
+        let r = client
+            .post(url)
+            .bearer_auth(token)
+            .header("content-encoding", "gzip")
+            .header("content-type", "application/json")
+            .body(body.to_vec())
+            .send()
+            .await
+            .expect("the aggregator answers");
+        let status = r.status().as_u16();
+        if status == 200 {
+            return (r.json::<Accepted>().await.unwrap().stored, retries);
+        }
+        assert!(
+            status == 503 || status == 429,
+            "{status}: {}",
+            r.text().await.unwrap()
+        );
+        let wait = r
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1);
+        retries += 1;
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+    }
+}
+
+/// Every node sends its bodies back to back (one in flight per node, as an exporter ships);
+/// `pace`: the time between one node's batches, the nodes' first sends spread over it.
+async fn run_phase(nodes: Vec<Node>, url: String, pace: Option<Duration>) -> Phase {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(usize::MAX)
+        .build()
+        .unwrap();
+    let (n, samples) = (
+        nodes.len(),
+        nodes.iter().map(|n| n.bodies.len()).sum::<usize>(),
+    );
+    let start = Instant::now();
+    let stored = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (k, node) in nodes.into_iter().enumerate() {
+        let (client, url, stored) = (client.clone(), url.clone(), stored.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(node.bodies.len());
+            let mut retried = 0;
+            let first = pace.map(|p| start + p.mul_f64(k as f64 / n as f64));
+            for (b, body) in node.bodies.iter().enumerate() {
+                if let (Some(first), Some(p)) = (first, pace) {
+                    tokio::time::sleep_until((first + p * b as u32).into()).await;
+                }
+                let sent = Instant::now();
+                let (s, r) = post(&client, &url, &node.token, body).await;
+                latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
+                stored.fetch_add(s, Ordering::Relaxed);
+                retried += r;
+            }
+            (latencies, retried)
+        }));
+    }
+    let mut phase = Phase::default();
+    for t in tasks {
+        let (latencies, retried) = t.await.unwrap();
+        phase.requests += latencies.len() as u64;
+        phase.latencies_ms.extend(latencies);
+        phase.retried += retried;
+    }
+    phase.seconds = start.elapsed().as_secs_f64();
+    phase.samples = (samples * INSTANCES_PER_NODE * BATCH_SECONDS as usize) as u64;
+    phase.stored = stored.load(Ordering::Relaxed);
+    phase
+}
+
+/// Rows per Arrow record batch the baseline appends (a columnar insert of a large table).
+const BASELINE_CHUNK: usize = 1 << 20;
+
+const BARE_TABLE: &str = "CREATE TABLE t (ts BIGINT, instance_id INTEGER, holder_id INTEGER, sm_active DOUBLE, sm_occupancy DOUBLE, tensor_active DOUBLE, dram_active DOUBLE, fb_used_bytes UBIGINT, fb_total_bytes UBIGINT, nvlink_tx_bytes UBIGINT, nvlink_rx_bytes UBIGINT)";
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("benches/ingest_load.rs: run with `cargo bench --bench ingest_load`");
+        return;
+    }
+    let a = args();
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = (chrono::Utc::now().timestamp() - 6 * 3600) / 60 * 60;
+    let nodes = a.senders.max(a.paced_senders);
+    let token = |node: usize| format!("bench-node-token-{node:06}-0123456789");
+    let tokens: String = (0..nodes)
+        .map(|n| format!("node:{} {}\n", node_name(n), token(n)))
+        .collect();
+    std::fs::write(dir.path().join("tokens"), tokens).unwrap();
+
+    // Every node's batches: the first 5 s (first contact), then the throughput phase's seconds,
+    // then the paced phase's. The baseline appends the throughput phase's rows while they exist.
+    eprintln!(
+        "preparing {nodes} nodes: first contact, {} s each for {} senders, {} s each for {} paced senders",
+        a.seconds, a.senders, a.paced_seconds, a.paced_senders
+    );
+    let base_conn = duckdb::Connection::open(dir.path().join("baseline.duckdb")).unwrap();
+    base_conn.execute_batch(BARE_TABLE).unwrap();
+    let mut base_secs = 0.0;
+    let mut base_rows = 0usize;
+    let mut cols = RawColumns::default();
+    let (mut first, mut bulk, mut paced) = (Vec::new(), Vec::new(), Vec::new());
+    for node in 0..nodes {
+        let all = node_batches(
+            node,
+            BATCH_SECONDS + a.seconds + a.paced_seconds,
+            BATCH_SECONDS,
+            t0,
+            88172645463325252 + node as u64,
+        );
+        let (head, rest) = all.split_at(1);
+        let (mid, tail) = rest.split_at((a.seconds / BATCH_SECONDS) as usize);
+        let encode = |b: &[Batch]| Node {
+            token: token(node),
+            bodies: b.iter().map(Batch::encode).collect(),
+        };
+        first.push(encode(head));
+        if node < a.senders {
+            for b in mid {
+                for (k, s) in b.series.iter().enumerate() {
+                    for j in 0..s.t.len() {
+                        cols.push(s, j, k as i32, k as i32);
+                    }
+                }
+            }
+            if cols.len() >= BASELINE_CHUNK || node + 1 == a.senders {
+                base_rows += cols.len();
+                let chunk = std::mem::take(&mut cols).into_record_batch().unwrap();
+                let start = Instant::now();
+                let mut app = base_conn.appender("t").unwrap();
+                app.append_record_batch(chunk).unwrap();
+                app.flush().unwrap();
+                drop(app);
+                base_secs += start.elapsed().as_secs_f64();
+            }
+            bulk.push(encode(mid));
+        }
+        if node < a.paced_senders {
+            paced.push(encode(tail));
+        }
+    }
+    let start = Instant::now();
+    base_conn.execute_batch("CHECKPOINT").unwrap();
+    base_secs += start.elapsed().as_secs_f64();
+    drop(base_conn);
+    let base = base_rows as f64 / base_secs;
+    let wire: usize = bulk.iter().flat_map(|n| &n.bodies).map(Vec::len).sum();
+    eprintln!(
+        "  baseline: DuckDB appender, Arrow path, the throughput phase's {base_rows} rows into a plain table (+ checkpoint): {base:.0} samples/s; {:.1} bytes per sample on the wire (gzip JSON)",
+        wire as f64 / base_rows as f64
+    );
+
+    let db = dir.path().join("ledger.duckdb");
+    let token_file = dir.path().join("tokens");
+    let mut flags: Vec<&str> = vec!["--token-file", token_file.to_str().unwrap()];
+    flags.extend(a.flags.iter().map(String::as_str));
+    let server = fleet::start_aggregator(&db, &flags);
+    let pid = server.child.id();
+    let url = format!("http://127.0.0.1:{}/api/v1/ingest", server.port);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut sent = 0;
+    let mut stored = 0;
+    let mut run = |what: &str, nodes: Vec<Node>, pace: Option<Duration>, base: Option<f64>| {
+        let mut phase = rt.block_on(run_phase(nodes, url.clone(), pace));
+        phase.report(what, base);
+        sent += phase.samples;
+        stored += phase.stored;
+        eprintln!(
+            "    aggregator peak RSS so far {:.1} MiB",
+            fleet::peak_rss_kib(pid) as f64 / 1024.0
+        );
+    };
+    run(
+        &format!("first contact, {nodes} nodes at once (56 new instances each)"),
+        first,
+        None,
+        None,
+    );
+    run(
+        &format!(
+            "throughput, {} senders back to back, 280-sample gzip batches",
+            a.senders
+        ),
+        bulk,
+        None,
+        Some(base),
+    );
+    run(
+        &format!(
+            "paced, {} senders × one batch per 5 s ({:.0} samples/s offered)",
+            a.paced_senders,
+            (a.paced_senders * 280) as f64 / 5.0
+        ),
+        paced,
+        Some(Duration::from_secs(BATCH_SECONDS as u64)),
+        None,
+    );
+    let peak = fleet::peak_rss_kib(pid);
+    server.stop();
+    let conn = duckdb::Connection::open(&db).unwrap();
+    let count =
+        |sql: &str| -> u64 { conn.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap() as u64 };
+    let raw = count("SELECT count(*) FROM samples_raw");
+    let minutes = count("SELECT sum(samples)::BIGINT FROM rollup_1m");
+    let batches = count("SELECT sum(stored)::BIGINT FROM ingested_batches");
+    eprintln!(
+        "  sent {sent}, acknowledged as stored {stored}; in the ledger: {raw} raw rows, {minutes} samples in the minute rollups, {batches} in the batch ids; aggregator peak RSS {:.1} MiB",
+        peak as f64 / 1024.0
+    );
+    assert!(
+        [stored, raw, minutes, batches].iter().all(|&n| n == sent),
+        "stored must equal sent"
+    );
+    let bytes = std::fs::metadata(&db).unwrap().len();
+    eprintln!(
+        "  ledger file after a clean stop: {:.1} bytes per stored sample",
+        bytes as f64 / sent as f64
+    );
+}
