@@ -33,7 +33,8 @@ pub struct Limits {
     pub concurrency: usize,
     /// How long one request may take before 408.
     pub request_timeout: Duration,
-    /// Ingest requests in flight at once (reading, decoding, waiting for the commit).
+    /// Ingest requests being read and decoded at once. A batch that has its place in the writer
+    /// queue gives its slot back while it waits for the commit (`queue_samples` bounds those).
     pub ingest_slots: usize,
     /// Of those, the most one token may hold; past it → 429 with Retry-After, so that one
     /// token (a leaked one, or a slow client) cannot take every slot.

@@ -7,7 +7,7 @@
 //! (413); a decode slot, then gzip and JSON within the batch limits (413) and the sample rules
 //! (400 naming the field); the token's node for every series and share (403); the time window
 //! for every series and share (400); room in the writer queue (503 with Retry-After: the exporter
-//! keeps the batch and retries). A batch the store refuses whatever is retried (a per-node limit,
+//! keeps the batch and retries), where the request gives its slot back. A batch the store refuses whatever is retried (a per-node limit,
 //! values it cannot hold) is 422. A batch is acknowledged (200) only once it is committed.
 
 use axum::Json;
@@ -127,7 +127,7 @@ pub async fn ingest(
     if declared_length(&headers).is_some_and(|n| n > limits.max_body_bytes as u64) {
         return Err(reject(RejectReason::TooLarge, None, too_large()));
     }
-    let _slot = app.admission.enter(token).await.map_err(|refused| {
+    let slot = app.admission.enter(token).await.map_err(|refused| {
         reject(
             RejectReason::Throttled,
             None,
@@ -225,6 +225,10 @@ pub async fn ingest(
                 ApiError::unavailable(e.to_string(), 1),
             ),
         })?;
+    // The batch now waits in the writer queue, which bounds it: the slot goes back, so that the
+    // requests waiting for one commit are not limited to the slots and the writer's groups grow
+    // with the senders.
+    drop(slot);
     app.metrics
         .queue_samples
         .set(app.writer.queued_samples() as i64);
