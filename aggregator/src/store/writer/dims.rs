@@ -12,8 +12,8 @@ use super::WriteError;
 
 /// The dimension tables, mirrored in memory so that ids are assigned without a query per series.
 pub(super) struct Dims {
-    pub(super) instances: HashMap<InstanceKey, i32>,
-    pub(super) holders: HashMap<HolderKey, i32>,
+    pub(super) instances: Interned<InstanceKey>,
+    pub(super) holders: Interned<HolderKey>,
     /// Each instance's GPU, as an index into `gpu_members` (GPUs are told apart by UUID).
     pub(super) gpu_of: HashMap<i32, usize>,
     pub(super) gpu_slots: HashMap<String, usize>,
@@ -40,24 +40,96 @@ pub(super) struct InstanceKey {
 
 pub(super) type HolderKey = (Option<String>, Option<String>, Option<String>);
 
+/// Owned keys found from a series' borrowed fields: a hash of the fields picks a bucket and
+/// equality is checked field by field, so a known series costs no allocation (building an owned
+/// key per series, 8 strings, was most of the writer's id assignment).
+#[derive(Debug, PartialEq)]
+pub(super) struct Interned<K> {
+    buckets: HashMap<u64, Vec<(K, i32)>>,
+}
+
+impl<K> Default for Interned<K> {
+    fn default() -> Self {
+        Interned {
+            buckets: HashMap::new(),
+        }
+    }
+}
+
+impl<K> Interned<K> {
+    fn get(&self, hash: u64, is: impl Fn(&K) -> bool) -> Option<i32> {
+        let bucket = self.buckets.get(&hash)?;
+        bucket.iter().find(|(k, _)| is(k)).map(|&(_, id)| id)
+    }
+
+    fn insert(&mut self, hash: u64, key: K, id: i32) {
+        self.buckets.entry(hash).or_default().push((key, id));
+    }
+
+    fn ids(&self) -> impl Iterator<Item = i32> + '_ {
+        self.buckets.values().flatten().map(|&(_, id)| id)
+    }
+}
+
+/// The hash of a key's fields; one process-wide random key, so that keys loaded and keys looked
+/// up hash alike and no sender can choose colliding names.
+fn hash_of(fields: impl std::hash::Hash) -> u64 {
+    use std::hash::BuildHasher;
+    static STATE: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    STATE.get_or_init(Default::default).hash_one(fields)
+}
+
+/// A MIG id or placement as the ledger stores it. Validation bounds them far below i32::MAX
+/// (`MAX_MIG_ID`); saturating keeps an unvalidated id from ever becoming -1, the whole-GPU marker.
+fn small(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
 impl InstanceKey {
+    fn hash(&self) -> u64 {
+        hash_of((
+            &self.node,
+            &self.gpu_uuid,
+            self.gpu_instance_id,
+            &self.gpu_model,
+            self.mig_profile.as_deref(),
+            self.placement_start,
+            self.placement_size,
+        ))
+    }
+
+    fn hash_series(s: &Series) -> u64 {
+        hash_of((
+            &s.node,
+            &s.gpu_uuid,
+            s.gpu_instance_id.map_or(-1, small),
+            &s.gpu_model,
+            s.mig_profile.as_deref(),
+            s.placement_start.map(small),
+            s.placement_size.map(small),
+        ))
+    }
+
+    fn is(&self, s: &Series) -> bool {
+        self.node == s.node
+            && self.gpu_uuid == s.gpu_uuid
+            && self.gpu_instance_id == s.gpu_instance_id.map_or(-1, small)
+            && self.gpu_model == s.gpu_model
+            && self.mig_profile == s.mig_profile
+            && self.placement_start == s.placement_start.map(small)
+            && self.placement_size == s.placement_size.map(small)
+    }
+
     pub(super) fn of(s: &Series) -> InstanceKey {
         InstanceKey {
             node: s.node.clone(),
             gpu_uuid: s.gpu_uuid.clone(),
-            // Validation bounds ids far below i32::MAX (`MAX_MIG_ID`); saturating keeps an
-            // unvalidated id from ever becoming -1, the whole-GPU marker.
-            gpu_instance_id: s
-                .gpu_instance_id
-                .map_or(-1, |g| i32::try_from(g).unwrap_or(i32::MAX)),
+            gpu_instance_id: s.gpu_instance_id.map_or(-1, small),
             gpu_model: s.gpu_model.clone(),
             mig_profile: s.mig_profile.clone(),
-            placement_start: s
-                .placement_start
-                .map(|v| i32::try_from(v).unwrap_or(i32::MAX)),
-            placement_size: s
-                .placement_size
-                .map(|v| i32::try_from(v).unwrap_or(i32::MAX)),
+            placement_start: s.placement_start.map(small),
+            placement_size: s.placement_size.map(small),
         }
     }
 }
@@ -70,9 +142,25 @@ pub(super) fn holder_key(s: &Series) -> HolderKey {
     )
 }
 
+fn holder_hash(key: &HolderKey) -> u64 {
+    hash_of((key.0.as_deref(), key.1.as_deref(), key.2.as_deref()))
+}
+
+fn holder_hash_series(s: &Series) -> u64 {
+    hash_of((
+        s.tenant.as_deref(),
+        s.workload.as_deref(),
+        s.slo_class.map(|c| c.as_str()),
+    ))
+}
+
+fn holder_is(key: &HolderKey, s: &Series) -> bool {
+    key.0 == s.tenant && key.1 == s.workload && key.2.as_deref() == s.slo_class.map(|c| c.as_str())
+}
+
 impl Dims {
     pub(super) fn load(conn: &Connection) -> duckdb::Result<Dims> {
-        let mut instances = HashMap::new();
+        let mut instances = Interned::default();
         let mut stmt = conn.prepare(
             "SELECT instance_id, node, gpu_uuid, gpu_instance_id, gpu_model, mig_profile, placement_start, placement_size FROM instances",
         )?;
@@ -96,9 +184,9 @@ impl Dims {
             let (id, key) = row?;
             gpus.add(id, &key.gpu_uuid);
             *per_node.entry(key.node.clone()).or_default() += 1;
-            instances.insert(key, id);
+            instances.insert(key.hash(), key, id);
         }
-        let mut holders = HashMap::new();
+        let mut holders = Interned::default();
         let mut stmt =
             conn.prepare("SELECT holder_id, tenant, workload, slo_class FROM holders")?;
         let rows = stmt.query_map([], |r| {
@@ -106,11 +194,11 @@ impl Dims {
         })?;
         for row in rows {
             let (id, key) = row?;
-            holders.insert(key, id);
+            holders.insert(holder_hash(&key), key, id);
         }
         Ok(Dims {
-            next_instance: instances.values().copied().max().unwrap_or(0) + 1,
-            next_holder: holders.values().copied().max().unwrap_or(0) + 1,
+            next_instance: instances.ids().max().unwrap_or(0) + 1,
+            next_holder: holders.ids().max().unwrap_or(0) + 1,
             instances,
             holders,
             gpu_of: gpus.gpu_of,
@@ -125,10 +213,11 @@ impl Dims {
     /// The id of `s`'s instance; a new one is assigned in memory and written by [`Dims::flush`].
     /// `None` when a new one would give its node more than `max_per_node` instances.
     pub(super) fn instance_id(&mut self, s: &Series, max_per_node: usize) -> Option<i32> {
-        let key = InstanceKey::of(s);
-        if let Some(&id) = self.instances.get(&key) {
+        let hash = InstanceKey::hash_series(s);
+        if let Some(id) = self.instances.get(hash, |k| k.is(s)) {
             return Some(id);
         }
+        let key = InstanceKey::of(s);
         let count = self.per_node.entry(key.node.clone()).or_default();
         if *count >= max_per_node {
             return None;
@@ -148,20 +237,21 @@ impl Dims {
         self.gpu_of.insert(id, slot);
         self.gpu_members[slot].push(id);
         self.new_instances.push((id, key.clone()));
-        self.instances.insert(key, id);
+        self.instances.insert(hash, key, id);
         Some(id)
     }
 
     /// The id of `s`'s holder; a new one is written by [`Dims::flush`].
     pub(super) fn holder_id(&mut self, s: &Series) -> i32 {
-        let key = holder_key(s);
-        if let Some(&id) = self.holders.get(&key) {
+        let hash = holder_hash_series(s);
+        if let Some(id) = self.holders.get(hash, |k| holder_is(k, s)) {
             return id;
         }
+        let key = holder_key(s);
         let id = self.next_holder;
         self.next_holder += 1;
         self.new_holders.push((id, key.clone()));
-        self.holders.insert(key, id);
+        self.holders.insert(hash, key, id);
         id
     }
 
@@ -199,11 +289,8 @@ impl Dims {
     }
 
     /// The seconds each GPU was observed in, per minute, given the instances' covered masks.
-    pub(super) fn gpu_seen(
-        &self,
-        covered: &HashMap<(i32, i64), u64>,
-    ) -> HashMap<(usize, i64), u64> {
-        let mut gpu_seen: HashMap<(usize, i64), u64> = HashMap::new();
+    pub(super) fn gpu_seen(&self, covered: &Map<(i32, i64), u64>) -> Map<(usize, i64), u64> {
+        let mut gpu_seen: Map<(usize, i64), u64> = Map::default();
         for (&(iid, bucket), &mask) in covered {
             if let Some(&g) = self.gpu_of.get(&iid) {
                 *gpu_seen.entry((g, bucket)).or_insert(0) |= mask;
@@ -320,12 +407,25 @@ mod tests {
         assert_eq!(nobody, 0, "holder 0 is nobody, loaded from the migration");
         assert_eq!(dims.holder_id(&series("GPU-a", Some(8), Some("x"))), x);
         dims.flush(&conn).unwrap();
-        let reloaded = Dims::load(&conn).unwrap();
+        let mut reloaded = Dims::load(&conn).unwrap();
         assert_eq!(
             reloaded.instances, dims.instances,
             "what was flushed loads back"
         );
         assert_eq!(reloaded.next_instance, dims.next_instance);
+        // A key loaded from the table and a series' fields hash alike: the same series finds
+        // the same ids after a restart, and no new row is made.
+        assert_eq!(
+            reloaded.instance_id(&series("GPU-a", Some(7), None), 10),
+            Some(a)
+        );
+        assert_eq!(
+            reloaded.instance_id(&series("GPU-b", None, None), 10),
+            Some(c)
+        );
+        assert_eq!(reloaded.holder_id(&series("GPU-a", Some(8), Some("x"))), x);
+        assert_eq!(reloaded.holder_id(&series("GPU-a", Some(8), None)), nobody);
+        assert!(reloaded.new_instances.is_empty() && reloaded.new_holders.is_empty());
     }
 
     #[test]
