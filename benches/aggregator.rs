@@ -7,7 +7,8 @@
 //! 3. a month's showback for 1,000 GPUs × 7 MIG instances, from the rollups, through the same
 //!    function the API calls;
 //! 4. one hoarding + fragmentation evaluation over the last hour for 10,000 instances;
-//! 5. (`-- history`) a day of the demo's history as minute rows against the same seconds.
+//! 5. (`-- history`) a day of the demo's history as minute rows against the same seconds;
+//! 6. (`-- writer-live`) the writer alone on live 5 s batches from 1,000 known nodes.
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
@@ -76,34 +77,63 @@ fn raw_appender(batches: &[Batch], dir: &std::path::Path, arrow: bool) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-/// The writer alone: every step of ingest but HTTP and decoding.
-fn writer_only(batches: Vec<Batch>, dir: &std::path::Path) -> f64 {
+/// The writer alone: every step of ingest but HTTP and decoding. `warm` is written first, not
+/// timed; then each round's batches are queued at once and all of them awaited before the next
+/// round (one round per 5 s of 1,000 live exporters, each with one batch in flight).
+fn writer_only(
+    warm: Vec<Batch>,
+    rounds: Vec<Vec<Batch>>,
+    dir: &std::path::Path,
+    name: &str,
+) -> f64 {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
-    let (conn, _) = store::open(&dir.join("writer.duckdb")).unwrap();
+    let (conn, _) = store::open(&dir.join(format!("{name}.duckdb"))).unwrap();
     let (writer, thread) = Writer::spawn(conn, 4_000_000, Arc::new(())).unwrap();
-    let n: usize = batches.iter().map(Batch::sample_count).sum();
+    let write = |batches: Vec<Batch>| {
+        rt.block_on(async {
+            let mut pending = Vec::new();
+            for b in batches {
+                let r = writer.reserve(b.sample_count()).await.unwrap();
+                let w = writer.clone();
+                pending.push(tokio::spawn(
+                    async move { w.ingest(b, 0, r).await.unwrap() },
+                ));
+            }
+            for p in pending {
+                p.await.unwrap();
+            }
+        })
+    };
+    write(warm);
+    let n: usize = rounds.iter().flatten().map(Batch::sample_count).sum();
     let start = Instant::now();
-    rt.block_on(async {
-        let mut pending = Vec::new();
-        for b in batches {
-            let r = writer.reserve(b.sample_count()).await.unwrap();
-            let w = writer.clone();
-            pending.push(tokio::spawn(
-                async move { w.ingest(b, 0, r).await.unwrap() },
-            ));
-        }
-        for p in pending {
-            p.await.unwrap();
-        }
-    });
+    for round in rounds {
+        write(round);
+    }
     let rate = n as f64 / start.elapsed().as_secs_f64();
     drop(writer);
     thread.join().unwrap();
     rate
+}
+
+/// `nodes` nodes' live 5 s batches of `seconds` seconds, as (each node's first batch, then rounds
+/// of one batch per node).
+fn live_rounds(nodes: usize, seconds: i64, t0: i64) -> (Vec<Batch>, Vec<Vec<Batch>>) {
+    let per_node: Vec<Vec<Batch>> = (0..nodes)
+        .map(|n| fleet::node_batches(n, seconds, 5, t0, 88172645463325252 + n as u64))
+        .collect();
+    let mut rounds: Vec<Vec<Batch>> = vec![Vec::new(); per_node[0].len()];
+    for node in per_node {
+        for (r, b) in node.into_iter().enumerate() {
+            rounds[r].push(b);
+        }
+    }
+    let warm = rounds.remove(0);
+    (warm, rounds)
 }
 
 /// End to end: `clients` concurrent exporters POST pre-encoded bodies, each with its node's own
@@ -497,6 +527,13 @@ fn main() {
         month_pages(dir.path());
         return;
     }
+    if std::env::args().any(|a| a == "writer-live") {
+        let t0 = chrono::Utc::now().timestamp() - 6 * 3600;
+        let (warm, rounds) = live_rounds(1000, 35, t0);
+        let live = writer_only(warm, rounds, dir.path(), "writer-live");
+        eprintln!("  writer, in process, live batches, 1,000 nodes: {live:.0} samples/s");
+        return;
+    }
     if std::env::args().any(|a| a == "analytics") {
         month_showback(dir.path());
         hour_evaluation(dir.path());
@@ -518,10 +555,16 @@ fn main() {
         "  raw appender row by row, same rows: {rows:.0} samples/s = {:.2}× the baseline",
         rows / base
     );
-    let w = writer_only(big.clone(), dir.path());
+    let w = writer_only(Vec::new(), vec![big.clone()], dir.path(), "writer");
     eprintln!(
         "  writer (dedup + raw + 3 rollups), in process: {w:.0} samples/s = {:.2}× the baseline",
         w / base
+    );
+    let (warm, rounds) = live_rounds(1000, 35, t0 + 7200);
+    let live = writer_only(warm, rounds, dir.path(), "writer-live");
+    eprintln!(
+        "  writer, in process, live 5 s batches of 280 samples: 1,000 nodes known, 6 rounds of one batch per node: {live:.0} samples/s = {:.2}× the baseline",
+        live / base
     );
     let bodies: Vec<Vec<u8>> = big.iter().map(Batch::encode).collect();
     let start = Instant::now();
