@@ -9,6 +9,7 @@ use duckdb::{Connection, params};
 use gpuledger_schema::wire::{Batch, Series};
 
 use super::WriteError;
+use super::rollups::Map;
 
 /// The dimension tables, mirrored in memory so that ids are assigned without a query per series.
 pub(super) struct Dims {

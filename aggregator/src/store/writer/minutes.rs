@@ -10,12 +10,10 @@
 //! send that minute's seconds as samples instead, which are deduplicated one by one. Sending the
 //! same rows again is therefore a no-op.
 
-use std::collections::HashMap;
-
 use gpuledger_schema::Counters;
 use gpuledger_schema::wire::Series;
 
-use super::rollups::{MinuteDelta, covered_masks, fold_gpu_deltas, fold_minute_deltas};
+use super::rollups::{Map, MinuteDelta, covered_masks, fold_gpu_deltas, fold_minute_deltas};
 use super::{WriteError, WriterThread};
 use crate::store::StoreError;
 
@@ -173,8 +171,8 @@ impl WriterThread {
         }
         let mut covered = covered_masks(&tx, lo_t, hi_t, lo_i, hi_i)?;
         let mut gpu_seen = self.dims.gpu_seen(&covered);
-        let mut deltas: HashMap<(i32, i32, i64), MinuteDelta> = HashMap::new();
-        let mut gpu_deltas: HashMap<(i32, i64), (i64, i64)> = HashMap::new();
+        let mut deltas: Map<(i32, i32, i64), MinuteDelta> = Map::default();
+        let mut gpu_deltas: Map<(i32, i64), (i64, i64)> = Map::default();
         let mut newest = None;
         for (i, row) in batch.rows.iter().enumerate() {
             let (iid, hid) = ids[row.entry];

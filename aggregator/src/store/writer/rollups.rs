@@ -3,9 +3,17 @@
 //! hour, day, tenant and GPU rollups and the shares. No input reaches the SQL text: it is built
 //! once from constant parts, and the deltas travel through appenders into scratch tables.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 
+use duckdb::arrow::array::{
+    ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, UInt64Array,
+};
 use duckdb::{Connection, params};
+
+/// The writer's per-group maps, keyed by ids and Unix seconds: FxHash, several times cheaper than
+/// SipHash on small integer keys. (A sender chooses only its timestamps, whose buckets the time
+/// window bounds; ids are assigned here.)
+pub(super) type Map<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// How an existing rollup row absorbs a delta row `d`.
 pub(super) const ROLLUP_MERGE: &str = "
@@ -264,7 +272,7 @@ impl MinuteDelta {
 
 /// Adds (observed GPU-seconds, instance-seconds) of one instance-hour to the group's GPU deltas.
 pub(super) fn add_gpu_counts(
-    deltas: &mut HashMap<(i32, i64), (i64, i64)>,
+    deltas: &mut Map<(i32, i64), (i64, i64)>,
     key: (i32, i64),
     counts: (i64, i64),
 ) {
@@ -289,8 +297,8 @@ pub(super) fn covered_masks(
     hi_t: i64,
     lo_i: i32,
     hi_i: i32,
-) -> duckdb::Result<HashMap<(i32, i64), u64>> {
-    let mut covered = HashMap::new();
+) -> duckdb::Result<Map<(i32, i64), u64>> {
+    let mut covered = Map::default();
     let mut stmt = tx.prepare_cached(COVERED_MASKS)?;
     let rows = stmt.query_map(params![lo_bucket, hi_t, lo_i, hi_i], |r| {
         Ok((
@@ -309,38 +317,16 @@ pub(super) fn covered_masks(
 /// into the minute, hour, day and tenant rollups.
 pub(super) fn fold_minute_deltas(
     tx: &Connection,
-    deltas: &HashMap<(i32, i32, i64), MinuteDelta>,
+    deltas: &Map<(i32, i32, i64), MinuteDelta>,
 ) -> duckdb::Result<()> {
     if deltas.is_empty() {
         return Ok(());
     }
     {
+        // The Arrow path: one columnar chunk per 2,048 rows, not a call per value (a group of
+        // 1,000 live batches brings ~20,000 rows; row by row they took 67 ms, now ~2 ms).
         let mut app = tx.appender("ingest_delta_1m")?;
-        for ((iid, hid, bucket), d) in deltas {
-            app.append_row(params![
-                bucket,
-                iid,
-                hid,
-                d.mask,
-                d.samples,
-                d.sm.n,
-                d.sm.sum,
-                d.sm.min,
-                d.sm.max,
-                d.occupancy.n,
-                d.occupancy.sum,
-                d.tensor.n,
-                d.tensor.sum,
-                d.dram.n,
-                d.dram.sum,
-                d.fb_used_samples,
-                d.fb_used_sum,
-                d.fb_used_max,
-                d.fb_total_max,
-                d.tx_sum,
-                d.rx_sum
-            ])?;
-        }
+        app.append_record_batch(delta_record_batch(deltas)?)?;
         app.flush()?;
     }
     for sql in rollup_statements() {
@@ -349,11 +335,94 @@ pub(super) fn fold_minute_deltas(
     Ok(())
 }
 
+/// The minute deltas as an Arrow record batch in `ingest_delta_1m`'s (`rollup_1m`'s) column
+/// order.
+fn delta_record_batch(deltas: &Map<(i32, i32, i64), MinuteDelta>) -> duckdb::Result<RecordBatch> {
+    let n = deltas.len();
+    let mut keys = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut mask = Vec::with_capacity(n);
+    let mut counts: [Vec<i32>; 6] = Default::default();
+    let mut sums: [Vec<f64>; 4] = Default::default();
+    let mut sm_range = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut bytes: [Vec<u64>; 3] = Default::default();
+    let mut bytes_max = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (&(iid, hid, bucket), d) in deltas {
+        keys.0.push(bucket);
+        keys.1.push(iid);
+        keys.2.push(hid);
+        mask.push(d.mask);
+        for (col, v) in counts.iter_mut().zip([
+            d.samples,
+            d.sm.n,
+            d.occupancy.n,
+            d.tensor.n,
+            d.dram.n,
+            d.fb_used_samples,
+        ]) {
+            col.push(v);
+        }
+        for (col, v) in sums
+            .iter_mut()
+            .zip([d.sm.sum, d.occupancy.sum, d.tensor.sum, d.dram.sum])
+        {
+            col.push(v);
+        }
+        sm_range.0.push(d.sm.min);
+        sm_range.1.push(d.sm.max);
+        for (col, v) in bytes.iter_mut().zip([d.fb_used_sum, d.tx_sum, d.rx_sum]) {
+            col.push(v);
+        }
+        bytes_max.0.push(d.fb_used_max);
+        bytes_max.1.push(d.fb_total_max);
+    }
+    let [samples, sm_n, occ_n, tensor_n, dram_n, fb_n] = counts;
+    let [sm_sum, occ_sum, tensor_sum, dram_sum] = sums;
+    let [fb_sum, tx_sum, rx_sum] = bytes;
+    let i32s = |v: Vec<i32>| Arc::new(Int32Array::from(v)) as ArrayRef;
+    let f64s = |v: Vec<f64>| Arc::new(Float64Array::from(v)) as ArrayRef;
+    let u64s = |v: Vec<u64>| Arc::new(UInt64Array::from(v)) as ArrayRef;
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("bucket", Arc::new(Int64Array::from(keys.0))),
+        ("instance_id", i32s(keys.1)),
+        ("holder_id", i32s(keys.2)),
+        ("seconds_mask", u64s(mask)),
+        ("samples", i32s(samples)),
+        ("sm_active_samples", i32s(sm_n)),
+        ("sm_active_sum", f64s(sm_sum)),
+        ("sm_active_min", Arc::new(Float64Array::from(sm_range.0))),
+        ("sm_active_max", Arc::new(Float64Array::from(sm_range.1))),
+        ("sm_occupancy_samples", i32s(occ_n)),
+        ("sm_occupancy_sum", f64s(occ_sum)),
+        ("tensor_active_samples", i32s(tensor_n)),
+        ("tensor_active_sum", f64s(tensor_sum)),
+        ("dram_active_samples", i32s(dram_n)),
+        ("dram_active_sum", f64s(dram_sum)),
+        ("fb_used_samples", i32s(fb_n)),
+        ("fb_used_bytes_sum", u64s(fb_sum)),
+        (
+            "fb_used_bytes_max",
+            Arc::new(UInt64Array::from(bytes_max.0)),
+        ),
+        (
+            "fb_total_bytes_max",
+            Arc::new(UInt64Array::from(bytes_max.1)),
+        ),
+        ("nvlink_tx_bytes_sum", u64s(tx_sum)),
+        ("nvlink_rx_bytes_sum", u64s(rx_sum)),
+    ];
+    RecordBatch::try_from_iter(columns)
+        .map_err(|e| duckdb::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
 /// Appends the GPU deltas (per instance that brought them, per hour: observed seconds,
 /// instance-seconds) and folds them into `rollup_gpu_1h`.
 pub(super) fn fold_gpu_deltas(
     tx: &Connection,
-    gpu_deltas: &HashMap<(i32, i64), (i64, i64)>,
+    gpu_deltas: &Map<(i32, i64), (i64, i64)>,
 ) -> duckdb::Result<()> {
     if gpu_deltas.is_empty() {
         return Ok(());
