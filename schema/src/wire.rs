@@ -322,8 +322,37 @@ impl Batch {
                 limits.max_samples
             )));
         }
+        // Parsed without tracking the path (most of a parse's cost when it is tracked); a body
+        // that fails is parsed again with the path, to name the field.
+        let batch: Batch = match serde_json::from_slice(json) {
+            Ok(batch) => batch,
+            Err(_) => Batch::parse_naming_the_field(json)?,
+        };
+        if batch.v != VERSION {
+            return Err(WireError::UnknownVersion(batch.v));
+        }
+        let (weight, entries) = (batch.weight(), batch.series.len() + batch.shares.len());
+        if weight > limits.max_samples {
+            return Err(WireError::TooLarge(format!(
+                "the batch holds {weight} samples and share seconds; at most {}",
+                limits.max_samples
+            )));
+        }
+        if entries > limits.max_series {
+            return Err(WireError::TooLarge(format!(
+                "the batch holds {entries} series and shares; at most {}",
+                limits.max_series
+            )));
+        }
+        batch.validate()?;
+        Ok(batch)
+    }
+
+    /// Parses a JSON body that plain parsing refused, to say where: the error names the
+    /// field's path, or says the body is not JSON, or names an unknown wire version.
+    fn parse_naming_the_field(json: &[u8]) -> Result<Batch, WireError> {
         let mut de = serde_json::Deserializer::from_slice(json);
-        let batch: Batch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
             #[derive(Deserialize)]
             struct VersionOnly {
                 v: u32,
@@ -343,25 +372,7 @@ impl Batch {
                 }
                 _ => WireError::Malformed(e.into_inner().to_string()),
             }
-        })?;
-        if batch.v != VERSION {
-            return Err(WireError::UnknownVersion(batch.v));
-        }
-        let (weight, entries) = (batch.weight(), batch.series.len() + batch.shares.len());
-        if weight > limits.max_samples {
-            return Err(WireError::TooLarge(format!(
-                "the batch holds {weight} samples and share seconds; at most {}",
-                limits.max_samples
-            )));
-        }
-        if entries > limits.max_series {
-            return Err(WireError::TooLarge(format!(
-                "the batch holds {entries} series and shares; at most {}",
-                limits.max_series
-            )));
-        }
-        batch.validate()?;
-        Ok(batch)
+        })
     }
 
     /// Checks column lengths and every sample's rules.
