@@ -8,7 +8,8 @@
 //!    function the API calls;
 //! 4. one hoarding + fragmentation evaluation over the last hour for 10,000 instances;
 //! 5. (`-- history`) a day of the demo's history as minute rows against the same seconds;
-//! 6. (`-- writer-live`) the writer alone on live 5 s batches from 1,000 known nodes.
+//! 6. (`-- writer-live`) the writer alone on live 5 s batches from 1,000 known nodes;
+//! 7. (`-- import`) `gpuledger import` of a 2 h trace against DuckDB's `read_csv` of the file.
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
@@ -513,6 +514,84 @@ fn history_day(dir: &std::path::Path) {
     );
 }
 
+/// `gpuledger import` of a simulated trace CSV into a fresh ledger file (the whole command:
+/// parsing, checking every row, dedup, raw rows and rollups), against DuckDB's own `read_csv` of
+/// the same file into a plain table in the same run; `hours` of the built-in fleet.
+fn import_against_read_csv(dir: &std::path::Path, hours: u32) {
+    let bin = env!("CARGO_BIN_EXE_gpuledger");
+    let csv = dir.join("trace.csv");
+    let start = (chrono::Utc::now().timestamp() / 3600 - i64::from(hours) - 1) * 3600;
+    let status = std::process::Command::new(bin)
+        .args([
+            "simulate",
+            "--duration",
+            &format!("{hours}h"),
+            "--start",
+            &start.to_string(),
+        ])
+        .arg("--out")
+        .arg(&csv)
+        .env("RUST_LOG", "error")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let bytes = std::fs::metadata(&csv).unwrap().len();
+    let time = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        f();
+        start.elapsed().as_secs_f64()
+    };
+    let mut rows = 0i64;
+    let mut runs = Vec::new();
+    for run in 0..3 {
+        let db = dir.join(format!("read_csv-{run}.duckdb"));
+        let base = time(&mut || {
+            let conn = duckdb::Connection::open(&db).unwrap();
+            conn.execute_batch(&format!(
+                "CREATE TABLE t AS SELECT * FROM read_csv('{}'); CHECKPOINT;",
+                csv.display()
+            ))
+            .unwrap();
+            rows = conn
+                .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+                .unwrap();
+        });
+        let ledger = dir.join(format!("import-{run}.duckdb"));
+        let import = time(&mut || {
+            let status = std::process::Command::new(bin)
+                .args(["import", "--db"])
+                .arg(&ledger)
+                .arg(&csv)
+                .env("RUST_LOG", "error")
+                .stdout(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success());
+        });
+        runs.push((base, import));
+    }
+    let (base, import) = runs
+        .iter()
+        .copied()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap();
+    // The largest resident set of any child so far: the imports (the simulator's is smaller).
+    // SAFETY: getrusage(2) fills the struct it is given.
+    let peak_kib = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage.ru_maxrss
+    };
+    eprintln!(
+        "import of a {hours} h trace ({rows} rows, {:.1} MB of CSV), best of 3 each:\n  baseline: DuckDB read_csv into a plain table (+ checkpoint): {base:.2} s ({:.0} rows/s)\n  gpuledger import --db (parse, check, dedup, raw + rollups): {import:.2} s ({:.0} rows/s) = {:.2}× the baseline's time; import peak RSS {:.1} MiB",
+        bytes as f64 / 1e6,
+        rows as f64 / base,
+        rows as f64 / import,
+        import / base,
+        peak_kib as f64 / 1024.0
+    );
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!("benches/aggregator.rs: run with `cargo bench --bench aggregator`");
@@ -525,6 +604,10 @@ fn main() {
     }
     if std::env::args().any(|a| a == "pages") {
         month_pages(dir.path());
+        return;
+    }
+    if std::env::args().any(|a| a == "import") {
+        import_against_read_csv(dir.path(), 2);
         return;
     }
     if std::env::args().any(|a| a == "writer-live") {
