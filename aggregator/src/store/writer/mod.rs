@@ -747,4 +747,3 @@ impl WriterThread {
         Ok(outcomes)
     }
 }
-
