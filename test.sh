@@ -42,5 +42,5 @@ if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
   python3 -m pip install -q --disable-pip-version-check kubernetes-validate
 fi
 
-shellcheck test.sh .ci/run deploy/slurm/*.sh
+shellcheck test.sh .ci/run deploy/slurm/*.sh benches/*.sh benches/prometheus/*.sh
 cargo test --workspace --all-targets --locked
