@@ -145,6 +145,8 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         ..ImportReport::default()
     };
     let mut pending = Vec::new();
+    // The first and last second read.
+    let mut span: Option<(i64, i64)> = None;
     for f in &opts.files {
         let mut reader = TraceReader::open(f)?;
         let mut chunk: Vec<Sample> = Vec::with_capacity(CHUNK);
@@ -152,7 +154,11 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
             let next = tokio::task::block_in_place(|| reader.next_sample());
             let end = next.is_none();
             if let Some(s) = next {
-                chunk.push(s?);
+                let s = s?;
+                span = Some(span.map_or((s.timestamp, s.timestamp), |(a, b)| {
+                    (a.min(s.timestamp), b.max(s.timestamp))
+                }));
+                chunk.push(s);
             }
             if chunk.len() == CHUNK || (end && !chunk.is_empty()) {
                 let batch = Batch::from_samples(&chunk[0].instance.node, &chunk);
@@ -194,6 +200,10 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         report.add(o.samples, o.stored, o.duplicate_samples, &bar);
     }
     bar.finish_and_clear();
+    // The imported seconds' raw rows in instance order, as the aggregator leaves a closed hour.
+    if let (Some(writer), Some((first, last))) = (&writer, span) {
+        writer.compact_raw(first.max(raw_cutoff), last + 1).await?;
+    }
     drop(writer);
     if let Some(thread) = thread {
         tokio::task::block_in_place(|| {

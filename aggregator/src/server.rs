@@ -269,11 +269,37 @@ async fn alertmanager_loop(
     }
 }
 
+/// How long after an hour ends its raw rows are rewritten in instance order: batches an exporter
+/// ships late still arrive in it (they are stored either way; later ones stay in arrival order).
+const COMPACT_AFTER: i64 = 10 * 60;
+
 async fn retention_loop(app: AppState) {
     let mut tick = tokio::time::interval(app.config.retention_interval);
+    // Hours before this process started are left as they are (a restart does not rewrite the
+    // whole raw window again).
+    let mut compacted_until = {
+        let now = chrono::Utc::now().timestamp();
+        now - now.rem_euclid(3600)
+    };
     loop {
         tick.tick().await;
         let now = chrono::Utc::now().timestamp();
+        let closed = (now - COMPACT_AFTER) - (now - COMPACT_AFTER).rem_euclid(3600);
+        if closed > compacted_until {
+            match app.writer.compact_raw(compacted_until, closed).await {
+                Ok(rows) => {
+                    compacted_until = closed;
+                    tracing::info!(
+                        rows,
+                        until = closed,
+                        "Raw rows rewritten in instance order."
+                    );
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "Compacting raw rows failed; retried at the next run.")
+                }
+            }
+        }
         match app.writer.apply_retention(now, app.config.retention).await {
             Ok(report) => {
                 for (table, n) in report.deleted {

@@ -14,7 +14,8 @@
 //!
 //! The parts: `dims` (the dimension mirror and GPU index), `raw` (the Arrow columns of raw rows),
 //! `rollups` (the deltas and the SQL that folds them), `minutes` (history as minute rows),
-//! `retention` (what is deleted when); this file holds the handle, the jobs and the write loop.
+//! `retention` (what is deleted when), `compact` (raw rows rewritten in instance order once their
+//! hour is over); this file holds the handle, the jobs and the write loop.
 //!
 //! Memory is bounded by the caller: [`Writer::try_reserve`] hands out queue permits counted in
 //! samples, and a job holds its permit until it has been written.
@@ -29,6 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::{Failure, StoreError};
 
+mod compact;
 mod dims;
 mod minutes;
 mod raw;
@@ -99,6 +101,11 @@ enum Job {
     },
     Probe {
         reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    CompactRaw {
+        from: i64,
+        to: i64,
+        reply: oneshot::Sender<Result<u64, StoreError>>,
     },
     Minutes {
         batch: MinuteBatch,
@@ -325,6 +332,17 @@ impl Writer {
         rx.await.map_err(|_| StoreError::WriterStopped)?
     }
 
+    /// Rewrites the raw rows of the hours from the one holding `from` up to `to` (Unix seconds)
+    /// in instance order, so that they compress ([`compact`](self) says why); resolves to the
+    /// rows rewritten. Answers are unchanged by it.
+    pub async fn compact_raw(&self, from: i64, to: i64) -> Result<u64, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job::CompactRaw { from, to, reply })
+            .map_err(|_| StoreError::WriterStopped)?;
+        rx.await.map_err(|_| StoreError::WriterStopped)?
+    }
+
     /// Deletes what is older than `retention` allows, as of `now` (Unix seconds).
     pub async fn apply_retention(
         &self,
@@ -426,6 +444,9 @@ impl WriterThread {
                     reply,
                 } => {
                     let _ = reply.send(self.retention(now, retention));
+                }
+                Job::CompactRaw { from, to, reply } => {
+                    let _ = reply.send(self.compact_raw(from, to));
                 }
                 Job::Probe { reply } => {
                     let result = self.conn.transaction().and_then(|tx| {
