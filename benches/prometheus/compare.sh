@@ -6,6 +6,15 @@
 #     with the labels a DCGM-exporter + Kubernetes setup carries), backfilled into a Prometheus
 #     TSDB (`promtool tsdb create-blocks-from openmetrics`). Bytes per instance-second of each,
 #     and of the CSV.
+#  1b. Storage at length (-s): the same 8 counters over the last L hours of the trace, for each L
+#     in HOURS_LIST. The ledger is a fresh `gpuledger import --db` of those rows, which applies
+#     the ledger's default retentions (raw samples for 48 h before now, rollups for 400 days):
+#     samples older than now - 48 h go to the rollups only, by design. Prometheus gets the same
+#     rows' OpenMetrics, converted and backfilled 2 h window by 2 h window (promtool beside the
+#     conversion, each window's text deleted after it) into one TSDB for the longest L; each L's
+#     TSDB is a copy of the 2 h blocks of its last L hours. Measured right after promtool and
+#     after a running Prometheus has compacted the blocks. Also a steady-state estimate per
+#     instance-month at the default retentions, from the ledger's per-table bytes.
 #  2. The month question: per-tenant allocated GPU-seconds over the last 2 h, 24 h and DAYS days
 #     of a DAYS-day trace, from `GET /api/v1/showback?group_by=tenant` on a running aggregator and
 #     from `sum by (tenant) (sum_over_time(gpu_allocated_gpu_equivalents[RANGE]))` on a running
@@ -13,15 +22,19 @@
 #     latency of RUNS runs after a warm-up, peak RSS, and a check that both answers equal the
 #     totals computed straight from the CSV.
 #
-# The long trace is simulated one day at a time (the simulator is deterministic: a sub-range is
-# byte-identical to the same seconds of a longer run, which the script checks on the last 2 h);
-# each day's CSV feeds both sides, then is deleted, so disk stays at a few GB.
+# The long traces are simulated one day at a time, ending where the 2 h one ends (the simulator
+# is deterministic: a sub-range is byte-identical to the same seconds of a longer run, which the
+# script checks on the last 2 h); each day's CSV feeds parts 1b and 2, then is deleted, so disk
+# stays at a few GB.
 #
-# Usage: benches/prometheus/compare.sh [-d DAYS] [-r RUNS] [-k] [WORKDIR]
+# Usage: benches/prometheus/compare.sh [-d DAYS] [-r RUNS] [-s HOURS_LIST] [-n] [-k] [WORKDIR]
 #   WORKDIR   where everything goes (default: a new mktemp dir, removed at exit unless -k);
 #             a given WORKDIR is kept; its run/ is recreated, its venv/ reused
 #   -d DAYS   long range in days (default $LONG_DAYS or 7)
 #   -r RUNS   timed runs per query after one warm-up (default $RUNS or 5)
+#   -s HOURS_LIST  trace lengths for part 1b, in hours, even, space-separated, e.g. "24 72"
+#             (default $STORAGE_HOURS or "24"; "" skips part 1b)
+#   -n        skip part 2 (the month question)
 #   -k        keep a mktemp work dir
 # Environment: GPULEDGER_BIN (default $CARGO_TARGET_DIR or ~/.cache/gpuledger-target, release
 # build; copied into the work dir first), PROMETHEUS, PROMTOOL, PYTHON (default python3),
@@ -35,6 +48,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 days="${LONG_DAYS:-7}"
 runs="${RUNS:-5}"
+lengths="${STORAGE_HOURS-24}"
+month=1
 keep=0
 work=""
 
@@ -44,6 +59,8 @@ while [ $# -gt 0 ]; do
     case "$1" in
         -d | --days) days="$2"; shift 2 ;;
         -r | --runs) runs="$2"; shift 2 ;;
+        -s | --storage-hours) lengths="$2"; shift 2 ;;
+        -n | --no-month) month=0; shift ;;
         -k | --keep) keep=1; shift ;;
         -h | --help) usage; exit 0 ;;
         -*) echo "compare.sh: unknown option $1" >&2; exit 2 ;;
@@ -52,6 +69,15 @@ while [ $# -gt 0 ]; do
 done
 [[ "$days" =~ ^[1-9][0-9]*$ ]] || { echo "compare.sh: DAYS must be a positive integer" >&2; exit 2; }
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "compare.sh: RUNS must be a positive integer" >&2; exit 2; }
+lens=()
+for L in $lengths; do
+    if ! [[ "$L" =~ ^[1-9][0-9]*$ ]] || [ $((L % 2)) != 0 ]; then
+        echo "compare.sh: storage lengths must be positive even numbers of hours, not '$L'" >&2
+        exit 2
+    fi
+    lens+=("$L")
+done
+if [ "${#lens[@]}" -gt 0 ]; then mapfile -t lens < <(printf '%s\n' "${lens[@]}" | sort -nu); fi
 
 src_bin="${GPULEDGER_BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/gpuledger-target}/release/gpuledger}"
 prometheus="${PROMETHEUS:-prometheus}"
@@ -102,9 +128,54 @@ free_port() { "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0
 hwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"; }
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 alive() { kill -0 "$1" 2>/dev/null || { echo "compare.sh: $2 exited; see $logs" >&2; exit 1; }; }
+addf() { awk -v a="$1" -v b="$2" 'BEGIN { print a + b }'; }
+used_ports=()
+new_port() { # VAR: a free port not handed out before
+    local np_
+    np_="$(free_port)"
+    while [[ " ${used_ports[*]} " == *" $np_ "* ]]; do np_="$(free_port)"; done
+    used_ports+=("$np_")
+    printf -v "$1" %s "$np_"
+}
+metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m { print $2 }'; }
+start_prom() { # DIR PORT LOGNAME: a Prometheus on DIR with nothing to scrape; its pid in last_pid
+    printf 'global:\n  scrape_interval: 1m\nscrape_configs: []\n' >"$run/prometheus.yml"
+    "$prometheus" --config.file="$run/prometheus.yml" --storage.tsdb.path="$1" \
+        --storage.tsdb.retention.time=100y --web.listen-address="127.0.0.1:$2" \
+        --query.max-samples=2000000000 --query.timeout=30m >"$logs/$3.log" 2>&1 &
+    last_pid=$!
+    pids+=("$last_pid")
+}
+wait_ready() { # PID PORT NAME
+    until curl -sf -o /dev/null "http://127.0.0.1:$2/-/ready"; do
+        alive "$1" "$3"
+        sleep 0.2
+    done
+}
+# Prometheus compacts backfilled 2 h blocks in the background, starting a minute after it
+# starts: wait until it has and is idle again (its steady state).
+wait_compacted() { # PID PORT NAME
+    local waited=0 n a b
+    while :; do
+        n="$(metric "$2" prometheus_tsdb_compactions_triggered_total)"
+        if [ -n "$n" ] && [ "$n" != 0 ]; then break; fi
+        alive "$1" "$3"
+        sleep 2
+        waited=$((waited + 2))
+        [ "$waited" -lt 600 ] || { echo "compare.sh: $3 never started compacting" >&2; exit 1; }
+    done
+    while :; do
+        a="$(cpu_ticks "$1")"
+        sleep 5
+        b="$(cpu_ticks "$1")"
+        [ $((b - a)) -gt 20 ] || break
+    done
+}
 
 put started "$(date +%s)"
 put days "$days"
+put month "$month"
+put storage_lengths "${lens[*]}"
 put runs "$runs"
 put nproc "$(nproc)"
 put loadavg_start "$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' /)"
@@ -176,54 +247,165 @@ put storage_prom_index_bytes "$(du -cb "$run"/prom-2h/*/index | tail -1 | cut -f
 cat "$run"/prom-2h/*/meta.json >"$res/storage_prom_meta.json"
 rm -rf "$run/om-2h"
 
-# ---------------------------------------------------------------- 2. the month question
+# ---------------------------------------------------------------- the long traces, a day at a time
+# Pieces of 24 h ending at $end, as many as parts 1b and 2 need; the oldest is cut to what they
+# need. Each piece feeds part 2 (if inside its DAYS days), then part 1b (if inside the longest L).
 ledger="$run/ledger-long.duckdb"
 promdata="$run/prom-long"
 r2="$((end - 7200)):$end"
 r24="$((end - 86400)):$end"
 rl="$((end - long)):$end"
-sim_s=0 import_s=0 convert_s=0 promtool_s=0
-for ((k = 0; k < days; k++)); do
-    start=$((end - long + k * 86400))
+maxlen=0
+for L in "${lens[@]}"; do
+    if [ "$L" -gt "$maxlen" ]; then maxlen=$L; fi
+done
+span=$((maxlen * 3600))
+if [ "$month" = 1 ] && [ "$long" -gt "$span" ]; then span=$long; fi
+npieces=$(((span + 86399) / 86400))
+sim_s=0 import_s=0 convert_s=0 promtool_s=0 len_sim_s=0 len_convert_s=0
+declare -A len_import_s=() len_pid=() len_port=()
+for L in "${lens[@]}"; do len_import_s[$L]=0; done
+mkdir -p "$res/len"
+for ((k = 0; k < npieces; k++)); do
+    pstart=$((end - (npieces - k) * 86400))
+    pend=$((pstart + 86400))
+    first=$pstart
+    if [ "$first" -lt $((end - span)) ]; then first=$((end - span)); fi
+    in_month=0
+    if [ "$month" = 1 ] && [ "$pstart" -ge $((end - long)) ]; then in_month=1; fi
+    j=$(((pstart - end + long) / 86400)) # the day's index in part 2
     piece="$run/piece.csv"
-    log "long: day $((k + 1))/$days from $(date -u -d "@$start" +%FT%TZ): simulate"
+    log "trace: piece $((k + 1))/$npieces: simulate $(((pend - first) / 3600)) h from $(date -u -d "@$first" +%FT%TZ)"
     t="$EPOCHREALTIME"
-    "$gl" simulate --duration 24h --start "$start" --out "$piece" 2>>"$logs/simulate.log"
-    sim_s="$(awk -v a="$sim_s" -v b="$(since "$t")" 'BEGIN { print a + b }')"
-    if [ "$k" = $((days - 1)) ]; then
-        # The storage trace must be exactly the last 2 h of the long one.
+    "$gl" simulate --duration "$((pend - first))s" --start "$first" --out "$piece" 2>>"$logs/simulate.log"
+    if [ "$in_month" = 1 ]; then
+        sim_s="$(addf "$sim_s" "$(since "$t")")"
+    else
+        len_sim_s="$(addf "$len_sim_s" "$(since "$t")")"
+    fi
+    if [ "$k" = $((npieces - 1)) ]; then
+        # The storage trace must be exactly the last 2 h of the long ones.
         n=$(($(wc -l <"$trace") - 1))
         if cmp -s <(tail -n "$n" "$piece") <(tail -n "$n" "$trace"); then put same_trace yes; else put same_trace NO; fi
         rm -f "$trace"
     fi
-    log "long: day $((k + 1))/$days: gpuledger import"
-    t="$EPOCHREALTIME"
-    "$gl" import --db "$ledger" "$piece" 2>>"$logs/import.log" >>"$logs/import.log"
-    import_s="$(awk -v a="$import_s" -v b="$(since "$t")" 'BEGIN { print a + b }')"
-    log "long: day $((k + 1))/$days: OpenMetrics + promtool"
-    t="$EPOCHREALTIME"
-    "$python" "$here/trace_to_openmetrics.py" alloc "$piece" "$run/om-long" \
-        --tally "$r2" --tally "$r24" --tally "$rl" >"$res/long/day-$k.json"
-    convert_s="$(awk -v a="$convert_s" -v b="$(since "$t")" 'BEGIN { print a + b }')"
-    t="$EPOCHREALTIME"
-    for f in "$run"/om-long/*.om; do
-        "$promtool" tsdb create-blocks-from openmetrics -q "$f" "$promdata" >>"$logs/promtool.log" 2>&1
-        rm -f "$f"
-    done
-    promtool_s="$(awk -v a="$promtool_s" -v b="$(since "$t")" 'BEGIN { print a + b }')"
+    if [ "$in_month" = 1 ]; then
+        log "long: day $((j + 1))/$days: gpuledger import"
+        t="$EPOCHREALTIME"
+        "$gl" import --db "$ledger" "$piece" 2>>"$logs/import.log" >>"$logs/import.log"
+        import_s="$(addf "$import_s" "$(since "$t")")"
+        log "long: day $((j + 1))/$days: OpenMetrics + promtool"
+        t="$EPOCHREALTIME"
+        "$python" "$here/trace_to_openmetrics.py" alloc "$piece" "$run/om-long" \
+            --tally "$r2" --tally "$r24" --tally "$rl" >"$res/long/day-$j.json"
+        convert_s="$(addf "$convert_s" "$(since "$t")")"
+        t="$EPOCHREALTIME"
+        for f in "$run"/om-long/*.om; do
+            "$promtool" tsdb create-blocks-from openmetrics -q "$f" "$promdata" >>"$logs/promtool.log" 2>&1
+            rm -f "$f"
+        done
+        promtool_s="$(addf "$promtool_s" "$(since "$t")")"
+    fi
+    if [ "$maxlen" -gt 0 ] && [ "$pend" -gt $((end - maxlen * 3600)) ]; then
+        for L in "${lens[@]}"; do
+            from=$((end - L * 3600))
+            [ "$from" -lt "$pend" ] || continue
+            src="$piece"
+            if [ "$from" -gt "$first" ]; then
+                src="$run/piece-part.csv"
+                awk -F, -v t="$from" -v c="$(date -u -d "@$from" +%FT%TZ)" \
+                    'NR == 1 || ($1 ~ /^[0-9]+$/ ? $1 + 0 >= t : $1 >= c)' "$piece" >"$src"
+            fi
+            log "length $L h: gpuledger import of $(((pend - (from > first ? from : first)) / 3600)) h"
+            t="$EPOCHREALTIME"
+            "$gl" import --db "$run/len-$L.duckdb" "$src" >>"$logs/import.log" 2>&1
+            len_import_s[$L]="$(addf "${len_import_s[$L]}" "$(since "$t")")"
+            rm -f "$run/piece-part.csv"
+        done
+        lo=$((end - maxlen * 3600))
+        if [ "$lo" -lt "$first" ]; then lo=$first; fi
+        log "lengths: 8 counters -> OpenMetrics -> promtool, $(((pend - lo) / 3600)) h in 2 h windows (promtool beside the conversion)"
+        t="$EPOCHREALTIME"
+        "$python" "$here/trace_to_openmetrics.py" counters "$piece" "$run/om-len" --from "$lo" \
+            --promtool "$promtool" --tsdb "$run/prom-len" >"$res/len/piece-$k.json" 2>>"$logs/promtool.log"
+        len_convert_s="$(addf "$len_convert_s" "$(since "$t")")"
+    fi
     rm -f "$piece"
 done
+rm -f "$trace"
+rmdir "$run/om-long" "$run/om-len" 2>/dev/null || true
+
+# ---------------------------------------------------------------- 1b. storage at length
+if [ "${#lens[@]}" -gt 0 ]; then
+    put len_simulate_s "$len_sim_s"
+    put len_convert_s "$len_convert_s"
+    for L in "${lens[@]}"; do
+        f="$run/len-$L.duckdb"
+        put "len_${L}_import_s" "${len_import_s[$L]}"
+        put "len_${L}_ledger_bytes" "$(stat -c %s "$f")"
+        if [ -e "$f.wal" ]; then put "len_${L}_ledger_wal_bytes" "$(stat -c %s "$f.wal")"; else put "len_${L}_ledger_wal_bytes" 0; fi
+        if [ -n "$duck_py" ] && ! "$duck_py" "$here/ledger_breakdown.py" "$f" >"$res/len/ledger-$L.json" 2>>"$logs/breakdown.log"; then
+            log "length $L h: breakdown failed (see $logs/breakdown.log)"
+            rm -f "$res/len/ledger-$L.json"
+        fi
+        rm -f "$f" "$f.wal"
+        # This length's TSDB: the backfilled 2 h blocks of its last L hours.
+        d="$run/prom-len-$L"
+        mkdir -p "$d"
+        for b in "$run"/prom-len/*/; do
+            mint="$(awk -F'[:,]' '/"minTime"/ { gsub(/[^0-9]/, "", $2); print $2; exit }' "$b/meta.json")"
+            if [ "$mint" -ge $(((end - L * 3600) * 1000)) ]; then cp -a "${b%/}" "$d/"; fi
+        done
+        put "len_${L}_prom_bytes" "$(du -sb "$d" | cut -f1)"
+        put "len_${L}_prom_blocks" "$(find "$d" -mindepth 1 -maxdepth 1 -type d | wc -l)"
+        cat "$d"/*/meta.json >"$res/len/prom-meta-$L.json"
+    done
+    rm -rf "$run/prom-len"
+    # A running Prometheus on each, compacting beside the rest (it starts a minute after start).
+    for L in "${lens[@]}"; do
+        lport=0
+        new_port lport
+        log "length $L h: starting Prometheus on 127.0.0.1:$lport to compact the backfilled blocks"
+        start_prom "$run/prom-len-$L" "$lport" "prometheus-len-$L"
+        len_pid[$L]=$last_pid
+        len_port[$L]=$lport
+    done
+fi
+len_prom_finish() {
+    local L pid port d
+    for L in "${lens[@]}"; do
+        pid="${len_pid[$L]}" port="${len_port[$L]}" d="$run/prom-len-$L"
+        wait_ready "$pid" "$port" "prometheus (length $L h)"
+        log "length $L h: waiting for Prometheus to compact the backfilled blocks"
+        wait_compacted "$pid" "$port" "prometheus (length $L h)"
+        put "len_${L}_prom_compaction_s" "$(metric "$port" prometheus_tsdb_compaction_duration_seconds_sum)"
+        put "len_${L}_prom_compactions" "$(metric "$port" prometheus_tsdb_compactions_total)"
+        put "len_${L}_prom_blocks_compacted" "$(metric "$port" prometheus_tsdb_blocks_loaded)"
+        kill -TERM "$pid"
+        wait "$pid" || true
+        put "len_${L}_prom_bytes_compacted" "$(du -sb --exclude=wal --exclude=chunks_head --exclude=queries.active --exclude=lock "$d" | cut -f1)"
+        rm -rf "$d"
+    done
+}
+if [ "$month" = 0 ]; then
+    len_prom_finish
+    put finished "$(date +%s)"
+    "$python" "$here/report.py" "$res" | tee "$run/report.txt"
+    exit "${PIPESTATUS[0]}"
+fi
+
+# ---------------------------------------------------------------- 2. the month question
 put long_simulate_s "$sim_s"
 put long_import_s "$import_s"
 put long_convert_s "$convert_s"
 put long_promtool_s "$promtool_s"
-rmdir "$run/om-long" 2>/dev/null || true
 put long_ledger_bytes "$(stat -c %s "$ledger")"
 put long_prom_bytes_backfilled "$(du -sb "$promdata" | cut -f1)"
 put long_prom_blocks_backfilled "$(find "$promdata" -mindepth 1 -maxdepth 1 -type d | wc -l)"
 
 token="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
-gport="$(free_port)"
+gport=0
+new_port gport
 log "long: starting the aggregator on 127.0.0.1:$gport"
 t="$EPOCHREALTIME"
 GPULEDGER_ADMIN_TOKEN="$token" "$gl" aggregator --db "$ledger" --listen "127.0.0.1:$gport" \
@@ -245,43 +427,23 @@ for _ in $(seq 20); do
 done
 put gl_evaluate_s "$(since "$t")"
 
-pport="$(free_port)"
-while [ "$pport" = "$gport" ]; do pport="$(free_port)"; done
-printf 'global:\n  scrape_interval: 1m\nscrape_configs: []\n' >"$run/prometheus.yml"
+pport=0
+new_port pport
 log "long: starting Prometheus on 127.0.0.1:$pport"
 t="$EPOCHREALTIME"
-"$prometheus" --config.file="$run/prometheus.yml" --storage.tsdb.path="$promdata" \
-    --storage.tsdb.retention.time=100y --web.listen-address="127.0.0.1:$pport" \
-    --query.max-samples=2000000000 --query.timeout=30m >"$logs/prometheus.log" 2>&1 &
-pid_prom=$!
-pids+=("$pid_prom")
-until curl -sf -o /dev/null "http://127.0.0.1:$pport/-/ready"; do
-    alive "$pid_prom" prometheus
-    sleep 0.2
-done
+start_prom "$promdata" "$pport" prometheus
+pid_prom=$last_pid
+wait_ready "$pid_prom" "$pport" prometheus
 put prom_ready_s "$(since "$t")"
-# Prometheus compacts the backfilled 2 h blocks in the background, starting a minute after it
-# starts: wait until it has and is idle (its steady state), so the queries meet the layout a
-# Prometheus that had held these days would have.
+# Wait for the compaction, so that the queries meet the layout a Prometheus that had held these
+# days would have. (Part 1b's Prometheus servers compact beside it; they stop before the queries.)
 log "long: waiting for Prometheus to compact the backfilled blocks"
-metric() { curl -sf "http://127.0.0.1:$pport/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
-waited=0
-until [ "$(metric prometheus_tsdb_compactions_triggered_total)" != 0 ]; do
-    alive "$pid_prom" prometheus
-    sleep 2
-    waited=$((waited + 2))
-    [ "$waited" -lt 600 ] || { echo "compare.sh: Prometheus never started compacting" >&2; exit 1; }
-done
-while :; do
-    a="$(cpu_ticks "$pid_prom")"
-    sleep 5
-    b="$(cpu_ticks "$pid_prom")"
-    [ $((b - a)) -gt 20 ] || break
-done
-put prom_compaction_s "$(metric prometheus_tsdb_compaction_duration_seconds_sum)"
-put prom_compactions "$(metric prometheus_tsdb_compactions_total)"
-put long_prom_blocks "$(metric prometheus_tsdb_blocks_loaded)"
+wait_compacted "$pid_prom" "$pport" prometheus
+put prom_compaction_s "$(metric "$pport" prometheus_tsdb_compaction_duration_seconds_sum)"
+put prom_compactions "$(metric "$pport" prometheus_tsdb_compactions_total)"
+put long_prom_blocks "$(metric "$pport" prometheus_tsdb_blocks_loaded)"
 put long_prom_bytes "$(du -sb --exclude=wal --exclude=chunks_head "$promdata" | cut -f1)"
+len_prom_finish
 
 # Peak RSS so far (startup, first evaluation / compaction), then reset the mark so that the peak
 # during the queries can be read on its own (clear_refs 5 resets VmHWM).

@@ -43,6 +43,138 @@ def mib(kib):
     return f"{int(kib) / 1024:,.0f} MiB"
 
 
+HOUR, MONTH, RAW_HELD = 3600, 30 * 86400, 48 * 3600
+
+
+def split_tables(bd):
+    """A breakdown's bytes: samples_raw, rollup_1m, the hourly/daily rollups, the rest."""
+    tables = bd["tables"]
+    get = lambda t: tables.get(t, {"rows": 0, "bytes": 0})  # noqa: E731
+    hd = {t: v for t, v in tables.items() if t.startswith("rollup_") and t != "rollup_1m"}
+    rest = sum(v["bytes"] for t, v in tables.items() if t not in hd and t not in ("samples_raw", "rollup_1m"))
+    return get("samples_raw"), get("rollup_1m"), hd, rest + bd["other_bytes"]
+
+
+def storage_at_length(res, kv, p):
+    lens = [int(x) for x in kv.get("storage_lengths", "").split()]
+    if not lens:
+        return
+    end = int(kv["end"])
+    pieces = [json.load(open(path)) for path in glob.glob(os.path.join(res, "len", "piece-*.json"))]
+    lag_h = (int(kv["started"]) - end) / HOUR
+    p(f"1b. STORAGE AT LENGTH: the same 8 counters over the last L hours of the trace (ending {iso(end)}, "
+      f"{lag_h:.1f} h before the run started)")
+    p("   gpuledger: a fresh ledger, `gpuledger import --db` of the L hours (one import per day of trace, each "
+      "checkpoints), at the ledger's")
+    p("   DEFAULT retentions: raw samples for 48 h before now (the import's clock), rollups for 400 days. Samples "
+      "older than now - 48 h")
+    p("   are written to the rollups only: that is the design measured here (the ledger keeps the last 48 h raw, "
+      "then minute, hourly")
+    p("   and daily rollups), while Prometheus keeps every sample. Prometheus: the same rows' OpenMetrics, "
+      "backfilled 2 h window by 2 h")
+    p("   window (promtool) into one TSDB for the longest L; each L's TSDB is the copy of its last L hours' "
+      "2 h blocks; measured right")
+    p("   after promtool (du -sb) and after a running Prometheus 2.42 (retention 100y) compacted them and went "
+      "idle (blocks only).")
+    p(f"   {'L':>4} {'instance-s':>12} {'ledger B':>13} {'B/inst-s':>8} {'Prom backfill B':>15} {'B/inst-s':>8} "
+      f"{'Prom compacted B':>16} {'B/inst-s':>8} {'ledger/Prom':>12}")
+    per = {}
+    for L in lens:
+        lo = end - L * HOUR
+        rows = sum(n for d in pieces for w, n in d["window_rows"].items() if int(w) >= lo)
+        led = int(kv[f"len_{L}_ledger_bytes"]) + int(kv[f"len_{L}_ledger_wal_bytes"])
+        pb = int(kv[f"len_{L}_prom_bytes"])
+        pc = int(kv[f"len_{L}_prom_bytes_compacted"]) if f"len_{L}_prom_bytes_compacted" in kv else None
+        metas = load_json_stream(os.path.join(res, "len", f"prom-meta-{L}.json"))
+        per[L] = dict(rows=rows, led=led, pb=pb, pc=pc, metas=metas)
+        pcs = f"{pc:>16,} {pc / rows:>8.2f}" if pc else f"{'-':>16} {'-':>8}"
+        ratio = f"{led / pb:.2f}" + (f" / {led / pc:.2f}" if pc else "")
+        p(f"   {str(L) + ' h':>4} {rows:>12,} {led:>13,} {led / rows:>8.2f} {pb:>15,} {pb / rows:>8.2f} {pcs} {ratio:>12}")
+    p("   (ledger/Prom: against the backfilled / the compacted TSDB; ledger = DuckDB file after import, WAL counted "
+      "if any)")
+    cpu = sum(d.get("promtool_cpu_s") or 0 for d in pieces)
+    p(f"   ingest (information): simulation beyond part 2's days {float(kv.get('len_simulate_s', 0)):.0f} s; "
+      f"8 counters -> OpenMetrics with promtool beside it {float(kv.get('len_convert_s', 0)):.0f} s "
+      f"(promtool CPU {cpu:.0f} s)")
+    for L in lens:
+        d = per[L]
+        metas = d["metas"]
+        samples = sum(m["stats"]["numSamples"] for m in metas)
+        wal = int(kv[f"len_{L}_ledger_wal_bytes"])
+        extra = ""
+        if d["pc"]:
+            extra = (f"; compacted: {kv.get(f'len_{L}_prom_blocks_compacted', '?')} block(s) after "
+                     f"{kv.get(f'len_{L}_prom_compactions', '?')} compactions "
+                     f"({float(kv.get(f'len_{L}_prom_compaction_s', 0)):.1f} s), {d['pc'] / samples:.2f} B/sample")
+        p(f"   {L} h: Prometheus {len(metas)} block(s), {samples:,} samples, {d['pb'] / samples:.2f} B/sample "
+          f"backfilled{extra}")
+        p(f"   {L} h: ledger WAL {'absent' if wal == 0 else f'{wal:,} B'}; import {float(kv[f'len_{L}_import_s']):.0f} s")
+        path = os.path.join(res, "len", f"ledger-{L}.json")
+        if not os.path.exists(path):
+            p("     (no per-table breakdown: no duckdb Python package of the file's version)")
+            continue
+        bd = json.load(open(path))
+        d["bd"] = bd
+        raw, m1, hd, rest = split_tables(bd)
+        rows = d["rows"]
+        inst = rows / (L * HOUR)
+        hd_b = sum(v["bytes"] for v in hd.values())
+        raw_row = f"{raw['bytes'] / raw['rows']:.2f} B/row" if raw["rows"] else "-"
+        free = bd["free_blocks"] * bd["block_size"]
+        line = lambda name, b, r, what: p(f"     {name:21} {b:>12,} B {b / r:>6.3f} B/inst-s  {what}")  # noqa: E731
+        line("samples_raw", raw["bytes"], rows, f"{raw['rows']:,} rows = {raw['rows'] / rows:.0%} of the instance-seconds "
+             f"(the last {raw['rows'] / inst / HOUR:.1f} h), {raw_row}")
+        line("rollup_1m", m1["bytes"], rows, f"{m1['rows']:,} rows (minute masks included), "
+             f"{m1['bytes'] / rows * 60:.1f} B per instance-minute")
+        line("hourly/daily rollups", hd_b, rows, ", ".join(f"{t} {v['rows']:,}" for t, v in sorted(hd.items())) + " rows")
+        line("rest", rest, rows, f"other tables (dimensions, bookkeeping), metadata, {bd['free_blocks']} free blocks "
+             f"({free:,} B)")
+    # Steady state, from the longest length with a breakdown.
+    best = [L for L in lens if "bd" in per[L]]
+    if not best:
+        p("")
+        return
+    L = best[-1]
+    d = per[L]
+    raw, m1, hd, rest = split_tables(d["bd"])
+    rows = d["rows"]
+    if not raw["rows"]:
+        p("")
+        return
+    r_raw = raw["bytes"] / raw["rows"]
+    r_1m = m1["bytes"] / rows
+    r_hd = sum(v["bytes"] for v in hd.values()) / rows
+    prom_b = d["pc"] or d["pb"]
+    r_prom = prom_b / rows
+    held = r_raw * RAW_HELD
+    month_l = (r_1m + r_hd) * MONTH
+    month_p = r_prom * MONTH
+    mb = lambda b: f"{b / 1e6:.2f} MB"  # noqa: E731
+    p(f"   STEADY STATE per instance, default retentions (estimate from the {L} h ledger's per-table bytes, "
+      f"not measured over months):")
+    p("     ledger(M months of history) = r_raw x 172,800 s (48 h raw, held at any time) + M x (r_1m + r_hd) x 2,592,000 s")
+    p("     Prometheus(M months)        = M x r_prom x 2,592,000 s (the same 8 counters at 1 s, retention >= M months)")
+    p(f"     r_raw = samples_raw B / raw rows = {r_raw:.2f}; r_1m = rollup_1m B / instance-s = {r_1m:.2f}; "
+      f"r_hd = hourly+daily rollups B / instance-s = {r_hd:.3f}")
+    bs = d["bd"]["block_size"]
+    small = [t for t, v in hd.items() if v["bytes"] <= bs]
+    note = (f"r_hd is an upper bound: at {L} h {len(small)} of those {len(hd)} tables fill(s) at most one "
+            f"{bs // 1024} KiB block, counted whole; " if small else "")
+    other = f"; backfilled {d['pb'] / rows:.2f}" if d["pc"] else ""
+    p(f"       ({note}r_prom = {r_prom:.2f} B/instance-s, the {'compacted' if d['pc'] else 'backfilled'} {L} h TSDB{other})")
+    p(f"     ledger: {mb(held)} raw held + {mb(month_l)} per month of history; Prometheus: {mb(month_p)} per month")
+    for m in (1, 12):
+        led = held + m * month_l
+        p(f"     M = {m:>2}: ledger {mb(led):>9}  Prometheus {mb(m * month_p):>9}  ledger/Prometheus {led / (m * month_p):.2f}")
+    p(f"     (not counted: the rest, {rest / inst_count(rows, L):,.0f} B per instance in the {L} h ledger: dimension "
+      f"tables, metadata, free blocks)")
+    p("")
+
+
+def inst_count(rows, L):
+    return rows / (L * HOUR)
+
+
 def main():
     res = sys.argv[1]
     kv = load_kv(os.path.join(res, "kv"))
@@ -60,9 +192,9 @@ def main():
     p("gpuledger vs Prometheus, fed the same simulated trace (benches/prometheus/compare.sh)")
     p(f"  {kv['gpuledger_version'].replace('_', ' ')} (DuckDB {kv.get('duckdb_version') or '?'}), "
       f"Prometheus {kv['prometheus_version']}; {kv['nproc']} CPUs, load avg at start {kv['loadavg_start']}, "
-      f"during queries {kv['loadavg_queries']}")
+      f"during queries {kv.get('loadavg_queries', '-')}")
     p(f"  trace: built-in fleet, 1 s per MIG instance / whole GPU; ends {iso(kv['end'])} (on a 2 h boundary); "
-      f"the 2 h trace is byte-identical to the last 2 h of the {days}-day one: {kv.get('same_trace', '?')}")
+      f"the 2 h trace is byte-identical to the last 2 h of the longer ones: {kv.get('same_trace', '?')}")
     p("")
 
     # ------------------------------------------------------------ storage
@@ -98,6 +230,13 @@ def main():
     p(f"   ingest (information): gpuledger import {f('storage_import_s'):.1f} s; Prometheus: CSV -> OpenMetrics "
       f"{f('storage_convert_s'):.1f} s ({int(kv['storage_om_bytes']):,} B of text) + promtool {f('storage_promtool_s'):.1f} s")
     p("")
+
+    storage_at_length(res, kv, p)
+    if kv.get("month") == "0":
+        p("2. (the month question skipped: -n)")
+        p(f"   total run time {int(kv['finished']) - int(kv['started'])} s")
+        print("\n".join(out))
+        return 0
 
     # ------------------------------------------------------------ month question
     dayfiles = sorted(glob.glob(os.path.join(res, "long", "day-*.json")), key=lambda s: int(s.rsplit("-", 1)[1][:-5]))

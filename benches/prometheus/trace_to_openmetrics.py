@@ -20,12 +20,21 @@ covers [t, t+1)), in seconds.
 --tally FROM:TO (repeatable, Unix seconds) adds per-tenant allocated GPU-seconds over
 [FROM, TO) to the JSON summary printed on stdout. They are kept exact as integer
 slice-seconds (size x 7) and divided by 7 only at the end.
+
+--from T skips the rows before second T (counted as "skipped", not in "rows").
+
+--promtool PROMTOOL --tsdb DIR backfills each window as soon as its file is written:
+`PROMTOOL tsdb create-blocks-from openmetrics -q FILE DIR` runs beside the conversion of the
+next window (one at a time), and the file is deleted once promtool is done, so at most about
+two windows of text are on disk. promtool's output goes to standard error.
 """
 
 import argparse
 import csv
 import json
 import os
+import resource
+import subprocess
 import sys
 from datetime import datetime
 
@@ -65,12 +74,37 @@ def parse_ts(s):
     return int(datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp())
 
 
+class Backfill:
+    """Runs promtool on each finished window file, one at a time, beside the conversion."""
+
+    def __init__(self, promtool, tsdb):
+        self.cmd = [promtool, "tsdb", "create-blocks-from", "openmetrics", "-q"]
+        self.tsdb = tsdb
+        self.proc = None
+        self.path = None
+
+    def submit(self, path):
+        self.wait()
+        self.proc = subprocess.Popen(self.cmd + [path, self.tsdb], stdout=sys.stderr, stderr=sys.stderr)
+        self.path = path
+
+    def wait(self):
+        if self.proc is None:
+            return
+        rc = self.proc.wait()
+        self.proc = None
+        if rc != 0:
+            sys.exit(f"trace_to_openmetrics: promtool exited {rc} on {self.path}")
+        os.remove(self.path)
+
+
 class Writer:
     """Writes one window's families: each family to its own part file, joined at close."""
 
-    def __init__(self, out_dir, families):
+    def __init__(self, out_dir, families, backfill=None):
         self.out_dir = out_dir
         self.families = families
+        self.backfill = backfill
         self.window = None
         self.parts = {}
         self.files = []
@@ -103,6 +137,8 @@ class Writer:
             dst.write(b"# EOF\n")
         self.files.append(out)
         self.window = None
+        if self.backfill is not None:
+            self.backfill.submit(out)
 
 
 def main():
@@ -111,15 +147,23 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("out_dir")
     ap.add_argument("--tally", action="append", default=[], metavar="FROM:TO")
+    ap.add_argument("--from", dest="from_", type=int, default=None, metavar="T")
+    ap.add_argument("--promtool")
+    ap.add_argument("--tsdb")
     a = ap.parse_args()
+    if (a.promtool is None) != (a.tsdb is None):
+        ap.error("--promtool and --tsdb go together")
 
     ranges = [tuple(int(x) for x in r.split(":")) for r in a.tally]
     tallies = [{} for _ in ranges]
     os.makedirs(a.out_dir, exist_ok=True)
 
     families = [m for _, m in COUNTERS] if a.mode == "counters" else [ALLOC]
-    w = Writer(a.out_dir, families)
-    rows = 0
+    backfill = Backfill(a.promtool, a.tsdb) if a.promtool else None
+    w = Writer(a.out_dir, families, backfill)
+    skip_before = a.from_ if a.from_ is not None else -(1 << 62)
+    rows = skipped = 0
+    opens = []  # (window start, rows before it)
     samples = {fam: 0 for fam in families}
     first = last = None
     label_cache = {}
@@ -137,20 +181,25 @@ def main():
         fam_out = None
 
         for row in r:
-            rows += 1
             s = row[i_ts]
             if s == ts_cache[0]:
                 t = ts_cache[1]
             else:
                 t = parse_ts(s)
                 ts_cache = (s, t)
-                if first is None:
-                    first = t
-                last = t
-                win = t - t % WINDOW
-                if win != w.window:
-                    w.open(win)
-                    fam_out = {fam: w.parts[fam][1] for fam in families}
+                if t >= skip_before:
+                    if first is None:
+                        first = t
+                    last = t
+                    win = t - t % WINDOW
+                    if win != w.window:
+                        w.open(win)
+                        fam_out = {fam: w.parts[fam][1] for fam in families}
+                        opens.append((win, rows))
+            if t < skip_before:
+                skipped += 1
+                continue
+            rows += 1
             prof, gi, ten = get(row, i_prof), get(row, i_gi), get(row, i_ten)
             key = (row[i_node], row[i_uuid], row[i_model], prof, gi, ten, get(row, i_wl), get(row, i_slo))
             lab = label_cache.get(key)
@@ -182,9 +231,17 @@ def main():
                     if lo <= t < hi:
                         tally[ten] = tally.get(ten, 0) + n
     w.close()
+    if backfill is not None:
+        backfill.wait()
+    ends = [n for _, n in opens[1:]] + [rows]
+    window_rows = {win: end - n for (win, n), end in zip(opens, ends)}
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # the promtool runs, all waited for
 
     json.dump({
         "rows": rows,
+        "skipped": skipped,
+        "window_rows": {str(k): v for k, v in window_rows.items()},
+        "promtool_cpu_s": ru.ru_utime + ru.ru_stime if backfill is not None else None,
         "first": first,
         "last": last,
         "samples": samples,
