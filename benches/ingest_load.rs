@@ -15,7 +15,9 @@
 //! path, record batches of about a million rows) of the throughput phase's rows into a plain
 //! table of `samples_raw`'s shape. After a
 //! clean stop the ledger is opened and its raw rows, minute rollups and batch ids are counted:
-//! stored must equal sent. Peak RSS is the aggregator's `VmHWM`.
+//! stored must equal sent. Peak RSS is the aggregator's `VmHWM`. Last, the raw rows are rewritten
+//! in instance order, as the aggregator does to each closed hour, and `samples_raw`'s blocks are
+//! counted before and after.
 //!
 //! Run: `cargo bench --bench ingest_load` (release), options after `--`: `--senders 1000`,
 //! `--seconds 60` (per node, throughput phase), `--paced-senders 1250`, `--paced-seconds 30`,
@@ -334,9 +336,36 @@ fn main() {
         [stored, raw, minutes, batches].iter().all(|&n| n == sent),
         "stored must equal sent"
     );
+    let raw_blocks = |conn: &duckdb::Connection| -> u64 {
+        conn.query_row(
+            "SELECT count(DISTINCT block_id) FROM pragma_storage_info('samples_raw') WHERE block_id >= 0",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap() as u64
+    };
+    let before = raw_blocks(&conn);
+    drop(conn);
     let bytes = std::fs::metadata(&db).unwrap().len();
     eprintln!(
-        "  ledger file after a clean stop: {:.1} bytes per stored sample",
-        bytes as f64 / sent as f64
+        "  ledger file after a clean stop: {:.1} bytes per stored sample; samples_raw in arrival order: {before} blocks of 256 KiB = {:.1} bytes per raw row",
+        bytes as f64 / sent as f64,
+        (before * 262_144) as f64 / raw as f64
+    );
+    // What the aggregator does to each closed hour: the raw rows rewritten in instance order.
+    let (conn, _) = gpuledger_aggregator::store::open(&db).unwrap();
+    let (writer, thread) =
+        gpuledger_aggregator::store::Writer::spawn(conn, 1, std::sync::Arc::new(())).unwrap();
+    let rewritten = rt
+        .block_on(writer.compact_raw(t0, chrono::Utc::now().timestamp()))
+        .unwrap();
+    drop(writer);
+    thread.join().unwrap();
+    let conn = duckdb::Connection::open(&db).unwrap();
+    let after = raw_blocks(&conn);
+    eprintln!(
+        "  after the raw rows' rewrite in instance order ({rewritten} rows): samples_raw {after} blocks = {:.1} bytes per raw row ({:.2}× the arrival order's)",
+        (after * 262_144) as f64 / raw as f64,
+        after as f64 / before as f64
     );
 }
