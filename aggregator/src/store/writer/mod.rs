@@ -362,8 +362,8 @@ impl Writer {
 }
 
 /// One series' seconds in one minute, while the pass is in it: the instance's covered seconds,
-/// its GPU's observed seconds and the minute delta, taken from the group's maps at its start and
-/// put back at its end.
+/// its GPU's observed seconds and the minute delta, taken from the group's [`PassMaps`] at its
+/// start and put back at its end.
 struct Run {
     bucket: i64,
     seen: u64,
@@ -371,37 +371,30 @@ struct Run {
     delta: MinuteDelta,
 }
 
-impl Run {
-    fn take(
-        iid: i32,
-        hid: i32,
-        gpu_slot: usize,
-        bucket: i64,
-        covered: &Map<(i32, i64), u64>,
-        gpu_seen: &Map<(usize, i64), u64>,
-        deltas: &mut Map<(i32, i32, i64), MinuteDelta>,
-    ) -> Run {
+/// What the pass keeps per minute for the group: each instance's covered seconds, each GPU's
+/// observed seconds, and the minute deltas per (instance, holder).
+struct PassMaps {
+    covered: Map<(i32, i64), u64>,
+    gpu_seen: Map<(usize, i64), u64>,
+    deltas: Map<(i32, i32, i64), MinuteDelta>,
+}
+
+impl PassMaps {
+    /// The minute `bucket` of the series `(instance, holder, GPU slot)`.
+    fn take(&mut self, (iid, hid, gpu): (i32, i32, usize), bucket: i64) -> Run {
         Run {
             bucket,
-            seen: covered.get(&(iid, bucket)).copied().unwrap_or(0),
-            gpu: gpu_seen.get(&(gpu_slot, bucket)).copied().unwrap_or(0),
-            delta: deltas.remove(&(iid, hid, bucket)).unwrap_or_default(),
+            seen: self.covered.get(&(iid, bucket)).copied().unwrap_or(0),
+            gpu: self.gpu_seen.get(&(gpu, bucket)).copied().unwrap_or(0),
+            delta: self.deltas.remove(&(iid, hid, bucket)).unwrap_or_default(),
         }
     }
 
-    fn put(
-        self,
-        iid: i32,
-        hid: i32,
-        gpu_slot: usize,
-        covered: &mut Map<(i32, i64), u64>,
-        gpu_seen: &mut Map<(usize, i64), u64>,
-        deltas: &mut Map<(i32, i32, i64), MinuteDelta>,
-    ) {
-        covered.insert((iid, self.bucket), self.seen);
-        gpu_seen.insert((gpu_slot, self.bucket), self.gpu);
-        if self.delta.samples > 0 {
-            deltas.insert((iid, hid, self.bucket), self.delta);
+    fn put(&mut self, (iid, hid, gpu): (i32, i32, usize), run: Run) {
+        self.covered.insert((iid, run.bucket), run.seen);
+        self.gpu_seen.insert((gpu, run.bucket), run.gpu);
+        if run.delta.samples > 0 {
+            self.deltas.insert((iid, hid, run.bucket), run.delta);
         }
     }
 }
@@ -653,24 +646,27 @@ impl WriterThread {
                 }
             }
         }
-        let mut covered = if lo_t <= hi_t {
+        let covered = if lo_t <= hi_t {
             covered_masks(&tx, minute_of(lo_t).0, hi_t, lo_i, hi_i)?
         } else {
             Map::default()
         };
-        let mut gpu_seen = self.dims.gpu_seen(&covered);
+        let mut maps = PassMaps {
+            gpu_seen: self.dims.gpu_seen(&covered),
+            covered,
+            deltas: Map::default(),
+        };
         // One pass: keep the first copy of each (instance, second) no mask covers, append it to
         // the raw columns when inside the raw window, sum it into its minute delta, and count the
         // GPU's second as observed if no instance of it had that second yet.
         let mut raw = RawColumns::default();
-        let mut deltas: Map<(i32, i32, i64), MinuteDelta> = Map::default();
         let mut gpu_deltas: Map<(i32, i64), (i64, i64)> = Map::default();
         let mut newest: Option<i64> = None;
         for (k, &i) in new.iter().enumerate() {
             let mut stored = 0u64;
             for (n, (s, &(iid, hid))) in batches[i].0.series.iter().zip(&ids[k].series).enumerate()
             {
-                let gpu_slot = self.dims.gpu_of[&iid];
+                let key = (iid, hid, self.dims.gpu_of[&iid]);
                 // A series' seconds come in runs of one minute (and nearly always one hour): the
                 // maps are read once per run and written back when it ends, not once a second.
                 let mut run: Option<Run> = None;
@@ -683,24 +679,9 @@ impl WriterThread {
                         Some(r) if r.bucket == bucket => r,
                         _ => {
                             if let Some(done) = run.take() {
-                                done.put(
-                                    iid,
-                                    hid,
-                                    gpu_slot,
-                                    &mut covered,
-                                    &mut gpu_seen,
-                                    &mut deltas,
-                                );
+                                maps.put(key, done);
                             }
-                            run.insert(Run::take(
-                                iid,
-                                hid,
-                                gpu_slot,
-                                bucket,
-                                &covered,
-                                &gpu_seen,
-                                &mut deltas,
-                            ))
+                            run.insert(maps.take(key, bucket))
                         }
                     };
                     if r.seen & bit != 0 {
@@ -730,7 +711,7 @@ impl WriterThread {
                     }
                 }
                 if let Some(done) = run.take() {
-                    done.put(iid, hid, gpu_slot, &mut covered, &mut gpu_seen, &mut deltas);
+                    maps.put(key, done);
                 }
                 add_gpu_counts(&mut gpu_deltas, (iid, hour), hour_counts);
             }
@@ -742,7 +723,7 @@ impl WriterThread {
             app.append_record_batch(raw.into_record_batch()?)?;
             app.flush()?;
         }
-        fold_minute_deltas(&tx, &deltas)?;
+        fold_minute_deltas(&tx, &maps.deltas)?;
         fold_gpu_deltas(&tx, &gpu_deltas)?;
         // The batch ids, through an appender (one INSERT of a few hundred rows' placeholders
         // cost ~70 µs a row to parse and bind).
