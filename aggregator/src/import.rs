@@ -4,7 +4,8 @@
 //! All or nothing per run: every file is read and checked in full first (the sample rules, time
 //! order is not required, and the same time window as ingest), and one bad row stops the run
 //! before anything is written, naming `file:line:column`. Importing the same file twice stores
-//! nothing the second time.
+//! nothing the second time. The checking pass keeps what it read, as batches, for imports of up
+//! to [`KEEP_SAMPLES`] samples, so that those files are read once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -84,11 +85,55 @@ pub struct ImportOptions {
     pub progress: bool,
 }
 
-fn check_file(path: &Path, oldest: i64, newest: i64) -> Result<u64, TraceError> {
+/// Samples the checking pass keeps, as batches, so that an import of up to this many reads its
+/// files once (a kept sample costs about 150 bytes); a larger import reads its files a second
+/// time to write them.
+const KEEP_SAMPLES: u64 = 1_000_000;
+
+/// Samples cut into the batches handed on, [`CHUNK`] samples each.
+#[derive(Default)]
+struct Chunker(Vec<Sample>);
+
+impl Chunker {
+    /// Adds a sample; a batch when it completes one.
+    fn push(&mut self, s: Sample) -> Option<Batch> {
+        self.0.push(s);
+        (self.0.len() == CHUNK).then(|| self.take())
+    }
+
+    /// The last, partial batch.
+    fn finish(mut self) -> Option<Batch> {
+        (!self.0.is_empty()).then(|| self.take())
+    }
+
+    fn take(&mut self) -> Batch {
+        let batch = Batch::from_samples(&self.0[0].instance.node, &self.0);
+        self.0.clear();
+        batch
+    }
+}
+
+/// One file, checked.
+struct Checked {
+    samples: u64,
+    /// The first and last second.
+    span: Option<(i64, i64)>,
+    /// Its samples as batches, unless there were more than the checking pass could keep.
+    kept: Option<Vec<Batch>>,
+}
+
+/// Reads and checks one file, keeping its batches if it holds at most `keep` samples.
+fn check_file(path: &Path, oldest: i64, newest: i64, keep: u64) -> Result<Checked, TraceError> {
     let mut reader = TraceReader::open(path)?;
-    let mut n = 0;
+    let mut checked = Checked {
+        samples: 0,
+        span: None,
+        kept: Some(Vec::new()),
+    };
+    let mut chunker = Chunker::default();
     while let Some(sample) = reader.next_sample() {
-        let t = sample?.timestamp;
+        let sample = sample?;
+        let t = sample.timestamp;
         if t < oldest {
             return Err(reader.error_at(
                 "timestamp",
@@ -103,9 +148,78 @@ fn check_file(path: &Path, oldest: i64, newest: i64) -> Result<u64, TraceError> 
                 format!("{t} is in the future (newest accepted: {newest})"),
             ));
         }
-        n += 1;
+        checked.samples += 1;
+        checked.span = Some(checked.span.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
+        if checked.samples > keep {
+            checked.kept = None;
+        }
+        if let Some(kept) = &mut checked.kept {
+            kept.extend(chunker.push(sample));
+        }
     }
-    Ok(n)
+    if let Some(kept) = &mut checked.kept {
+        kept.extend(chunker.finish());
+    }
+    Ok(checked)
+}
+
+/// Where checked batches go, and what became of them.
+struct Sink {
+    target: Target,
+    writer: Option<Writer>,
+    client: reqwest::Client,
+    raw_cutoff: i64,
+    /// Batches handed to the writer, in order.
+    pending: Vec<tokio::task::JoinHandle<Result<store::IngestOutcome, StoreError>>>,
+    report: ImportReport,
+    bar: indicatif::ProgressBar,
+}
+
+impl Sink {
+    async fn send(&mut self, batch: Batch) -> Result<(), ImportError> {
+        match (&self.writer, &self.target) {
+            (None, Target::Aggregator { url, token }) => {
+                let o = post(&self.client, url, token, &batch).await?;
+                self.report
+                    .add(o.samples, o.stored, o.duplicate_samples, &self.bar);
+            }
+            (Some(writer), _) => {
+                let reservation = writer
+                    .reserve(batch.sample_count())
+                    .await
+                    .map_err(|e| StoreError::Io(e.to_string()))?;
+                let (w, raw_cutoff) = (writer.clone(), self.raw_cutoff);
+                self.pending.push(tokio::spawn(async move {
+                    w.ingest(batch, raw_cutoff, reservation).await
+                }));
+            }
+            (None, Target::Ledger(_)) => unreachable!("a ledger target has a writer"),
+        }
+        // Results are collected in order as they complete; the queue bounds memory.
+        while self.pending.first().is_some_and(|h| h.is_finished()) {
+            let h = self.pending.remove(0);
+            self.collect(h).await?;
+        }
+        Ok(())
+    }
+
+    async fn collect(
+        &mut self,
+        h: tokio::task::JoinHandle<Result<store::IngestOutcome, StoreError>>,
+    ) -> Result<(), ImportError> {
+        let o = h.await.map_err(|e| StoreError::Io(e.to_string()))??;
+        self.report
+            .add(o.samples, o.stored, o.duplicate_samples, &self.bar);
+        Ok(())
+    }
+
+    /// Waits for every batch handed to the writer.
+    async fn drain(&mut self) -> Result<(), ImportError> {
+        for h in std::mem::take(&mut self.pending) {
+            self.collect(h).await?;
+        }
+        Ok(())
+    }
 }
 
 /// Runs an import.
@@ -115,10 +229,21 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         now - opts.retention.rollup_secs,
         now + opts.max_future_skew_secs,
     );
-    let mut total = 0;
+    let mut checked = Vec::with_capacity(opts.files.len());
+    let mut keep = KEEP_SAMPLES;
     for f in &opts.files {
-        total += tokio::task::block_in_place(|| check_file(f, oldest, newest))?;
+        let c = tokio::task::block_in_place(|| check_file(f, oldest, newest, keep))?;
+        if c.kept.is_some() {
+            keep -= c.samples;
+        }
+        checked.push(c);
     }
+    let total = checked.iter().map(|c| c.samples).sum();
+    // The first and last second read.
+    let span = checked
+        .iter()
+        .filter_map(|c| c.span)
+        .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)));
     let (writer, thread) = match &opts.target {
         Target::Ledger(db) => {
             let (conn, _) = tokio::task::block_in_place(|| store::open(db))?;
@@ -127,7 +252,6 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         }
         Target::Aggregator { .. } => (None, None),
     };
-    let client = reqwest::Client::new();
     let bar = if opts.progress {
         indicatif::ProgressBar::new(total)
     } else {
@@ -140,77 +264,49 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         .expect("a valid template"),
     );
     let raw_cutoff = now - opts.retention.raw_secs;
-    let mut report = ImportReport {
-        files: opts.files.len(),
-        ..ImportReport::default()
+    let mut sink = Sink {
+        target: opts.target.clone(),
+        writer,
+        client: reqwest::Client::new(),
+        raw_cutoff,
+        pending: Vec::new(),
+        report: ImportReport {
+            files: opts.files.len(),
+            ..ImportReport::default()
+        },
+        bar,
     };
-    let mut pending = Vec::new();
-    // The first and last second read.
-    let mut span: Option<(i64, i64)> = None;
-    for f in &opts.files {
+    for (f, c) in opts.files.iter().zip(checked) {
+        if let Some(batches) = c.kept {
+            for batch in batches {
+                sink.send(batch).await?;
+            }
+            continue;
+        }
         let mut reader = TraceReader::open(f)?;
-        let mut chunk: Vec<Sample> = Vec::with_capacity(CHUNK);
-        loop {
-            let next = tokio::task::block_in_place(|| reader.next_sample());
-            let end = next.is_none();
-            if let Some(s) = next {
-                let s = s?;
-                span = Some(span.map_or((s.timestamp, s.timestamp), |(a, b)| {
-                    (a.min(s.timestamp), b.max(s.timestamp))
-                }));
-                chunk.push(s);
-            }
-            if chunk.len() == CHUNK || (end && !chunk.is_empty()) {
-                let batch = Batch::from_samples(&chunk[0].instance.node, &chunk);
-                let n = chunk.len();
-                chunk.clear();
-                match (&writer, &opts.target) {
-                    (None, Target::Aggregator { url, token }) => {
-                        let o = post(&client, url, token, &batch).await?;
-                        report.add(o.samples, o.stored, o.duplicate_samples, &bar);
-                    }
-                    (Some(writer), _) => {
-                        let reservation = writer
-                            .reserve(n)
-                            .await
-                            .map_err(|e| StoreError::Io(e.to_string()))?;
-                        let w = writer.clone();
-                        pending.push(tokio::spawn(async move {
-                            w.ingest(batch, raw_cutoff, reservation).await
-                        }));
-                    }
-                    (None, Target::Ledger(_)) => unreachable!("a ledger target has a writer"),
-                }
-                // Results are collected in order as they complete; the queue bounds memory.
-                while pending.first().is_some_and(|h| h.is_finished()) {
-                    let o = pending
-                        .remove(0)
-                        .await
-                        .map_err(|e| StoreError::Io(e.to_string()))??;
-                    report.add(o.samples, o.stored, o.duplicate_samples, &bar);
-                }
-            }
-            if end {
-                break;
+        let mut chunker = Chunker::default();
+        while let Some(s) = tokio::task::block_in_place(|| reader.next_sample()) {
+            if let Some(batch) = chunker.push(s?) {
+                sink.send(batch).await?;
             }
         }
+        if let Some(batch) = chunker.finish() {
+            sink.send(batch).await?;
+        }
     }
-    for h in pending {
-        let o = h.await.map_err(|e| StoreError::Io(e.to_string()))??;
-        report.add(o.samples, o.stored, o.duplicate_samples, &bar);
-    }
-    bar.finish_and_clear();
+    sink.drain().await?;
+    sink.bar.finish_and_clear();
     // The imported seconds' raw rows in instance order, as the aggregator leaves a closed hour.
-    if let (Some(writer), Some((first, last))) = (&writer, span) {
+    if let (Some(writer), Some((first, last))) = (&sink.writer, span) {
         writer.compact_raw(first.max(raw_cutoff), last + 1).await?;
     }
-    drop(writer);
+    drop(sink.writer);
     if let Some(thread) = thread {
         tokio::task::block_in_place(|| {
             let _ = thread.join();
         });
     }
-    Ok(report)
+    Ok(sink.report)
 }
 
 /// What the aggregator says of a batch (`api::ingest::IngestResponse`'s counts).
