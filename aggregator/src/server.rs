@@ -98,7 +98,6 @@ pub async fn run_with(
         conn,
         config.limits.queue_samples,
         config.limits.max_instances_per_node,
-        crate::store::FoldPolicy::default(),
         metrics.clone(),
     )?;
     tracing::info!(listen = %config.listen, "The aggregator is listening.");

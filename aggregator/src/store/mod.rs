@@ -11,9 +11,7 @@ use std::path::Path;
 use duckdb::{Config, Connection, params};
 use gpuledger_schema::migrations::{LATEST, MIGRATIONS};
 
-pub use writer::{
-    FoldPolicy, IngestOutcome, QueueError, Reservation, Retention, RetentionReport, Writer,
-};
+pub use writer::{IngestOutcome, QueueError, Reservation, Retention, RetentionReport, Writer};
 
 /// Why the ledger cannot be opened.
 #[derive(Debug, thiserror::Error)]

@@ -115,7 +115,7 @@ impl WriterThread {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use std::sync::Arc;
 
     use gpuledger_schema::wire::Batch;
@@ -125,7 +125,7 @@ pub(super) mod tests {
 
     /// `instances` whole GPUs on one node, seconds `from..to`, shipped as live 5 s batches: each
     /// batch holds every instance's five seconds, so the raw rows interleave the instances.
-    pub(in crate::store::writer) fn live_batches(instances: u32, from: i64, to: i64) -> Vec<Batch> {
+    fn live_batches(instances: u32, from: i64, to: i64) -> Vec<Batch> {
         (from..to)
             .step_by(5)
             .map(|start| {

@@ -13,9 +13,7 @@
 use gpuledger_schema::Counters;
 use gpuledger_schema::wire::Series;
 
-use super::rollups::{
-    Map, MinuteDelta, covered_masks, fold_staged, stage_gpu_deltas, stage_minute_deltas,
-};
+use super::rollups::{Map, MinuteDelta, covered_masks, fold_gpu_deltas, fold_minute_deltas};
 use super::{WriteError, WriterThread};
 use crate::store::StoreError;
 
@@ -206,13 +204,9 @@ impl WriterThread {
             outcome.stored_seconds += u64::from(row.mask.count_ones());
             newest = newest.max(Some(row.bucket + 63 - i64::from(row.mask.leading_zeros())));
         }
-        // Minute rows come from history imports, not live exporters: they are folded at once,
-        // with whatever live groups had staged.
-        stage_minute_deltas(&tx, &deltas)?;
-        stage_gpu_deltas(&tx, &gpu_deltas)?;
-        fold_staged(&tx)?;
+        fold_minute_deltas(&tx, &deltas)?;
+        fold_gpu_deltas(&tx, &gpu_deltas)?;
         tx.commit()?;
-        self.staged.folded();
         if let Some(newest) = newest {
             self.observer.newest_sample(newest);
         }

@@ -7,15 +7,14 @@
 //! every (instance, second) that no mask covers, appends those inside the raw window to
 //! `samples_raw` with DuckDB's appender on its Arrow path (column arrays, not a call per value;
 //! `benches/aggregator.rs` measures both), and sums them per (instance, holder, minute). The
-//! minute sums are staged in `ingest_delta_1m`, and a fixed SQL pipeline folds them into the
-//! minute, hour and tenant rollups: in the same transaction when no batch waits behind the group,
-//! else within a few seconds ([`FoldPolicy`], in `fold`). The batch ids are recorded in the same transaction, so a batch is stored
+//! minute sums go to `ingest_delta_1m`, and a fixed SQL pipeline folds them into the minute, hour
+//! and tenant rollups. The batch ids are recorded in the same transaction, so a batch is stored
 //! entirely or not at all, and it is acknowledged only after the commit. If a group fails, its
 //! batches are retried one by one so that one bad batch cannot hold back the others.
 //!
 //! The parts: `dims` (the dimension mirror and GPU index), `raw` (the Arrow columns of raw rows),
 //! `rollups` (the deltas and the SQL that folds them), `minutes` (history as minute rows),
-//! `fold` (when staged deltas reach the rollups), `retention` (what is deleted when), `compact` (raw rows rewritten in instance order once their
+//! `retention` (what is deleted when), `compact` (raw rows rewritten in instance order once their
 //! hour is over); this file holds the handle, the jobs and the write loop.
 //!
 //! Memory is bounded by the caller: [`Writer::try_reserve`] hands out queue permits counted in
@@ -33,20 +32,17 @@ use super::{Failure, StoreError};
 
 mod compact;
 mod dims;
-mod fold;
 mod minutes;
 mod raw;
 mod retention;
 mod rollups;
 
 use dims::Dims;
-pub use fold::FoldPolicy;
-use fold::Staged;
 pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
 pub use raw::RawColumns;
 use rollups::{
-    Map, MinuteDelta, SHARES_ROLLUP, add_gpu_counts, covered_masks, fold_staged, minute_of,
-    stage_gpu_deltas, stage_minute_deltas, staged_rows,
+    Map, MinuteDelta, SHARES_ROLLUP, add_gpu_counts, covered_masks, fold_gpu_deltas,
+    fold_minute_deltas, minute_of,
 };
 
 /// What became of a batch.
@@ -114,9 +110,6 @@ enum Job {
     Minutes {
         batch: MinuteBatch,
         reply: oneshot::Sender<Result<MinutesOutcome, StoreError>>,
-    },
-    Fold {
-        reply: oneshot::Sender<Result<(), StoreError>>,
     },
 }
 
@@ -187,34 +180,18 @@ impl Writer {
         queue_samples: usize,
         observer: Arc<dyn WriteObserver>,
     ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
-        Writer::spawn_limited(
-            conn,
-            queue_samples,
-            usize::MAX,
-            FoldPolicy::default(),
-            observer,
-        )
+        Writer::spawn_limited(conn, queue_samples, usize::MAX, observer)
     }
 
     /// [`Writer::spawn`], refusing (as [`StoreError::Rejected`]) a batch that would give one node
-    /// more than `max_instances_per_node` instances in the ledger, and folding staged deltas as
-    /// `fold` says. Deltas a crash left staged are folded before it returns.
+    /// more than `max_instances_per_node` instances in the ledger.
     pub fn spawn_limited(
-        mut conn: Connection,
+        conn: Connection,
         queue_samples: usize,
         max_instances_per_node: usize,
-        fold: FoldPolicy,
         observer: Arc<dyn WriteObserver>,
     ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
         let dims = Dims::load(&conn).map_err(StoreError::from_db)?;
-        let mut staged = Staged::found(staged_rows(&conn).map_err(StoreError::from_db)?);
-        if !staged.is_empty() {
-            let tx = conn.transaction().map_err(StoreError::from_db)?;
-            fold_staged(&tx)
-                .and_then(|()| tx.commit())
-                .map_err(StoreError::from_db)?;
-            staged.folded();
-        }
         let (tx, rx) = mpsc::unbounded_channel();
         let capacity = queue_samples.clamp(1, Semaphore::MAX_PERMITS);
         let thread = std::thread::Builder::new()
@@ -225,8 +202,6 @@ impl Writer {
                     dims,
                     observer,
                     max_instances_per_node,
-                    fold,
-                    staged,
                 }
                 .run(rx)
             })
@@ -347,16 +322,6 @@ impl Writer {
         rx.await.map_err(|_| StoreError::WriterStopped)?
     }
 
-    /// Folds whatever is staged into the rollups now, and resolves once that is committed: from
-    /// then on the rollups hold every batch acknowledged before the call.
-    pub async fn fold_rollups(&self) -> Result<(), StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Job::Fold { reply })
-            .map_err(|_| StoreError::WriterStopped)?;
-        rx.await.map_err(|_| StoreError::WriterStopped)?
-    }
-
     /// Commits a one-row update on the writer's connection, in turn with the ingest groups: `Ok`
     /// means a commit reached the disk just now.
     pub async fn probe(&self) -> Result<(), StoreError> {
@@ -439,8 +404,6 @@ struct WriterThread {
     dims: Dims,
     observer: Arc<dyn WriteObserver>,
     max_instances_per_node: usize,
-    fold: FoldPolicy,
-    staged: Staged,
 }
 
 /// Why a write failed: DuckDB, or a batch the ledger refuses.
@@ -467,18 +430,6 @@ impl WriterThread {
                     None => break,
                 },
             };
-            // Every job but ingest and a probe sees (and retention, compaction and analytics
-            // writes act on) rollups that hold every acknowledged batch.
-            if !matches!(job, Job::Ingest(_) | Job::Probe { .. }) {
-                let folded = self.fold_now();
-                if let Job::Fold { reply } = job {
-                    let _ = reply.send(folded);
-                    continue;
-                }
-                if let Err(e) = folded {
-                    tracing::warn!(error = %e, "Cannot fold the staged rollup deltas; they stay staged.");
-                }
-            }
             match job {
                 Job::Retention {
                     now,
@@ -508,7 +459,6 @@ impl WriterThread {
                     }
                     let _ = reply.send(result);
                 }
-                Job::Fold { .. } => unreachable!("answered above"),
                 Job::Apply { write, reply } => {
                     let result = self.conn.transaction().and_then(|tx| {
                         write(&tx)?;
@@ -532,37 +482,19 @@ impl WriterThread {
                             Err(_) => break,
                         }
                     }
-                    self.ingest_group(group, &rx);
+                    self.ingest_group(group);
                 }
             }
-        }
-        if let Err(e) = self.fold_now() {
-            tracing::error!(error = %e, "Cannot fold the staged rollup deltas at stop; the next start folds them.");
         }
         tracing::info!("The writer thread stopped: every queued batch was written.");
     }
 
-    /// Folds what is staged, in its own transaction.
-    fn fold_now(&mut self) -> Result<(), StoreError> {
-        if self.staged.is_empty() {
-            return Ok(());
-        }
-        let tx = self.conn.transaction().map_err(StoreError::from_db)?;
-        fold_staged(&tx)
-            .and_then(|()| tx.commit())
-            .map_err(StoreError::from_db)?;
-        self.staged.folded();
-        Ok(())
-    }
-
-    /// Writes a group; `queue` tells whether batches wait behind it (see [`FoldPolicy`]).
-    fn ingest_group(&mut self, group: Vec<IngestJob>, queue: &mpsc::UnboundedReceiver<Job>) {
-        let busy = || !queue.is_empty();
+    fn ingest_group(&mut self, group: Vec<IngestJob>) {
         // One span per transaction; the ingest requests it commits are their own spans.
         let _span = tracing::info_span!("writer.commit", batches = group.len()).entered();
         let started = Instant::now();
         let batches: Vec<(&Batch, i64)> = group.iter().map(|j| (&j.batch, j.raw_cutoff)).collect();
-        match self.write(&batches, &busy) {
+        match self.write(&batches) {
             Ok(outcomes) => {
                 self.observer
                     .committed(group.len(), started.elapsed().as_secs_f64());
@@ -578,7 +510,7 @@ impl WriterThread {
                 );
                 for job in group {
                     let started = Instant::now();
-                    let result = self.write(&[(&job.batch, job.raw_cutoff)], &busy);
+                    let result = self.write(&[(&job.batch, job.raw_cutoff)]);
                     if result.is_ok() {
                         self.observer.committed(1, started.elapsed().as_secs_f64());
                     }
@@ -595,12 +527,8 @@ impl WriterThread {
     /// dimension mirror is reloaded from the database. A single batch that fails on its values
     /// ([`Failure::Data`]) is [`StoreError::Rejected`]: the same bytes would fail the same way
     /// on every retry, so retrying it would only hold back what its node sends next.
-    fn write(
-        &mut self,
-        batches: &[(&Batch, i64)],
-        busy: &dyn Fn() -> bool,
-    ) -> Result<Vec<IngestOutcome>, StoreError> {
-        let result = self.try_write(batches, busy);
+    fn write(&mut self, batches: &[(&Batch, i64)]) -> Result<Vec<IngestOutcome>, StoreError> {
+        let result = self.try_write(batches);
         if result.is_err() {
             self.reload_dims();
         }
@@ -625,11 +553,7 @@ impl WriterThread {
         }
     }
 
-    fn try_write(
-        &mut self,
-        batches: &[(&Batch, i64)],
-        busy: &dyn Fn() -> bool,
-    ) -> Result<Vec<IngestOutcome>, WriteError> {
+    fn try_write(&mut self, batches: &[(&Batch, i64)]) -> Result<Vec<IngestOutcome>, WriteError> {
         let tx = self.conn.transaction()?;
         let mut outcomes = Vec::with_capacity(batches.len());
         // Which batches are new: not stored before, not repeated within this group. One query for
@@ -799,13 +723,8 @@ impl WriterThread {
             app.append_record_batch(raw.into_record_batch()?)?;
             app.flush()?;
         }
-        stage_minute_deltas(&tx, &maps.deltas)?;
-        stage_gpu_deltas(&tx, &gpu_deltas)?;
-        let staged = maps.deltas.len() + gpu_deltas.len();
-        let fold = self.staged.fold_due(&self.fold, staged, busy());
-        if fold {
-            fold_staged(&tx)?;
-        }
+        fold_minute_deltas(&tx, &maps.deltas)?;
+        fold_gpu_deltas(&tx, &gpu_deltas)?;
         // The batch ids, through an appender (one INSERT of a few hundred rows' placeholders
         // cost ~70 µs a row to parse and bind).
         let now = chrono::Utc::now().timestamp();
@@ -824,11 +743,6 @@ impl WriterThread {
         app.flush()?;
         drop(app);
         tx.commit()?;
-        if fold {
-            self.staged.folded();
-        } else {
-            self.staged.added(staged);
-        }
         if let Some(newest) = newest {
             self.observer.newest_sample(newest);
         }

@@ -35,12 +35,9 @@ pub(super) const ROLLUP_MERGE: &str = "
     nvlink_tx_bytes_sum = r.nvlink_tx_bytes_sum + d.nvlink_tx_bytes_sum,
     nvlink_rx_bytes_sum = r.nvlink_rx_bytes_sum + d.nvlink_rx_bytes_sum";
 
-/// The staged minute deltas summed per (`bucket`, instance, holder), `bucket` being an expression
-/// of the minute's start: the minute rows themselves (several groups may have staged deltas of
-/// one minute before a fold; see [`FoldPolicy`](super::FoldPolicy)), or their hour.
-fn delta_sums(bucket: &str, mask: &str) -> String {
-    format!(
-        "SELECT {bucket} AS bucket, instance_id, holder_id, {mask}
+/// The hour deltas, derived from the minute deltas.
+pub(super) const DELTA_1H: &str = "
+    SELECT bucket - bucket % 3600 AS bucket, instance_id, holder_id,
            sum(samples)::INTEGER AS samples,
            sum(sm_active_samples)::INTEGER AS sm_active_samples,
            sum(sm_active_sum) AS sm_active_sum,
@@ -58,9 +55,7 @@ fn delta_sums(bucket: &str, mask: &str) -> String {
            max(fb_total_bytes_max) AS fb_total_bytes_max,
            sum(nvlink_tx_bytes_sum)::UBIGINT AS nvlink_tx_bytes_sum,
            sum(nvlink_rx_bytes_sum)::UBIGINT AS nvlink_rx_bytes_sum
-         FROM ingest_delta_1m GROUP BY ALL"
-    )
-}
+    FROM ingest_delta_1m GROUP BY ALL";
 
 /// The per-allocation day deltas, derived from the minute deltas.
 pub(super) const DELTA_ALLOC_1D: &str = "
@@ -80,13 +75,12 @@ pub(super) const DELTA_TENANT: &str = "
     FROM ingest_delta_1m d JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
     GROUP BY ALL";
 
-/// The statements that fold the staged minute deltas (`ingest_delta_1m`, computed by the writer
-/// from the fresh samples of one or more groups) into the rollups, in order: one MERGE per rollup
-/// (update the rows that exist, insert those that do not), then the staging emptied. Built once
-/// from constant parts (no input reaches them). Each source is the deltas summed per target row,
-/// so a minute staged by several groups is one row; the hour and tenant deltas have 60 times
-/// fewer rows than the samples. Each MERGE matches only target rows inside the staged bucket
-/// range, so that it scans only the buckets it can touch.
+/// The statements that fold the group's minute deltas (`ingest_delta_1m`, computed by the writer
+/// from the fresh samples) into the three rollups, in order: one MERGE per rollup (update the
+/// rows that exist, insert those that do not). Built once from constant parts (no input reaches
+/// them). The hour and tenant deltas are derived from the minute deltas, 60 times fewer rows than
+/// the samples. Each MERGE matches only target rows inside the group's bucket range, so that it
+/// scans only the buckets it can touch.
 pub(super) fn rollup_statements() -> &'static [String] {
     static STATEMENTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     STATEMENTS.get_or_init(|| {
@@ -100,19 +94,17 @@ pub(super) fn rollup_statements() -> &'static [String] {
             "r.bucket = d.bucket AND r.instance_id = d.instance_id AND r.holder_id = d.holder_id";
         vec![
             format!(
-                "MERGE INTO rollup_1m AS r USING ({}) AS d
+                "MERGE INTO rollup_1m AS r USING ingest_delta_1m AS d
                  ON {same_instance_row} AND {}
                  WHEN MATCHED THEN UPDATE SET seconds_mask = r.seconds_mask | d.seconds_mask, {ROLLUP_MERGE}
                  WHEN NOT MATCHED THEN INSERT BY NAME",
-                delta_sums("bucket", "bit_or(seconds_mask) AS seconds_mask,"),
                 range(60)
             ),
             format!(
-                "MERGE INTO rollup_1h AS r USING ({}) AS d
+                "MERGE INTO rollup_1h AS r USING ({DELTA_1H}) AS d
                  ON {same_instance_row} AND {}
                  WHEN MATCHED THEN UPDATE SET {ROLLUP_MERGE}
                  WHEN NOT MATCHED THEN INSERT BY NAME",
-                delta_sums("bucket - bucket % 3600", ""),
                 range(3600)
             ),
             format!(
@@ -143,7 +135,7 @@ pub(super) fn rollup_statements() -> &'static [String] {
     })
 }
 
-/// Folds the staged newly observed GPU-seconds (`ingest_delta_gpu_1h`, per instance that brought
+/// Folds the group's newly observed GPU-seconds (`ingest_delta_gpu_1h`, per instance that brought
 /// them) into the per-GPU hourly capacity rollup.
 pub(super) const GPU_ROLLUP: &str = "
 MERGE INTO rollup_gpu_1h AS r USING (
@@ -191,14 +183,11 @@ DROP TABLE new_shares;
 DELETE FROM ingest_shares;";
 
 /// The seconds of each (instance, minute) already in the ledger, for the instance ids and bucket
-/// range of one group: those folded into `rollup_1m` and those staged, not folded yet.
+/// range of one group.
 pub(super) const COVERED_MASKS: &str = "
 SELECT instance_id, bucket, bit_or(seconds_mask)
-FROM (SELECT instance_id, bucket, seconds_mask FROM rollup_1m
-      WHERE bucket BETWEEN $1 AND $2 AND instance_id BETWEEN $3 AND $4
-      UNION ALL
-      SELECT instance_id, bucket, seconds_mask FROM ingest_delta_1m
-      WHERE bucket BETWEEN $1 AND $2 AND instance_id BETWEEN $3 AND $4)
+FROM rollup_1m
+WHERE bucket BETWEEN ? AND ? AND instance_id BETWEEN ? AND ?
 GROUP BY ALL";
 
 /// One (instance, holder, minute) of the group's fresh samples, summed as the rollups keep it.
@@ -324,39 +313,26 @@ pub(super) fn covered_masks(
     Ok(covered)
 }
 
-/// Appends the minute deltas (per instance, holder, minute) to `ingest_delta_1m`, staged for
-/// [`fold_staged`].
-pub(super) fn stage_minute_deltas(
+/// Appends the minute deltas (per instance, holder, minute) to `ingest_delta_1m` and folds them
+/// into the minute, hour, day and tenant rollups.
+pub(super) fn fold_minute_deltas(
     tx: &Connection,
     deltas: &Map<(i32, i32, i64), MinuteDelta>,
 ) -> duckdb::Result<()> {
     if deltas.is_empty() {
         return Ok(());
     }
-    // The Arrow path: one columnar chunk per 2,048 rows, not a call per value (a group of 1,000
-    // live batches brings ~20,000 rows; row by row they took 67 ms, now ~2 ms).
-    let mut app = tx.appender("ingest_delta_1m")?;
-    app.append_record_batch(delta_record_batch(deltas)?)?;
-    app.flush()
-}
-
-/// Folds everything staged (minute and GPU deltas) into the rollups and empties the staging, in
-/// the caller's transaction.
-pub(super) fn fold_staged(tx: &Connection) -> duckdb::Result<()> {
+    {
+        // The Arrow path: one columnar chunk per 2,048 rows, not a call per value (a group of
+        // 1,000 live batches brings ~20,000 rows; row by row they took 67 ms, now ~2 ms).
+        let mut app = tx.appender("ingest_delta_1m")?;
+        app.append_record_batch(delta_record_batch(deltas)?)?;
+        app.flush()?;
+    }
     for sql in rollup_statements() {
         tx.execute(sql, [])?;
     }
-    tx.execute_batch(GPU_ROLLUP)
-}
-
-/// The rows staged and not folded yet (after a crash, say).
-pub(super) fn staged_rows(conn: &Connection) -> duckdb::Result<usize> {
-    conn.query_row(
-        "SELECT (SELECT count(*) FROM ingest_delta_1m) + (SELECT count(*) FROM ingest_delta_gpu_1h)",
-        [],
-        |r| r.get::<_, i64>(0),
-    )
-    .map(|n| n as usize)
+    Ok(())
 }
 
 /// The minute deltas as an Arrow record batch in `ingest_delta_1m`'s (`rollup_1m`'s) column
@@ -443,19 +419,22 @@ fn delta_record_batch(deltas: &Map<(i32, i32, i64), MinuteDelta>) -> duckdb::Res
 }
 
 /// Appends the GPU deltas (per instance that brought them, per hour: observed seconds,
-/// instance-seconds) to `ingest_delta_gpu_1h`, staged for [`fold_staged`].
-pub(super) fn stage_gpu_deltas(
+/// instance-seconds) and folds them into `rollup_gpu_1h`.
+pub(super) fn fold_gpu_deltas(
     tx: &Connection,
     gpu_deltas: &Map<(i32, i64), (i64, i64)>,
 ) -> duckdb::Result<()> {
     if gpu_deltas.is_empty() {
         return Ok(());
     }
-    let mut app = tx.appender("ingest_delta_gpu_1h")?;
-    for (&(iid, bucket), &(observed, instance)) in gpu_deltas {
-        app.append_row(params![bucket, iid, observed, instance])?;
+    {
+        let mut app = tx.appender("ingest_delta_gpu_1h")?;
+        for (&(iid, bucket), &(observed, instance)) in gpu_deltas {
+            app.append_row(params![bucket, iid, observed, instance])?;
+        }
+        app.flush()?;
     }
-    app.flush()
+    tx.execute_batch(GPU_ROLLUP)
 }
 
 #[cfg(test)]
