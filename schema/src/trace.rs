@@ -59,6 +59,116 @@ pub struct TraceReader<R: Read> {
     reader: csv::Reader<R>,
     index: [Option<usize>; COLUMNS.len()],
     record: csv::StringRecord,
+    /// Lines of the file before what this reader reads, past its header row (a [`Parts`] range).
+    line_offset: u64,
+}
+
+/// A trace file cut into byte ranges of whole records, to be read at once by several threads:
+/// each range is read with the file's header row in front of it, and errors name the lines of the
+/// whole file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parts {
+    /// The header row, with its line break.
+    pub header: Vec<u8>,
+    /// Each range's bytes and the line number of its first record.
+    pub ranges: Vec<(std::ops::Range<u64>, u64)>,
+}
+
+/// The reader of one [`Parts`] range.
+pub type PartReader = io::Chain<io::Cursor<Vec<u8>>, io::Take<File>>;
+
+impl Parts {
+    /// Cuts `path` into `n` ranges of about equal size at line breaks, or `None` when it should
+    /// be read whole: `n` < 2, fewer than `min_bytes` bytes, no record after the header, or a
+    /// quote character anywhere (a quoted field may hold a line break, so a line break would not
+    /// always end a record). One read of the file; the caller reads it again.
+    pub fn of(path: &Path, n: usize, min_bytes: u64) -> Result<Option<Parts>, TraceError> {
+        let io_err = |e: io::Error| TraceError {
+            file: path.to_owned(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read: {e}"),
+        };
+        let mut file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        if n < 2 || len < min_bytes {
+            return Ok(None);
+        }
+        let targets: Vec<u64> = (1..n as u64).map(|k| k * len / n as u64).collect();
+        let (mut header, mut header_end) = (Vec::new(), None);
+        // Cut points (after a line break) with the lines before them.
+        let mut cuts: Vec<(u64, u64)> = Vec::new();
+        let (mut offset, mut lines) = (0u64, 0u64);
+        let mut block = vec![0u8; 1 << 20];
+        loop {
+            let got = file.read(&mut block).map_err(io_err)?;
+            if got == 0 {
+                break;
+            }
+            let block = &block[..got];
+            if block.contains(&b'"') {
+                return Ok(None);
+            }
+            if header_end.is_none() {
+                header.extend_from_slice(block);
+                if let Some(i) = header.iter().position(|&b| b == b'\n') {
+                    header.truncate(i + 1);
+                    header_end = Some(i as u64 + 1);
+                }
+            }
+            let end = offset + got as u64;
+            // The first line break at or after the next target, if it is in this block.
+            while let Some(&target) = targets.get(cuts.len()) {
+                let from = target.max(offset).max(cuts.last().map_or(0, |c| c.0));
+                if from >= end {
+                    break;
+                }
+                let skip = (from - offset) as usize;
+                match block[skip..].iter().position(|&b| b == b'\n') {
+                    Some(i) => {
+                        let at = skip + i + 1;
+                        let before = block[..at].iter().filter(|&&b| b == b'\n').count();
+                        cuts.push((offset + at as u64, lines + before as u64));
+                    }
+                    None => break,
+                }
+            }
+            lines += block.iter().filter(|&&b| b == b'\n').count() as u64;
+            offset = end;
+        }
+        let Some(start) = header_end else {
+            return Ok(None);
+        };
+        cuts.retain(|&(at, _)| at > start && at < len);
+        cuts.dedup();
+        let mut ranges = Vec::with_capacity(cuts.len() + 1);
+        let mut from = (start, 2);
+        for (at, lines_before) in cuts {
+            ranges.push((from.0..at, from.1));
+            from = (at, lines_before + 1);
+        }
+        ranges.push((from.0..len, from.1));
+        Ok((ranges.len() > 1).then_some(Parts { header, ranges }))
+    }
+
+    /// A reader of range `i`.
+    pub fn reader(&self, path: &Path, i: usize) -> Result<TraceReader<PartReader>, TraceError> {
+        use std::io::Seek;
+        let (range, first_line) = self.ranges[i].clone();
+        let file = File::open(path)
+            .and_then(|mut f| f.seek(io::SeekFrom::Start(range.start)).map(|_| f))
+            .map_err(|e| TraceError {
+                file: path.to_owned(),
+                line: first_line,
+                column: 0,
+                message: format!("cannot read: {e}"),
+            })?;
+        let input = io::Cursor::new(self.header.clone()).chain(file.take(range.end - range.start));
+        let mut reader = TraceReader::new(path, input)?;
+        // The header is the reader's line 1 and the range's first record its line 2.
+        reader.line_offset = first_line - 2;
+        Ok(reader)
+    }
 }
 
 impl TraceReader<File> {
@@ -109,6 +219,7 @@ impl<R: Read> TraceReader<R> {
             reader,
             index,
             record: csv::StringRecord::new(),
+            line_offset: 0,
         })
     }
 
@@ -118,7 +229,7 @@ impl<R: Read> TraceReader<R> {
             Ok(false) => None,
             Ok(true) => Some(self.parse_record()),
             Err(e) => {
-                let line = e.position().map_or(0, |p| p.line());
+                let line = e.position().map_or(0, |p| p.line() + self.line_offset);
                 Some(Err(TraceError {
                     file: self.file.clone(),
                     line,
@@ -131,7 +242,7 @@ impl<R: Read> TraceReader<R> {
 
     /// An error about `column` of the row read last, for checks a caller adds (such as time order).
     pub fn error_at(&self, column: &'static str, message: impl std::fmt::Display) -> TraceError {
-        let line = self.record.position().map_or(0, |p| p.line());
+        let line = self.line();
         Row {
             file: &self.file,
             line,
@@ -141,8 +252,15 @@ impl<R: Read> TraceReader<R> {
         .error(column, message)
     }
 
+    /// The line of the row read last, in the whole file.
+    fn line(&self) -> u64 {
+        self.record
+            .position()
+            .map_or(0, |p| p.line() + self.line_offset)
+    }
+
     fn parse_record(&self) -> Result<Sample, TraceError> {
-        let line = self.record.position().map_or(0, |p| p.line());
+        let line = self.line();
         let row = Row {
             file: &self.file,
             line,
@@ -411,6 +529,74 @@ mod tests {
 
         let err = read(&format!("{HEADER}\n1,n1,GPU-a\n")).unwrap_err();
         assert_eq!(err.line, 2, "{err}");
+    }
+
+    #[test]
+    fn parts_read_what_the_whole_file_reads_and_name_the_same_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.csv");
+        let rows: String = (0..100)
+            .map(|i| {
+                format!(
+                    "{},n1,GPU-{},m,,,,,,,,0.{},,,,,,,\n",
+                    1_767_225_600 + i,
+                    i % 7,
+                    i % 10
+                )
+            })
+            .collect();
+        let whole = read(&format!("{HEADER}\n{rows}")).unwrap();
+        std::fs::write(&path, format!("{HEADER}\n{rows}")).unwrap();
+        for n in [2, 3, 7] {
+            let parts = Parts::of(&path, n, 0).unwrap().expect("cut");
+            assert_eq!(parts.ranges.len(), n);
+            assert_eq!(parts.header, format!("{HEADER}\n").into_bytes());
+            let mut read_in_parts = Vec::new();
+            for i in 0..n {
+                let part: Vec<Sample> = parts
+                    .reader(&path, i)
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                assert!(!part.is_empty());
+                read_in_parts.extend(part);
+            }
+            assert_eq!(read_in_parts, whole, "{n} parts");
+        }
+
+        // A bad row near the end: the part that holds it names its line in the whole file.
+        let bad = rows.replacen(
+            "1767225690,n1,GPU-6,m,,,,,,,,0.0",
+            "1767225690,n1,GPU-6,m,,,,,,,,7.5",
+            1,
+        );
+        std::fs::write(&path, format!("{HEADER}\n{bad}")).unwrap();
+        let parts = Parts::of(&path, 2, 0).unwrap().expect("cut");
+        let err = parts
+            .reader(&path, 1)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.csv:92:12: sm_active: 7.5 is outside 0–1"
+                .replace("t.csv", &path.display().to_string())
+        );
+        assert_eq!(
+            parts.reader(&path, 0).unwrap().count(),
+            parts.ranges[1].1 as usize - 2
+        );
+
+        // A quote anywhere, a small file, one part: read whole.
+        std::fs::write(
+            &path,
+            format!("{HEADER}\n{rows}1,n1,GPU-a,m,,,,,,\"a,b\",,,,,,,,,\n"),
+        )
+        .unwrap();
+        assert_eq!(Parts::of(&path, 2, 0).unwrap(), None);
+        std::fs::write(&path, format!("{HEADER}\n{rows}")).unwrap();
+        assert_eq!(Parts::of(&path, 2, 1 << 30).unwrap(), None);
+        assert_eq!(Parts::of(&path, 1, 0).unwrap(), None);
     }
 
     #[test]
