@@ -4,14 +4,15 @@
 //! All or nothing per run: every file is read and checked in full first (the sample rules, time
 //! order is not required, and the same time window as ingest), and one bad row stops the run
 //! before anything is written, naming `file:line:column`. Importing the same file twice stores
-//! nothing the second time. The checking pass keeps what it read, as batches, for imports of up
-//! to [`KEEP_SAMPLES`] samples, so that those files are read once.
+//! nothing the second time. The checking pass reads a large file in parts, one thread per core,
+//! and keeps what it read, as batches, for imports of up to [`KEEP_SAMPLES`] samples, so that
+//! those files are read once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gpuledger_schema::Sample;
-use gpuledger_schema::trace::{TraceError, TraceReader};
+use gpuledger_schema::trace::{Parts, TraceError, TraceReader};
 use gpuledger_schema::wire::Batch;
 
 use crate::store::{self, Retention, StoreError, Writer};
@@ -122,9 +123,57 @@ struct Checked {
     kept: Option<Vec<Batch>>,
 }
 
-/// Reads and checks one file, keeping its batches if it holds at most `keep` samples.
+/// Files at least this large are checked by several threads at once, one part each.
+const PARALLEL_BYTES: u64 = 8 << 20;
+
+/// Reads and checks one file, keeping its batches if it holds at most `keep` samples: in parts
+/// on one thread per core when it can be cut ([`Parts`]), else whole. The first problem in the
+/// file's order is the one reported, as reading it whole would.
 fn check_file(path: &Path, oldest: i64, newest: i64, keep: u64) -> Result<Checked, TraceError> {
-    let mut reader = TraceReader::open(path)?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let Some(parts) = Parts::of(path, threads, PARALLEL_BYTES)? else {
+        return check_part(TraceReader::open(path)?, oldest, newest, keep);
+    };
+    let n = parts.ranges.len();
+    let checked: Vec<Result<Checked, TraceError>> = std::thread::scope(|s| {
+        let parts = &parts;
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                s.spawn(move || check_part(parts.reader(path, i)?, oldest, newest, keep / n as u64))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a checking thread does not panic"))
+            .collect()
+    });
+    let mut whole = Checked {
+        samples: 0,
+        span: None,
+        kept: Some(Vec::new()),
+    };
+    for part in checked {
+        let part = part?;
+        whole.samples += part.samples;
+        whole.span = match (whole.span, part.span) {
+            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+            (a, b) => a.or(b),
+        };
+        whole.kept = whole.kept.zip(part.kept).map(|(mut a, b)| {
+            a.extend(b);
+            a
+        });
+    }
+    Ok(whole)
+}
+
+/// Reads and checks what `reader` reads, keeping its batches if it holds at most `keep` samples.
+fn check_part<R: std::io::Read>(
+    mut reader: TraceReader<R>,
+    oldest: i64,
+    newest: i64,
+    keep: u64,
+) -> Result<Checked, TraceError> {
     let mut checked = Checked {
         samples: 0,
         span: None,
