@@ -339,6 +339,75 @@ fn import_is_all_or_nothing_and_importing_twice_stores_nothing_new() {
     assert_eq!(totals(&conn, "rollup_1h").0, rows);
 }
 
+/// Files of 8 MiB or more are checked in parts, one thread per core (`trace::Parts`): a bad row
+/// is named by its line in the whole file, and a good file is stored whole, once.
+#[test]
+fn a_large_import_is_checked_in_parts_with_the_whole_files_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let start = (chrono::Utc::now().timestamp() / 3600 - 5) * 3600;
+    simulate(&trace, "gpu-h100-02", &start.to_string(), "60m");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        text.len() >= 8 << 20,
+        "{} bytes: too small to be cut",
+        text.len()
+    );
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let rows = lines.len() as i64 - 1;
+    let db = dir.path().join("ledger.duckdb");
+
+    // A bad row near the end, in the last part.
+    let bad = dir.path().join("bad.csv");
+    let k = lines.len() - 7;
+    let mut fields: Vec<String> = lines[k].split(',').map(str::to_owned).collect();
+    fields[11] = "2.5".into();
+    lines[k] = fields.join(",");
+    std::fs::write(&bad, lines.join("\n") + "\n").unwrap();
+    let out = gpuledger()
+        .arg("import")
+        .arg("--db")
+        .arg(&db)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:{}:12: sm_active: 2.5 is outside 0–1",
+            bad.display(),
+            k + 1
+        )),
+        "{stderr}"
+    );
+    assert!(!db.exists(), "a refused import leaves no ledger behind");
+
+    let out = gpuledger()
+        .arg("import")
+        .arg("--db")
+        .arg(&db)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{rows} samples: {rows} stored, 0 already")),
+        "{stderr}"
+    );
+    let conn = open_ledger(&db);
+    assert_eq!(totals(&conn, "rollup_1h").0, rows);
+    let raw: (i64, i64) = conn
+        .query_row(
+            "SELECT count(*), count(DISTINCT (instance_id, ts)) FROM samples_raw",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(raw, (rows, rows), "every row once in the raw rows");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_export_endpoint_is_for_admins_and_needs_an_export_dir() {
     let dir = tempfile::tempdir().unwrap();
