@@ -6,7 +6,6 @@ mod cmd;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    gpuledger_aggregator::tune_allocator();
     let cli = match cmd::Cli::parse_with_env() {
         Ok(cli) => cli,
         Err(e) => {

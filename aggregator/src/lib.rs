@@ -31,13 +31,15 @@ pub mod ui;
 pub use config::{Config, Limits};
 pub use server::{Prepare, Startup, run, run_with};
 
-/// glibc's allocator, set before any thread starts, for long-lived processes that hold DuckDB.
+/// glibc's allocator, set before any thread starts, for the long-lived processes that hold a
+/// ledger (`gpuledger aggregator` and `demo`; a batch tool such as `import` keeps glibc's
+/// defaults, which were 10–15 % faster for it).
 /// By default glibc gives threads their own arenas, up to 8 per core, and raises its mmap
 /// threshold each time a large block is freed, after which large blocks (DuckDB's are 256 KiB)
 /// come from the arenas and freed pages stay resident. Here: four arenas, and blocks of 128 KiB
 /// or more always mapped on their own, so that freeing one returns it. Under the live load
 /// generator this cut the aggregator's peak RSS from 1,680 to 878 MiB, at some latency (paced
-/// p99 480 → 770 ms; BENCHMARKS.md, "Peak RSS"). Either is left alone when the environment sets
+/// p99 480 → 770 ms; BENCHMARKS.md, "Peak RSS under the live load"). Either is left alone when the environment sets
 /// it (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, which glibc reads itself).
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -79,6 +79,10 @@ impl Cli {
 /// Runs the chosen subcommand. The aggregator sets up logging itself, once its configuration
 /// says whether spans also go over OTLP.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    // Before any thread starts: the processes that hold a ledger for long.
+    if matches!(cli.command, Command::Aggregator(_) | Command::Demo(_)) {
+        gpuledger_aggregator::tune_allocator();
+    }
     if !matches!(cli.command, Command::Aggregator(_)) {
         gpuledger_otel::init_logging(None);
     }
