@@ -32,25 +32,16 @@ pub use config::{Config, Limits};
 pub use server::{Prepare, Startup, run, run_with};
 
 /// glibc's allocator, set before any thread starts, for the long-lived processes that hold a
-/// ledger (`gpuledger aggregator` and `demo`; a batch tool such as `import` keeps glibc's
-/// defaults, which were 10–15 % faster for it).
-/// By default glibc gives threads their own arenas, up to 8 per core, and raises its mmap
-/// threshold each time a large block is freed, after which large blocks (DuckDB's are 256 KiB)
-/// come from the arenas and freed pages stay resident. Here: four arenas, and blocks of 128 KiB
-/// or more always mapped on their own, so that freeing one returns it. Under the live load
-/// generator this cut the aggregator's peak RSS from 1,680 to 878 MiB, at some latency (paced
-/// p99 480 → 770 ms; BENCHMARKS.md, "Peak RSS under the live load"). Either is left alone when the environment sets
-/// it (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, which glibc reads itself).
+/// ledger (`gpuledger aggregator` and `demo`): at most four malloc arenas, unless the
+/// environment sets `MALLOC_ARENA_MAX` (glibc reads it itself). By default glibc gives threads
+/// their own arenas, up to 8 per core, and the pages freed in each stay resident. Under the live
+/// load generator the cap cut the aggregator's peak RSS from 1,680 to 1,109 MiB (BENCHMARKS.md,
+/// "Peak RSS under the live load"). Fixing the mmap threshold at 128 KiB as well cut it to
+/// 878 MiB but cost the backfill path about 14 % of its throughput, so that is not done.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-            // SAFETY: mallopt only changes the allocator's parameters.
-            unsafe { libc::mallopt(libc::M_ARENA_MAX, 4) };
-        }
-        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
-            // SAFETY: as above; setting the threshold also stops glibc from raising it.
-            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) };
-        }
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only changes the allocator's parameters.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, 4) };
     }
 }
