@@ -270,71 +270,67 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
     assert_eq!(misplaced, 0);
 }
 
+/// Writes `text` to `path` with line `k`'s `sm_active` (0-based, the header being line 0) set to
+/// 2.5, outside 0–1.
+fn with_bad_ratio(text: &str, k: usize, path: &std::path::Path) {
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let mut fields: Vec<String> = lines[k].split(',').map(str::to_owned).collect();
+    fields[11] = "2.5".into();
+    lines[k] = fields.join(",");
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+/// `gpuledger import --db DB FILES…`: whether it succeeded, and what it wrote to stderr.
+fn import(db: &std::path::Path, files: &[&std::path::Path]) -> (bool, String) {
+    let out = gpuledger()
+        .arg("import")
+        .arg("--db")
+        .arg(db)
+        .args(files)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The import was refused for `bad`'s line `line` (1-based), and left no ledger behind.
+fn assert_refused_at(
+    outcome: (bool, String),
+    bad: &std::path::Path,
+    line: usize,
+    db: &std::path::Path,
+) {
+    let (ok, stderr) = outcome;
+    assert!(!ok);
+    let expected = format!("{}:{line}:12: sm_active: 2.5 is outside 0–1", bad.display());
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(stderr.contains("nothing was imported"), "{stderr}");
+    assert!(!db.exists(), "a refused import leaves no ledger behind");
+}
+
 #[test]
 fn import_is_all_or_nothing_and_importing_twice_stores_nothing_new() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace.csv");
     let start = (chrono::Utc::now().timestamp() / 3600 - 5) * 3600;
     simulate(&trace, "gpu-h100-02", &start.to_string(), "10m");
-    let rows = std::fs::read_to_string(&trace).unwrap().lines().count() as i64 - 1;
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let rows = text.lines().count() as i64 - 1;
     let db = dir.path().join("ledger.duckdb");
 
     // A bad row in a second file: nothing of either file is imported.
     let bad = dir.path().join("bad.csv");
-    let text = std::fs::read_to_string(&trace).unwrap();
-    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
-    let mut fields: Vec<String> = lines[499].split(',').map(str::to_owned).collect();
-    fields[11] = "2.5".into();
-    lines[499] = fields.join(",");
-    std::fs::write(&bad, lines.join("\n") + "\n").unwrap();
-    let out = gpuledger()
-        .arg("import")
-        .arg("--db")
-        .arg(&db)
-        .arg(&trace)
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(&format!(
-            "{}:500:12: sm_active: 2.5 is outside 0–1",
-            bad.display()
-        )),
-        "{stderr}"
-    );
-    assert!(stderr.contains("nothing was imported"), "{stderr}");
-    assert!(!db.exists(), "a refused import leaves no ledger behind");
+    with_bad_ratio(&text, 499, &bad);
+    assert_refused_at(import(&db, &[&trace, &bad]), &bad, 500, &db);
 
-    let out = gpuledger()
-        .arg("import")
-        .arg("--db")
-        .arg(&db)
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .contains(&format!("{rows} samples: {rows} stored, 0 already"))
-    );
-    let out = gpuledger()
-        .arg("import")
-        .arg("--db")
-        .arg(&db)
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .contains(&format!("{rows} samples: 0 stored, {rows} already"))
-    );
+    let (ok, stderr) = import(&db, &[&trace]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains(&format!("{rows} samples: {rows} stored, 0 already")));
+    let (ok, stderr) = import(&db, &[&trace]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains(&format!("{rows} samples: 0 stored, {rows} already")));
     let conn = open_ledger(&db);
     assert_eq!(totals(&conn, "rollup_1h").0, rows);
 }
@@ -353,45 +349,17 @@ fn a_large_import_is_checked_in_parts_with_the_whole_files_answers() {
         "{} bytes: too small to be cut",
         text.len()
     );
-    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
-    let rows = lines.len() as i64 - 1;
+    let lines = text.lines().count();
+    let rows = lines as i64 - 1;
     let db = dir.path().join("ledger.duckdb");
 
     // A bad row near the end, in the last part.
     let bad = dir.path().join("bad.csv");
-    let k = lines.len() - 7;
-    let mut fields: Vec<String> = lines[k].split(',').map(str::to_owned).collect();
-    fields[11] = "2.5".into();
-    lines[k] = fields.join(",");
-    std::fs::write(&bad, lines.join("\n") + "\n").unwrap();
-    let out = gpuledger()
-        .arg("import")
-        .arg("--db")
-        .arg(&db)
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(&format!(
-            "{}:{}:12: sm_active: 2.5 is outside 0–1",
-            bad.display(),
-            k + 1
-        )),
-        "{stderr}"
-    );
-    assert!(!db.exists(), "a refused import leaves no ledger behind");
+    with_bad_ratio(&text, lines - 7, &bad);
+    assert_refused_at(import(&db, &[&bad]), &bad, lines - 6, &db);
 
-    let out = gpuledger()
-        .arg("import")
-        .arg("--db")
-        .arg(&db)
-        .arg(&trace)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (ok, stderr) = import(&db, &[&trace]);
+    assert!(ok, "{stderr}");
     assert!(
         stderr.contains(&format!("{rows} samples: {rows} stored, 0 already")),
         "{stderr}"
