@@ -212,11 +212,19 @@ fn check_part<R: std::io::Read>(
     Ok(checked)
 }
 
+/// Where checked batches go: a writer of the ledger file, or a running aggregator's API.
+enum Dest {
+    Writer(Writer),
+    Aggregator {
+        client: reqwest::Client,
+        url: String,
+        token: String,
+    },
+}
+
 /// Where checked batches go, and what became of them.
 struct Sink {
-    target: Target,
-    writer: Option<Writer>,
-    client: reqwest::Client,
+    dest: Dest,
     raw_cutoff: i64,
     /// Batches handed to the writer, in order.
     pending: Vec<tokio::task::JoinHandle<Result<store::IngestOutcome, StoreError>>>,
@@ -226,13 +234,13 @@ struct Sink {
 
 impl Sink {
     async fn send(&mut self, batch: Batch) -> Result<(), ImportError> {
-        match (&self.writer, &self.target) {
-            (None, Target::Aggregator { url, token }) => {
-                let o = post(&self.client, url, token, &batch).await?;
+        match &self.dest {
+            Dest::Aggregator { client, url, token } => {
+                let o = post(client, url, token, &batch).await?;
                 self.report
                     .add(o.samples, o.stored, o.duplicate_samples, &self.bar);
             }
-            (Some(writer), _) => {
+            Dest::Writer(writer) => {
                 let reservation = writer
                     .reserve(batch.sample_count())
                     .await
@@ -242,7 +250,6 @@ impl Sink {
                     w.ingest(batch, raw_cutoff, reservation).await
                 }));
             }
-            (None, Target::Ledger(_)) => unreachable!("a ledger target has a writer"),
         }
         // Results are collected in order as they complete; the queue bounds memory.
         while self.pending.first().is_some_and(|h| h.is_finished()) {
@@ -293,13 +300,20 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         .iter()
         .filter_map(|c| c.span)
         .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)));
-    let (writer, thread) = match &opts.target {
+    let (dest, thread) = match &opts.target {
         Target::Ledger(db) => {
             let (conn, _) = tokio::task::block_in_place(|| store::open(db))?;
             let (writer, thread) = Writer::spawn(conn, 4 * CHUNK, Arc::new(()))?;
-            (Some(writer), Some(thread))
+            (Dest::Writer(writer), Some(thread))
         }
-        Target::Aggregator { .. } => (None, None),
+        Target::Aggregator { url, token } => (
+            Dest::Aggregator {
+                client: reqwest::Client::new(),
+                url: url.clone(),
+                token: token.clone(),
+            },
+            None,
+        ),
     };
     let bar = if opts.progress {
         indicatif::ProgressBar::new(total)
@@ -314,9 +328,7 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     );
     let raw_cutoff = now - opts.retention.raw_secs;
     let mut sink = Sink {
-        target: opts.target.clone(),
-        writer,
-        client: reqwest::Client::new(),
+        dest,
         raw_cutoff,
         pending: Vec::new(),
         report: ImportReport {
@@ -346,10 +358,10 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     sink.drain().await?;
     sink.bar.finish_and_clear();
     // The imported seconds' raw rows in instance order, as the aggregator leaves a closed hour.
-    if let (Some(writer), Some((first, last))) = (&sink.writer, span) {
+    if let (Dest::Writer(writer), Some((first, last))) = (&sink.dest, span) {
         writer.compact_raw(first.max(raw_cutoff), last + 1).await?;
     }
-    drop(sink.writer);
+    drop(sink.dest);
     if let Some(thread) = thread {
         tokio::task::block_in_place(|| {
             let _ = thread.join();
