@@ -270,6 +270,47 @@ impl MinuteDelta {
     }
 }
 
+impl Stat {
+    /// Takes in `o`'s seconds (the same minute's other seconds).
+    fn merge(&mut self, o: &Stat) {
+        self.n += o.n;
+        self.sum += o.sum;
+        self.min = match (self.min, o.min) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.max = match (self.max, o.max) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+impl MinuteDelta {
+    /// Takes in `o`, the same (instance, holder, minute)'s delta for other seconds: the result is
+    /// what adding both deltas' seconds one by one gives. A sum that would leave 64 bits is an
+    /// error naming the counter, as in [`MinuteDelta::add`].
+    pub(super) fn merge(&mut self, o: &MinuteDelta) -> Result<(), &'static str> {
+        fn sum(to: &mut u64, v: u64, field: &'static str) -> Result<(), &'static str> {
+            *to = to.checked_add(v).ok_or(field)?;
+            Ok(())
+        }
+        sum(&mut self.fb_used_sum, o.fb_used_sum, "fb_used_bytes")?;
+        sum(&mut self.tx_sum, o.tx_sum, "nvlink_tx_bytes")?;
+        sum(&mut self.rx_sum, o.rx_sum, "nvlink_rx_bytes")?;
+        self.mask |= o.mask;
+        self.samples += o.samples;
+        self.sm.merge(&o.sm);
+        self.occupancy.merge(&o.occupancy);
+        self.tensor.merge(&o.tensor);
+        self.dram.merge(&o.dram);
+        self.fb_used_samples += o.fb_used_samples;
+        self.fb_used_max = self.fb_used_max.max(o.fb_used_max);
+        self.fb_total_max = self.fb_total_max.max(o.fb_total_max);
+        Ok(())
+    }
+}
+
 /// Adds (observed GPU-seconds, instance-seconds) of one instance-hour to the group's GPU deltas.
 pub(super) fn add_gpu_counts(
     deltas: &mut Map<(i32, i64), (i64, i64)>,
@@ -457,6 +498,42 @@ mod tests {
         assert!((d.sm.sum - 0.6).abs() < 1e-12);
         assert_eq!(d.tx_sum, 60);
         assert_eq!(d.add(1 << 6, &c(None, u64::MAX)), Err("nvlink_tx_bytes"));
+    }
+
+    #[test]
+    fn merged_deltas_equal_their_seconds_added_one_by_one() {
+        let c = |sm: Option<f64>, fb: Option<u64>, tx: u64| gpuledger_schema::Counters {
+            sm_active: sm,
+            fb_used_bytes: fb,
+            nvlink_tx_bytes: Some(tx),
+            ..Default::default()
+        };
+        let seconds = [
+            (1u64 << 0, c(Some(0.5), None, 10)),
+            (1 << 7, c(None, Some(300), 20)),
+            (1 << 9, c(Some(0.25), Some(100), 30)),
+            (1 << 40, c(Some(0.75), None, 40)),
+        ];
+        let mut whole = MinuteDelta::default();
+        for (bit, s) in &seconds {
+            whole.add(*bit, s).unwrap();
+        }
+        for split in 0..=seconds.len() {
+            let (mut a, mut b) = (MinuteDelta::default(), MinuteDelta::default());
+            for (bit, s) in &seconds[..split] {
+                a.add(*bit, s).unwrap();
+            }
+            for (bit, s) in &seconds[split..] {
+                b.add(*bit, s).unwrap();
+            }
+            a.merge(&b).unwrap();
+            assert_eq!(format!("{a:?}"), format!("{whole:?}"), "split at {split}");
+        }
+        let mut full = MinuteDelta {
+            tx_sum: u64::MAX,
+            ..Default::default()
+        };
+        assert_eq!(full.merge(&whole), Err("nvlink_tx_bytes"));
     }
 
     #[test]
