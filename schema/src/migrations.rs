@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "reclaim",
         sql: include_str!("../migrations/0005_reclaim.sql"),
     },
+    Migration {
+        version: 6,
+        name: "fold_pending",
+        sql: include_str!("../migrations/0006_fold_pending.sql"),
+    },
 ];
 
 /// The schema version this build writes.

@@ -15,7 +15,8 @@
 //! The parts: `dims` (the dimension mirror and GPU index), `raw` (the Arrow columns of raw rows),
 //! `rollups` (the deltas and the SQL that folds them), `minutes` (history as minute rows),
 //! `retention` (what is deleted when), `compact` (raw rows rewritten in instance order once their
-//! hour is over); this file holds the handle, the jobs and the write loop.
+//! hour is over), `held` (folds held back while batches wait behind a group, and their recovery
+//! after a crash); this file holds the handle, the jobs and the write loop.
 //!
 //! Memory is bounded by the caller: [`Writer::try_reserve`] hands out queue permits counted in
 //! samples, and a job holds its permit until it has been written.
@@ -32,6 +33,7 @@ use super::{Failure, StoreError};
 
 mod compact;
 mod dims;
+mod held;
 mod minutes;
 mod raw;
 mod retention;
@@ -40,10 +42,7 @@ mod rollups;
 use dims::Dims;
 pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
 pub use raw::RawColumns;
-use rollups::{
-    Map, MinuteDelta, SHARES_ROLLUP, add_gpu_counts, covered_masks, fold_gpu_deltas,
-    fold_minute_deltas, minute_of,
-};
+use rollups::{Map, MinuteDelta, SHARES_ROLLUP, add_gpu_counts, covered_masks, minute_of};
 
 /// What became of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -186,11 +185,16 @@ impl Writer {
     /// [`Writer::spawn`], refusing (as [`StoreError::Rejected`]) a batch that would give one node
     /// more than `max_instances_per_node` instances in the ledger.
     pub fn spawn_limited(
-        conn: Connection,
+        mut conn: Connection,
         queue_samples: usize,
         max_instances_per_node: usize,
         observer: Arc<dyn WriteObserver>,
     ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
+        if held::recover(&mut conn).map_err(StoreError::from_db)? {
+            tracing::warn!(
+                "Folded into the rollups the samples a stopped writer had stored but not yet folded."
+            );
+        }
         let dims = Dims::load(&conn).map_err(StoreError::from_db)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let capacity = queue_samples.clamp(1, Semaphore::MAX_PERMITS);
@@ -202,6 +206,8 @@ impl Writer {
                     dims,
                     observer,
                     max_instances_per_node,
+                    held: held::Held::default(),
+                    needs_recovery: false,
                 }
                 .run(rx)
             })
@@ -404,6 +410,11 @@ struct WriterThread {
     dims: Dims,
     observer: Arc<dyn WriteObserver>,
     max_instances_per_node: usize,
+    /// Deltas stored but not yet folded ([`held`]).
+    held: held::Held,
+    /// A write failed and what it held could not be re-derived from the ledger yet: no batch is
+    /// written until it is (dedup would miss the held seconds).
+    needs_recovery: bool,
 }
 
 /// Why a write failed: DuckDB, or a batch the ledger refuses.
@@ -423,6 +434,10 @@ impl WriterThread {
     fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>) {
         let mut pending: Option<Job> = None;
         loop {
+            if pending.is_none() && rx.is_empty() && !self.held.is_empty() {
+                // Idle: fold what is held, so that readers see it.
+                let _ = self.fold_held();
+            }
             let job = match pending.take() {
                 Some(j) => j,
                 None => match rx.blocking_recv() {
@@ -436,7 +451,11 @@ impl WriterThread {
                     retention,
                     reply,
                 } => {
-                    let _ = reply.send(self.retention(now, retention));
+                    // Raw rows are what recovers held seconds: fold them before any is deleted.
+                    let result = self
+                        .fold_held()
+                        .and_then(|()| self.retention(now, retention));
+                    let _ = reply.send(result);
                 }
                 Job::CompactRaw { from, to, reply } => {
                     let _ = reply.send(self.compact_raw(from, to));
@@ -453,7 +472,8 @@ impl WriterThread {
                 }
                 Job::Minutes { batch, reply } => {
                     let started = Instant::now();
-                    let result = self.write_minutes(&batch);
+                    // Minute rows read the masks from the ledger alone.
+                    let result = self.fold_held().and_then(|()| self.write_minutes(&batch));
                     if result.is_ok() {
                         self.observer.committed(1, started.elapsed().as_secs_f64());
                     }
@@ -482,19 +502,61 @@ impl WriterThread {
                             Err(_) => break,
                         }
                     }
-                    self.ingest_group(group);
+                    self.ingest_group(group, &|| !rx.is_empty());
                 }
             }
+        }
+        if let Err(e) = self.fold_held() {
+            tracing::error!(error = %e, "Cannot fold the held rollup deltas at stop; the next start folds them.");
         }
         tracing::info!("The writer thread stopped: every queued batch was written.");
     }
 
-    fn ingest_group(&mut self, group: Vec<IngestJob>) {
+    /// Folds what is held, in a transaction of its own.
+    fn fold_held(&mut self) -> Result<(), StoreError> {
+        if self.held.is_empty() && !self.needs_recovery {
+            return Ok(());
+        }
+        let result = self
+            .conn
+            .transaction()
+            .map_err(WriteError::from)
+            .and_then(|tx| {
+                self.held
+                    .fold_with(&tx, Map::default(), Map::default())
+                    .and_then(|()| Ok(tx.commit()?))
+            });
+        match result {
+            Ok(()) if !self.needs_recovery => {
+                self.held.folded();
+                Ok(())
+            }
+            _ => self.recover(),
+        }
+    }
+
+    /// Re-derives from the ledger what was stored but not folded, and folds it.
+    fn recover(&mut self) -> Result<(), StoreError> {
+        self.held.folded();
+        match held::recover(&mut self.conn) {
+            Ok(_) => {
+                self.needs_recovery = false;
+                Ok(())
+            }
+            Err(e) => {
+                self.needs_recovery = true;
+                tracing::error!(error = %e, "Cannot fold the samples stored but not yet folded; no batch is written until it can.");
+                Err(StoreError::from_db(e))
+            }
+        }
+    }
+
+    fn ingest_group(&mut self, group: Vec<IngestJob>, more_waiting: &dyn Fn() -> bool) {
         // One span per transaction; the ingest requests it commits are their own spans.
         let _span = tracing::info_span!("writer.commit", batches = group.len()).entered();
         let started = Instant::now();
         let batches: Vec<(&Batch, i64)> = group.iter().map(|j| (&j.batch, j.raw_cutoff)).collect();
-        match self.write(&batches) {
+        match self.write(&batches, more_waiting) {
             Ok(outcomes) => {
                 self.observer
                     .committed(group.len(), started.elapsed().as_secs_f64());
@@ -510,7 +572,7 @@ impl WriterThread {
                 );
                 for job in group {
                     let started = Instant::now();
-                    let result = self.write(&[(&job.batch, job.raw_cutoff)]);
+                    let result = self.write(&[(&job.batch, job.raw_cutoff)], more_waiting);
                     if result.is_ok() {
                         self.observer.committed(1, started.elapsed().as_secs_f64());
                     }
@@ -527,10 +589,19 @@ impl WriterThread {
     /// dimension mirror is reloaded from the database. A single batch that fails on its values
     /// ([`Failure::Data`]) is [`StoreError::Rejected`]: the same bytes would fail the same way
     /// on every retry, so retrying it would only hold back what its node sends next.
-    fn write(&mut self, batches: &[(&Batch, i64)]) -> Result<Vec<IngestOutcome>, StoreError> {
-        let result = self.try_write(batches);
+    fn write(
+        &mut self,
+        batches: &[(&Batch, i64)],
+        more_waiting: &dyn Fn() -> bool,
+    ) -> Result<Vec<IngestOutcome>, StoreError> {
+        if self.needs_recovery {
+            self.recover()?;
+        }
+        let result = self.try_write(batches, more_waiting);
         if result.is_err() {
             self.reload_dims();
+            // What is held may have taken this group's deltas: derive it again from the ledger.
+            let _ = self.recover();
         }
         result.map_err(|e| match e {
             WriteError::Rejected { field, message } => StoreError::Rejected { field, message },
@@ -553,7 +624,11 @@ impl WriterThread {
         }
     }
 
-    fn try_write(&mut self, batches: &[(&Batch, i64)]) -> Result<Vec<IngestOutcome>, WriteError> {
+    fn try_write(
+        &mut self,
+        batches: &[(&Batch, i64)],
+        more_waiting: &dyn Fn() -> bool,
+    ) -> Result<Vec<IngestOutcome>, WriteError> {
         let tx = self.conn.transaction()?;
         let mut outcomes = Vec::with_capacity(batches.len());
         // Which batches are new: not stored before, not repeated within this group. One query for
@@ -647,7 +722,10 @@ impl WriterThread {
             }
         }
         let covered = if lo_t <= hi_t {
-            covered_masks(&tx, minute_of(lo_t).0, hi_t, lo_i, hi_i)?
+            let mut covered = covered_masks(&tx, minute_of(lo_t).0, hi_t, lo_i, hi_i)?;
+            self.held
+                .add_masks(&mut covered, (minute_of(lo_t).0, hi_t), (lo_i, hi_i));
+            covered
         } else {
             Map::default()
         };
@@ -662,6 +740,9 @@ impl WriterThread {
         let mut raw = RawColumns::default();
         let mut gpu_deltas: Map<(i32, i64), (i64, i64)> = Map::default();
         let mut newest: Option<i64> = None;
+        let mut oldest: Option<i64> = None;
+        // Stored samples that have no raw row: such a group's deltas cannot be held.
+        let mut rollup_only = 0usize;
         for (k, &i) in new.iter().enumerate() {
             let mut stored = 0u64;
             for (n, (s, &(iid, hid))) in batches[i].0.series.iter().zip(&ids[k].series).enumerate()
@@ -700,6 +781,7 @@ impl WriterThread {
                         hour_counts.0 += 1;
                     }
                     newest = Some(newest.map_or(ts, |n| n.max(ts)));
+                    oldest = Some(oldest.map_or(ts, |o| o.min(ts)));
                     r.delta
                         .add(bit, &s.counters(j))
                         .map_err(|field| WriteError::Rejected {
@@ -708,6 +790,8 @@ impl WriterThread {
                         })?;
                     if ts >= raw_cutoff {
                         raw.push(s, j, iid, hid);
+                    } else {
+                        rollup_only += 1;
                     }
                 }
                 if let Some(done) = run.take() {
@@ -723,8 +807,14 @@ impl WriterThread {
             app.append_record_batch(raw.into_record_batch()?)?;
             app.flush()?;
         }
-        fold_minute_deltas(&tx, &maps.deltas)?;
-        fold_gpu_deltas(&tx, &gpu_deltas)?;
+        // Hold the group's folds while more batches wait (see `held`), else fold them with
+        // whatever is held.
+        let folding = !(rollup_only == 0 && !self.held.due() && more_waiting());
+        if folding {
+            self.held.fold_with(&tx, maps.deltas, gpu_deltas)?;
+        } else if let Some(oldest) = oldest {
+            self.held.hold(&tx, maps.deltas, gpu_deltas, oldest)?;
+        }
         // The batch ids, through an appender (one INSERT of a few hundred rows' placeholders
         // cost ~70 µs a row to parse and bind).
         let now = chrono::Utc::now().timestamp();
@@ -743,6 +833,9 @@ impl WriterThread {
         app.flush()?;
         drop(app);
         tx.commit()?;
+        if folding {
+            self.held.folded();
+        }
         if let Some(newest) = newest {
             self.observer.newest_sample(newest);
         }

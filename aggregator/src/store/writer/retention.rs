@@ -173,7 +173,7 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         // Kept as they are: the schema's version, the writer's scratch tables (empty once
-        // committed) and its probe row, and the webhook endpoints a 410 switched off (one row per
+        // committed), its probe row and its one-row record of held folds, and the webhook endpoints a 410 switched off (one row per
         // configured endpoint, until an admin enables it again: expiring it would re-enable it).
         const NONE_NEEDED: &[&str] = &[
             "schema_version",
@@ -181,6 +181,7 @@ mod tests {
             "ingest_delta_gpu_1h",
             "ingest_shares",
             "writer_probe",
+            "fold_pending",
             "webhook_endpoints",
         ];
         let unruled: Vec<&String> = tables

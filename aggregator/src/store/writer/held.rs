@@ -1,0 +1,401 @@
+//! Rollup folds held back while the writer is behind.
+//!
+//! A live group's minute deltas number about a fifth of its samples (one per instance and 5 s
+//! batch), and folding them into the minute, hour, day, tenant and GPU rollups is one `MERGE` per
+//! rollup whose rows are nearly all updates: that cost more than everything else a group does
+//! (BENCHMARKS.md, "Where the time goes now"). So when more batches already wait behind a group,
+//! the writer commits the group's raw rows and batch ids but keeps its minute and GPU deltas in
+//! memory, summed per (instance, holder, minute): twelve 5 s batches of a series become one row.
+//! It folds what it holds, with the group at hand, as soon as no job waits, once it has held for
+//! [`HOLD_FOR`] or [`HOLD_ROWS`] rows, before retention and minute rows, when it is idle and when
+//! it stops. So under load the rollups show an acknowledged batch at most [`HOLD_FOR`] later;
+//! otherwise the group that stores a batch also folds it.
+//!
+//! Exactly-once stays a matter of data. While the writer holds anything, `fold_pending.from_ts`
+//! (committed with the group that started holding, lowered by any group with older seconds) is
+//! the oldest second held, and a second is in the ledger iff its minute's mask in `rollup_1m` has
+//! it or a raw row from `from_ts` on has it. Dedup reads the masks and adds the held ones. Only a
+//! group whose every stored sample went to `samples_raw` is held. A start (after a crash), or a
+//! failed write, re-derives the unfolded seconds from the raw rows the masks lack
+//! ([`UNFOLDED_DELTAS`], [`UNFOLDED_GPU`]) and folds them in one transaction ([`recover`]).
+
+use std::time::{Duration, Instant};
+
+use duckdb::{Connection, params};
+
+use super::WriteError;
+use super::rollups::{
+    GPU_ROLLUP, Map, MinuteDelta, add_gpu_counts, fold_gpu_deltas, fold_minute_deltas,
+    rollup_statements,
+};
+
+/// Longest the writer holds folds back while batches keep waiting.
+pub(super) const HOLD_FOR: Duration = Duration::from_secs(30);
+
+/// Most (instance, holder, minute) rows held; more are folded at once.
+pub(super) const HOLD_ROWS: usize = 250_000;
+
+/// The minute deltas of the raw rows from `$1` on whose second the minute masks lack, in
+/// `ingest_delta_1m`'s shape (what the writer's pass would have summed for them).
+pub(super) const UNFOLDED_DELTAS: &str = "
+INSERT INTO ingest_delta_1m BY NAME
+WITH m AS (
+    SELECT instance_id, bucket, bit_or(seconds_mask) AS mask FROM rollup_1m
+    WHERE bucket >= $1 - $1 % 60 GROUP BY ALL
+), u AS (
+    SELECT r.*, r.ts - r.ts % 60 AS bucket, 1::UBIGINT << (r.ts % 60)::INTEGER AS bit
+    FROM samples_raw r LEFT JOIN m ON m.instance_id = r.instance_id AND m.bucket = r.ts - r.ts % 60
+    WHERE r.ts >= $1 AND coalesce(m.mask, 0) & (1::UBIGINT << (r.ts % 60)::INTEGER) = 0
+)
+SELECT bucket, instance_id, holder_id,
+       bit_or(bit) AS seconds_mask,
+       count(*)::INTEGER AS samples,
+       count(sm_active)::INTEGER AS sm_active_samples,
+       coalesce(sum(sm_active), 0) AS sm_active_sum,
+       min(sm_active) AS sm_active_min,
+       max(sm_active) AS sm_active_max,
+       count(sm_occupancy)::INTEGER AS sm_occupancy_samples,
+       coalesce(sum(sm_occupancy), 0) AS sm_occupancy_sum,
+       count(tensor_active)::INTEGER AS tensor_active_samples,
+       coalesce(sum(tensor_active), 0) AS tensor_active_sum,
+       count(dram_active)::INTEGER AS dram_active_samples,
+       coalesce(sum(dram_active), 0) AS dram_active_sum,
+       count(fb_used_bytes)::INTEGER AS fb_used_samples,
+       coalesce(sum(fb_used_bytes), 0)::UBIGINT AS fb_used_bytes_sum,
+       max(fb_used_bytes) AS fb_used_bytes_max,
+       max(fb_total_bytes) AS fb_total_bytes_max,
+       coalesce(sum(nvlink_tx_bytes), 0)::UBIGINT AS nvlink_tx_bytes_sum,
+       coalesce(sum(nvlink_rx_bytes), 0)::UBIGINT AS nvlink_rx_bytes_sum
+FROM u GROUP BY bucket, instance_id, holder_id";
+
+/// The GPU deltas of the same raw rows, in `ingest_delta_gpu_1h`'s shape: each instance's
+/// instance-seconds, and per GPU the seconds no instance of it had in the masks (counted once,
+/// on the GPU's lowest instance id: the GPU rollup sums per GPU).
+pub(super) const UNFOLDED_GPU: &str = "
+INSERT INTO ingest_delta_gpu_1h
+WITH m AS (
+    SELECT instance_id, bucket, bit_or(seconds_mask) AS mask FROM rollup_1m
+    WHERE bucket >= $1 - $1 % 60 GROUP BY ALL
+), gm AS (
+    SELECT i.gpu_uuid, m.bucket, bit_or(m.mask) AS mask
+    FROM m JOIN instances i USING (instance_id) GROUP BY ALL
+), u AS (
+    SELECT r.ts, r.instance_id, i.gpu_uuid, r.ts - r.ts % 60 AS minute,
+           1::UBIGINT << (r.ts % 60)::INTEGER AS bit
+    FROM samples_raw r JOIN instances i USING (instance_id)
+    LEFT JOIN m ON m.instance_id = r.instance_id AND m.bucket = r.ts - r.ts % 60
+    WHERE r.ts >= $1 AND coalesce(m.mask, 0) & (1::UBIGINT << (r.ts % 60)::INTEGER) = 0
+)
+SELECT ts - ts % 3600 AS bucket, instance_id, 0::BIGINT, count(*)::BIGINT FROM u GROUP BY ALL
+UNION ALL
+SELECT u.ts - u.ts % 3600, min(u.instance_id), count(DISTINCT u.ts)::BIGINT, 0::BIGINT
+FROM u LEFT JOIN gm ON gm.gpu_uuid = u.gpu_uuid AND gm.bucket = u.minute
+WHERE coalesce(gm.mask, 0) & u.bit = 0
+GROUP BY u.ts - u.ts % 3600, u.gpu_uuid";
+
+/// What the writer holds: minute and GPU deltas committed as raw rows but not yet folded.
+#[derive(Default)]
+pub(super) struct Held {
+    deltas: Map<(i32, i32, i64), MinuteDelta>,
+    /// Per (instance, minute): the seconds held, under any holder.
+    masks: Map<(i32, i64), u64>,
+    gpu: Map<(i32, i64), (i64, i64)>,
+    /// When the first held group was written.
+    since: Option<Instant>,
+    /// `fold_pending.from_ts` as this group's transaction leaves it.
+    from_ts: Option<i64>,
+}
+
+impl Held {
+    pub(super) fn is_empty(&self) -> bool {
+        self.since.is_none()
+    }
+
+    /// Whether what is held must be folded now, batches waiting or not.
+    pub(super) fn due(&self) -> bool {
+        self.since.is_some_and(|s| s.elapsed() >= HOLD_FOR) || self.deltas.len() >= HOLD_ROWS
+    }
+
+    /// ORs the held seconds of instances `lo_i..=hi_i` in the minutes `lo_bucket..=hi_t` into
+    /// `covered` (the masks the ledger holds for a group).
+    pub(super) fn add_masks(
+        &self,
+        covered: &mut Map<(i32, i64), u64>,
+        (lo_bucket, hi_t): (i64, i64),
+        (lo_i, hi_i): (i32, i32),
+    ) {
+        for (&(iid, bucket), &mask) in &self.masks {
+            if (lo_i..=hi_i).contains(&iid) && (lo_bucket..=hi_t).contains(&bucket) {
+                *covered.entry((iid, bucket)).or_insert(0) |= mask;
+            }
+        }
+    }
+
+    /// Holds a group's deltas, whose oldest second is `oldest`, recording it in `tx` if it is
+    /// older than what is held. It changes `self` before `tx` commits: if this fails, or the
+    /// commit does, the caller must [`recover`].
+    pub(super) fn hold(
+        &mut self,
+        tx: &Connection,
+        deltas: Map<(i32, i32, i64), MinuteDelta>,
+        gpu: Map<(i32, i64), (i64, i64)>,
+        oldest: i64,
+    ) -> Result<(), WriteError> {
+        if self.from_ts.is_none_or(|f| oldest < f) {
+            tx.execute(
+                "UPDATE fold_pending SET from_ts = ? WHERE id = 0",
+                params![oldest],
+            )?;
+            self.from_ts = Some(oldest);
+        }
+        for ((iid, hid, bucket), d) in deltas {
+            *self.masks.entry((iid, bucket)).or_insert(0) |= d.mask;
+            merge(self.deltas.entry((iid, hid, bucket)).or_default(), &d)?;
+        }
+        for (key, counts) in gpu {
+            add_gpu_counts(&mut self.gpu, key, counts);
+        }
+        self.since.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    /// Folds what is held together with a group's deltas in `tx`, and clears the record. `self`
+    /// is unchanged: call [`Held::folded`] once `tx` has committed.
+    pub(super) fn fold_with(
+        &self,
+        tx: &Connection,
+        mut deltas: Map<(i32, i32, i64), MinuteDelta>,
+        mut gpu: Map<(i32, i64), (i64, i64)>,
+    ) -> Result<(), WriteError> {
+        if !self.is_empty() {
+            for (&key, d) in &self.deltas {
+                merge(deltas.entry(key).or_default(), d)?;
+            }
+            for (&key, &counts) in &self.gpu {
+                add_gpu_counts(&mut gpu, key, counts);
+            }
+            tx.execute("UPDATE fold_pending SET from_ts = NULL WHERE id = 0", [])?;
+        }
+        fold_minute_deltas(tx, &deltas)?;
+        fold_gpu_deltas(tx, &gpu)?;
+        Ok(())
+    }
+
+    /// What was held is in the rollups now.
+    pub(super) fn folded(&mut self) {
+        *self = Held::default();
+    }
+}
+
+fn merge(into: &mut MinuteDelta, d: &MinuteDelta) -> Result<(), WriteError> {
+    into.merge(d).map_err(|field| WriteError::Rejected {
+        field: field.into(),
+        message: "the minute's sum of this counter leaves 64 bits".into(),
+    })
+}
+
+/// Folds whatever `fold_pending` says is stored but not folded, in one transaction; answers
+/// whether there was any. After it, nothing is held.
+pub(super) fn recover(conn: &mut Connection) -> duckdb::Result<bool> {
+    let from: Option<i64> =
+        conn.query_row("SELECT from_ts FROM fold_pending WHERE id = 0", [], |r| {
+            r.get(0)
+        })?;
+    let Some(from) = from else {
+        return Ok(false);
+    };
+    let tx = conn.transaction()?;
+    // Both sets of deltas before the fold: it sets the masks they are derived against.
+    tx.execute(UNFOLDED_DELTAS, params![from])?;
+    tx.execute(UNFOLDED_GPU, params![from])?;
+    for sql in rollup_statements() {
+        tx.execute(sql, [])?;
+    }
+    tx.execute_batch(GPU_ROLLUP)?;
+    tx.execute("UPDATE fold_pending SET from_ts = NULL WHERE id = 0", [])?;
+    tx.commit()?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gpuledger_schema::wire::Batch;
+    use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
+
+    use super::super::WriterThread;
+    use super::super::dims::Dims;
+    use super::*;
+
+    /// A writer thread's state on the ledger at `path`, opened as a start opens it (folding what
+    /// a stopped writer held), driven here without its loop so that the test says when it holds.
+    fn writer(path: &std::path::Path) -> WriterThread {
+        let (mut conn, _) = crate::store::open(path).unwrap();
+        recover(&mut conn).unwrap();
+        WriterThread {
+            dims: Dims::load(&conn).unwrap(),
+            conn,
+            observer: Arc::new(()),
+            max_instances_per_node: usize::MAX,
+            held: Held::default(),
+            needs_recovery: false,
+        }
+    }
+
+    /// 5 s batches over `[t0, t0 + 150)`: two MIG instances of one GPU (one changes tenant at
+    /// `t0 + 70`), a whole GPU with unmeasured seconds. Then the batches of `[t0 + 40, t0 + 60)`
+    /// again (a re-send: stores nothing), and one batch mixing new and already stored seconds.
+    fn batches(t0: i64) -> Vec<Batch> {
+        let mig = |gi: u32, start: u32| Instance {
+            node: "n1".into(),
+            gpu_uuid: "GPU-aaaa".into(),
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+            mig_profile: Some("1g.10gb".into()),
+            gpu_instance_id: Some(gi),
+            placement_start: Some(start),
+            placement_size: Some(1),
+        };
+        let whole = Instance {
+            gpu_uuid: "GPU-bbbb".into(),
+            mig_profile: None,
+            gpu_instance_id: None,
+            placement_start: None,
+            placement_size: None,
+            ..mig(0, 0)
+        };
+        let tenant = |t: &str| Attribution {
+            tenant: Some(t.into()),
+            workload: Some(format!("{t}-job")),
+            slo_class: Some(SloClass::Batch),
+        };
+        let seconds = |from: i64, to: i64| -> Vec<Sample> {
+            (from..to)
+                .flat_map(|t| {
+                    let x = ((t * 7919) % 101) as f64 / 100.0;
+                    [
+                        (mig(1, 0), tenant("a"), Some(x)),
+                        (
+                            mig(2, 1),
+                            tenant(if t < t0 + 70 { "a" } else { "b" }),
+                            Some(1.0 - x),
+                        ),
+                        (
+                            whole.clone(),
+                            Attribution::default(),
+                            (t % 3 != 0).then_some(x / 2.0),
+                        ),
+                    ]
+                    .into_iter()
+                    .map(move |(instance, attribution, sm)| Sample {
+                        timestamp: t,
+                        instance,
+                        attribution,
+                        counters: Counters {
+                            sm_active: sm,
+                            fb_used_bytes: Some(1 << 30 | (t as u64 % 17)),
+                            nvlink_tx_bytes: Some(t as u64 % 1000),
+                            ..Counters::default()
+                        },
+                    })
+                })
+                .collect()
+        };
+        let mut out: Vec<Batch> = (t0..t0 + 150)
+            .step_by(5)
+            .map(|s| Batch::from_samples("n1", &seconds(s, s + 5)))
+            .collect();
+        out.extend(
+            (t0 + 40..t0 + 60)
+                .step_by(5)
+                .map(|s| Batch::from_samples("n1", &seconds(s, s + 5))),
+        );
+        out.push(Batch::from_samples("n1", &seconds(t0 + 145, t0 + 155)));
+        out
+    }
+
+    /// Every rollup's rows, sorted, as text (ratios rounded: sums may add in another order).
+    fn rollups(path: &std::path::Path) -> Vec<String> {
+        let conn = duckdb::Connection::open(path).unwrap();
+        let mut out = Vec::new();
+        for table in [
+            "rollup_1m",
+            "rollup_1h",
+            "rollup_alloc_1d",
+            "rollup_tenant_1h",
+            "rollup_gpu_1h",
+        ] {
+            let mut stmt = conn
+                .prepare(&format!("SELECT * FROM {table} ORDER BY ALL"))
+                .unwrap();
+            let rows = stmt
+                .query_map([], |r| {
+                    let mut row = format!("{table}:");
+                    for i in 0..r.as_ref().column_count() {
+                        match r.get_ref(i)? {
+                            duckdb::types::ValueRef::Double(v) => row += &format!(" {v:.9}"),
+                            v => row += &format!(" {v:?}"),
+                        }
+                    }
+                    Ok(row)
+                })
+                .unwrap();
+            out.extend(rows.map(Result::unwrap));
+        }
+        out.sort();
+        out
+    }
+
+    fn write_all(w: &mut WriterThread, batches: &[Batch], hold: bool) -> u64 {
+        batches
+            .iter()
+            .map(|b| w.try_write(&[(b, 0)], &|| hold).unwrap()[0].stored)
+            .sum()
+    }
+
+    #[test]
+    fn held_folds_give_the_rollups_direct_ones_give_even_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 3540;
+        let all = batches(t0);
+        let (direct, crashed, folded) = (
+            dir.path().join("direct.duckdb"),
+            dir.path().join("crashed.duckdb"),
+            dir.path().join("folded.duckdb"),
+        );
+
+        let mut w = writer(&direct);
+        let stored = write_all(&mut w, &all, false);
+        assert!(w.held.is_empty());
+        drop(w);
+        assert_eq!(stored, 3 * 155, "the re-sent seconds are stored once");
+        let expected = rollups(&direct);
+        assert!(expected.iter().any(|r| r.starts_with("rollup_tenant_1h")));
+
+        // Held throughout: dedup sees the held seconds, and nothing reaches the rollups...
+        let mut w = writer(&crashed);
+        assert_eq!(write_all(&mut w, &all, true), stored);
+        assert!(!w.held.is_empty());
+        drop(w); // ...until the process dies: the next start folds what the raw rows hold.
+        let early = rollups(&crashed);
+        assert!(early.is_empty(), "{early:#?}");
+        drop(writer(&crashed));
+        assert_eq!(rollups(&crashed), expected);
+
+        // Held, then folded with a group (no batch waiting), then the writer is idle.
+        let mut w = writer(&folded);
+        let (first, rest) = all.split_at(20);
+        assert_eq!(
+            write_all(&mut w, first, true) + write_all(&mut w, rest, false),
+            stored
+        );
+        assert!(w.held.is_empty());
+        drop(w);
+        assert_eq!(rollups(&folded), expected);
+        let pending: Option<i64> = duckdb::Connection::open(&folded)
+            .unwrap()
+            .query_row("SELECT from_ts FROM fold_pending", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(pending, None);
+    }
+}
