@@ -3,10 +3,10 @@
 //! A live group's minute deltas number about a fifth of its samples (one per instance and 5 s
 //! batch), and folding them into the minute, hour, day, tenant and GPU rollups is one `MERGE` per
 //! rollup whose rows are nearly all updates: that cost more than everything else a group does
-//! (BENCHMARKS.md, "Where the time goes now"). So when more batches already wait behind a group,
+//! (BENCHMARKS.md, "Where the time goes now"). So when [`HOLD_BEHIND`] samples already wait behind a group,
 //! the writer commits the group's raw rows and batch ids but keeps its minute and GPU deltas in
 //! memory, summed per (instance, holder, minute): twelve 5 s batches of a series become one row.
-//! It folds what it holds, with the group at hand, as soon as no job waits, once it has held for
+//! It folds what it holds, with the group at hand, as soon as fewer wait, once it has held for
 //! [`HOLD_FOR`] or [`HOLD_ROWS`] rows, before retention and minute rows, when it is idle and when
 //! it stops. So under load the rollups show an acknowledged batch at most [`HOLD_FOR`] later;
 //! otherwise the group that stores a batch also folds it.
@@ -28,6 +28,13 @@ use super::rollups::{
     GPU_ROLLUP, Map, MinuteDelta, add_gpu_counts, fold_gpu_deltas, fold_minute_deltas,
     rollup_statements,
 };
+
+/// Samples that must wait behind a group for the writer to hold its folds back. Holding pays
+/// when the same instances bring several batches before the fold, i.e. when the writer is
+/// behind. At a live fleet's own pace each instance sends one batch per 5 s, the queue holds a
+/// few batches, and holding only makes the folds fewer and larger: with a hold whenever any job
+/// waited, the paced load's p99 rose from ~0.5 s to 1.1 s (BENCHMARKS.md).
+pub(super) const HOLD_BEHIND: usize = 50_000;
 
 /// Longest the writer holds folds back while batches keep waiting.
 pub(super) const HOLD_FOR: Duration = Duration::from_secs(30);

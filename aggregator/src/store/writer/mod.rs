@@ -198,6 +198,11 @@ impl Writer {
         let dims = Dims::load(&conn).map_err(StoreError::from_db)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let capacity = queue_samples.clamp(1, Semaphore::MAX_PERMITS);
+        let queue = Arc::new(Semaphore::new(capacity));
+        let waiting = Waiting {
+            queue: queue.clone(),
+            capacity,
+        };
         let thread = std::thread::Builder::new()
             .name("gpuledger-writer".into())
             .spawn(move || {
@@ -209,13 +214,13 @@ impl Writer {
                     held: held::Held::default(),
                     needs_recovery: false,
                 }
-                .run(rx)
+                .run(rx, waiting)
             })
             .map_err(|e| StoreError::Io(format!("cannot start the writer thread: {e}")))?;
         Ok((
             Writer {
                 tx,
-                queue: Arc::new(Semaphore::new(capacity)),
+                queue,
                 capacity,
             },
             thread,
@@ -405,6 +410,24 @@ impl PassMaps {
     }
 }
 
+/// The writer queue as the writer thread sees it: how many samples wait behind a group.
+struct Waiting {
+    queue: Arc<Semaphore>,
+    capacity: usize,
+}
+
+impl Waiting {
+    /// Places in the queue taken by `group` (held until its batches are written).
+    fn taken_by(group: &[IngestJob]) -> usize {
+        group.iter().map(|j| j._permit.num_permits()).sum()
+    }
+
+    /// Samples queued besides the `own` places of the group being written.
+    fn behind(&self, own: usize) -> usize {
+        (self.capacity - self.queue.available_permits()).saturating_sub(own)
+    }
+}
+
 struct WriterThread {
     conn: Connection,
     dims: Dims,
@@ -431,7 +454,7 @@ impl From<duckdb::Error> for WriteError {
 }
 
 impl WriterThread {
-    fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>) {
+    fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>, waiting: Waiting) {
         let mut pending: Option<Job> = None;
         loop {
             if pending.is_none() && rx.is_empty() && !self.held.is_empty() {
@@ -502,7 +525,10 @@ impl WriterThread {
                             Err(_) => break,
                         }
                     }
-                    self.ingest_group(group, &|| !rx.is_empty());
+                    // Hold folds back only while the writer is clearly behind (see `held`).
+                    let own = Waiting::taken_by(&group);
+                    let behind = || waiting.behind(own) >= held::HOLD_BEHIND;
+                    self.ingest_group(group, &behind);
                 }
             }
         }
