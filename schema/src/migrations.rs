@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "fold_pending",
         sql: include_str!("../migrations/0006_fold_pending.sql"),
     },
+    Migration {
+        version: 7,
+        name: "batch_first_second",
+        sql: include_str!("../migrations/0007_batch_first_second.sql"),
+    },
 ];
 
 /// The schema version this build writes.

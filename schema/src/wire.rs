@@ -253,6 +253,16 @@ impl Batch {
         self.series.iter().map(|s| s.t.len()).sum()
     }
 
+    /// The batch's earliest second, over its samples and shares; `None` when it has neither. A
+    /// re-sent batch carries the same seconds, so the same earliest one: a receiver can look its
+    /// id up among the batches of that second only.
+    pub fn first_second(&self) -> Option<i64> {
+        self.entries()
+            .filter_map(|(_, _, s)| s.t.iter().min())
+            .min()
+            .copied()
+    }
+
     /// Samples plus share seconds: what the batch costs a receiver to hold and write.
     pub fn weight(&self) -> usize {
         self.sample_count() + self.share_count()

@@ -12,7 +12,8 @@
 //! entirely or not at all, and it is acknowledged only after the commit. If a group fails, its
 //! batches are retried one by one so that one bad batch cannot hold back the others.
 //!
-//! The parts: `dims` (the dimension mirror and GPU index), `raw` (the Arrow columns of raw rows),
+//! The parts: `batch_ids` (which batches are stored already, and recording them), `dims` (the
+//! dimension mirror and GPU index), `raw` (the Arrow columns of raw rows),
 //! `rollups` (the deltas and the SQL that folds them), `minutes` (history as minute rows),
 //! `retention` (what is deleted when), `compact` (raw rows rewritten in instance order once their
 //! hour is over), `held` (folds held back while batches wait behind a group, and their recovery
@@ -31,6 +32,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::{Failure, StoreError};
 
+mod batch_ids;
 mod compact;
 mod dims;
 mod held;
@@ -657,24 +659,8 @@ impl WriterThread {
     ) -> Result<Vec<IngestOutcome>, WriteError> {
         let tx = self.conn.transaction()?;
         let mut outcomes = Vec::with_capacity(batches.len());
-        // Which batches are new: not stored before, not repeated within this group. One query for
-        // the whole group (a UUID's text never holds a comma).
-        let ids_text = batches
-            .iter()
-            .map(|(b, _)| b.batch_id.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut stored_before = HashSet::new();
-        {
-            let mut stmt = tx.prepare_cached(
-                "SELECT DISTINCT batch_id::VARCHAR FROM ingested_batches
-                 WHERE batch_id IN (SELECT CAST(unnest(string_split(?, ',')) AS UUID))",
-            )?;
-            let rows = stmt.query_map([&ids_text], |r| r.get::<_, String>(0))?;
-            for row in rows {
-                stored_before.insert(row?);
-            }
-        }
+        // Which batches are new: not stored before, not repeated within this group.
+        let stored_before = batch_ids::stored_before(&tx, batches)?;
         let mut seen = HashSet::new();
         let mut new = Vec::new();
         for (i, (batch, _)) in batches.iter().enumerate() {
@@ -841,23 +827,11 @@ impl WriterThread {
         } else if let Some(oldest) = oldest {
             self.held.hold(&tx, maps.deltas, gpu_deltas, oldest)?;
         }
-        // The batch ids, through an appender (one INSERT of a few hundred rows' placeholders
-        // cost ~70 µs a row to parse and bind).
-        let now = chrono::Utc::now().timestamp();
-        let mut app = tx.appender("ingested_batches")?;
         for &i in &new {
             let o = &mut outcomes[i];
             o.duplicate_samples = o.samples - o.stored;
-            app.append_row(params![
-                batches[i].0.batch_id.to_string(),
-                batches[i].0.node,
-                now,
-                o.samples as i64,
-                o.stored as i64
-            ])?;
         }
-        app.flush()?;
-        drop(app);
+        batch_ids::record(&tx, batches, &new, &outcomes)?;
         tx.commit()?;
         if folding {
             self.held.folded();
