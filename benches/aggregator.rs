@@ -8,7 +8,8 @@
 //!    function the API calls;
 //! 4. one hoarding + fragmentation evaluation over the last hour for 10,000 instances;
 //! 5. (`-- history`) a day of the demo's history as minute rows against the same seconds;
-//! 6. (`-- writer-live`) the writer alone on live 5 s batches from 1,000 known nodes;
+//! 6. (`-- writer-live`) the writer alone on live 5 s batches from 1,000 known nodes, on a fresh
+//!    ledger and on one that holds 10 M batch ids already;
 //! 7. (`-- import`) `gpuledger import` of a 2 h trace against DuckDB's `read_csv` of the file.
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
@@ -87,12 +88,38 @@ fn writer_only(
     dir: &std::path::Path,
     name: &str,
 ) -> f64 {
+    writer_aged(warm, rounds, dir, name, 0, false)
+}
+
+/// [`writer_only`] on a ledger that already holds `batch_ids` stored batch ids: a fleet's live
+/// batches of the hours before (250 per second, as 1,250 nodes sending every 5 s), written
+/// before the clock starts. `one_at_a_time`: each batch is written before the next is sent, so
+/// that every group is one batch (a fleet at its own pace gives groups of a few).
+fn writer_aged(
+    warm: Vec<Batch>,
+    rounds: Vec<Vec<Batch>>,
+    dir: &std::path::Path,
+    name: &str,
+    batch_ids: u64,
+    one_at_a_time: bool,
+) -> f64 {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
     let (conn, _) = store::open(&dir.join(format!("{name}.duckdb"))).unwrap();
+    if batch_ids > 0 {
+        let first = warm.iter().filter_map(Batch::first_second).min().unwrap();
+        conn.execute(
+            "INSERT INTO ingested_batches
+             SELECT uuid(), 'node-' || (i % 1250), t, 280, 280, t
+             FROM (SELECT i, ? - (? - i) // 250 AS t FROM range(?) r(i))",
+            duckdb::params![first - 5, batch_ids as i64, batch_ids as i64],
+        )
+        .unwrap();
+        conn.execute_batch("CHECKPOINT").unwrap();
+    }
     let (writer, thread) = Writer::spawn(conn, 4_000_000, Arc::new(())).unwrap();
     let write = |batches: Vec<Batch>| {
         rt.block_on(async {
@@ -100,9 +127,12 @@ fn writer_only(
             for b in batches {
                 let r = writer.reserve(b.sample_count()).await.unwrap();
                 let w = writer.clone();
-                pending.push(tokio::spawn(
-                    async move { w.ingest(b, 0, r).await.unwrap() },
-                ));
+                let one = tokio::spawn(async move { w.ingest(b, 0, r).await.unwrap() });
+                if one_at_a_time {
+                    one.await.unwrap();
+                } else {
+                    pending.push(one);
+                }
             }
             for p in pending {
                 p.await.unwrap();
@@ -613,8 +643,27 @@ fn main() {
     if std::env::args().any(|a| a == "writer-live") {
         let t0 = chrono::Utc::now().timestamp() - 6 * 3600;
         let (warm, rounds) = live_rounds(1000, 35, t0);
+        let (first_warm, first_round) = (warm.clone(), vec![rounds[0].clone()]);
         let live = writer_only(warm, rounds, dir.path(), "writer-live");
         eprintln!("  writer, in process, live batches, 1,000 nodes: {live:.0} samples/s");
+        // Groups of one batch, on a fresh ledger and on one holding the batch ids a 10,000-GPU
+        // fleet (1,250 nodes, one batch each per 5 s) stores in 11 h.
+        let rate = |name: &str, ids: u64| {
+            writer_aged(
+                first_warm.clone(),
+                first_round.clone(),
+                dir.path(),
+                name,
+                ids,
+                true,
+            )
+        };
+        let fresh = rate("one-fresh", 0);
+        let aged = rate("one-aged", 10_000_000);
+        eprintln!(
+            "  one batch per group, 1,000 batches: fresh ledger {fresh:.0} samples/s; holding 10,000,000 batch ids already {aged:.0} samples/s = {:.2}× the fresh ledger's",
+            aged / fresh
+        );
         return;
     }
     if std::env::args().any(|a| a == "analytics") {
