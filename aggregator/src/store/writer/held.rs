@@ -3,12 +3,13 @@
 //! A live group's minute deltas number about a fifth of its samples (one per instance and 5 s
 //! batch), and folding them into the minute, hour, day, tenant and GPU rollups is one `MERGE` per
 //! rollup whose rows are nearly all updates: that cost more than everything else a group does
-//! (BENCHMARKS.md, "Where the time goes now"). So when [`HOLD_BEHIND`] samples already wait behind a group,
+//! (BENCHMARKS.md, "Where the time goes now"). So when samples already wait behind a group,
 //! the writer commits the group's raw rows and batch ids but keeps its minute and GPU deltas in
 //! memory, summed per (instance, holder, minute): twelve 5 s batches of a series become one row.
-//! It folds what it holds, with the group at hand, as soon as fewer wait, once it has held for
-//! [`HOLD_FOR`] or [`HOLD_ROWS`] rows, before retention and minute rows, when it is idle and when
-//! it stops. So under load the rollups show an acknowledged batch at most [`HOLD_FOR`] later;
+//! It folds what it holds, with the group at hand, when nothing waits, once it has held for
+//! [`HOLD_FOR`] (while [`HOLD_BEHIND`] samples or more wait) or [`HOLD_BRIEFLY`] (while fewer
+//! do) or [`HOLD_ROWS`] rows, before retention and minute rows, when it is idle and when it
+//! stops. So under load the rollups show an acknowledged batch at most [`HOLD_FOR`] later;
 //! otherwise the group that stores a batch also folds it.
 //!
 //! Exactly-once stays a matter of data. While the writer holds anything, `fold_pending.from_ts`
@@ -29,15 +30,21 @@ use super::rollups::{
     rollup_statements,
 };
 
-/// Samples that must wait behind a group for the writer to hold its folds back. Holding pays
-/// when the same instances bring several batches before the fold, i.e. when the writer is
-/// behind. At a live fleet's own pace each instance sends one batch per 5 s, the queue holds a
-/// few batches, and holding only makes the folds fewer and larger: with a hold whenever any job
-/// waited, the paced load's p99 rose from ~0.5 s to 1.1 s (BENCHMARKS.md).
+/// Samples waiting behind a group from which the writer counts as behind, and holds for up to
+/// [`HOLD_FOR`]; with fewer waiting it holds for up to [`HOLD_BRIEFLY`]. Holding long pays when
+/// the same instances bring several batches before the fold, i.e. when the writer is behind. At
+/// a live fleet's own pace each instance sends one batch per 5 s: there a long hold only made the
+/// folds fewer and larger (the paced load's p99 rose from ~0.5 s to 1.1 s, BENCHMARKS.md), and a
+/// fold per group, five `MERGE`s for a batch or two, made the writer's fixed cost most of its
+/// work.
 pub(super) const HOLD_BEHIND: usize = 50_000;
 
-/// Longest the writer holds folds back while batches keep waiting.
+/// Longest the writer holds folds back while it is behind.
 pub(super) const HOLD_FOR: Duration = Duration::from_secs(30);
+
+/// Longest the writer holds folds back while it keeps up (some samples wait, fewer than
+/// [`HOLD_BEHIND`]): about one fold a second instead of one per group.
+pub(super) const HOLD_BRIEFLY: Duration = Duration::from_secs(1);
 
 /// Most (instance, holder, minute) rows held; more are folded at once.
 pub(super) const HOLD_ROWS: usize = 250_000;
@@ -118,9 +125,14 @@ impl Held {
         self.since.is_none()
     }
 
-    /// Whether what is held must be folded now, batches waiting or not.
-    pub(super) fn due(&self) -> bool {
-        self.since.is_some_and(|s| s.elapsed() >= HOLD_FOR) || self.deltas.len() >= HOLD_ROWS
+    /// Whether what is held must be folded now, with `behind` samples waiting behind the group.
+    pub(super) fn due(&self, behind: usize) -> bool {
+        let limit = if behind >= HOLD_BEHIND {
+            HOLD_FOR
+        } else {
+            HOLD_BRIEFLY
+        };
+        self.since.is_some_and(|s| s.elapsed() >= limit) || self.deltas.len() >= HOLD_ROWS
     }
 
     /// ORs the held seconds of instances `lo_i..=hi_i` in the minutes `lo_bucket..=hi_t` into
@@ -356,7 +368,10 @@ mod tests {
     fn write_all(w: &mut WriterThread, batches: &[Batch], hold: bool) -> u64 {
         batches
             .iter()
-            .map(|b| w.try_write(&[(b, 0)], &|| hold).unwrap()[0].stored)
+            .map(|b| {
+                let behind = if hold { usize::MAX } else { 0 };
+                w.try_write(&[(b, 0)], &|| behind).unwrap()[0].stored
+            })
             .sum()
     }
 

@@ -527,9 +527,8 @@ impl WriterThread {
                             Err(_) => break,
                         }
                     }
-                    // Hold folds back only while the writer is clearly behind (see `held`).
                     let own = Waiting::taken_by(&group);
-                    let behind = || waiting.behind(own) >= held::HOLD_BEHIND;
+                    let behind = || waiting.behind(own);
                     self.ingest_group(group, &behind);
                 }
             }
@@ -579,12 +578,12 @@ impl WriterThread {
         }
     }
 
-    fn ingest_group(&mut self, group: Vec<IngestJob>, more_waiting: &dyn Fn() -> bool) {
+    fn ingest_group(&mut self, group: Vec<IngestJob>, behind: &dyn Fn() -> usize) {
         // One span per transaction; the ingest requests it commits are their own spans.
         let _span = tracing::info_span!("writer.commit", batches = group.len()).entered();
         let started = Instant::now();
         let batches: Vec<(&Batch, i64)> = group.iter().map(|j| (&j.batch, j.raw_cutoff)).collect();
-        match self.write(&batches, more_waiting) {
+        match self.write(&batches, behind) {
             Ok(outcomes) => {
                 self.observer
                     .committed(group.len(), started.elapsed().as_secs_f64());
@@ -600,7 +599,7 @@ impl WriterThread {
                 );
                 for job in group {
                     let started = Instant::now();
-                    let result = self.write(&[(&job.batch, job.raw_cutoff)], more_waiting);
+                    let result = self.write(&[(&job.batch, job.raw_cutoff)], behind);
                     if result.is_ok() {
                         self.observer.committed(1, started.elapsed().as_secs_f64());
                     }
@@ -620,12 +619,12 @@ impl WriterThread {
     fn write(
         &mut self,
         batches: &[(&Batch, i64)],
-        more_waiting: &dyn Fn() -> bool,
+        behind: &dyn Fn() -> usize,
     ) -> Result<Vec<IngestOutcome>, StoreError> {
         if self.needs_recovery {
             self.recover()?;
         }
-        let result = self.try_write(batches, more_waiting);
+        let result = self.try_write(batches, behind);
         if result.is_err() {
             self.reload_dims();
             // What is held may have taken this group's deltas: derive it again from the ledger.
@@ -655,7 +654,7 @@ impl WriterThread {
     fn try_write(
         &mut self,
         batches: &[(&Batch, i64)],
-        more_waiting: &dyn Fn() -> bool,
+        behind: &dyn Fn() -> usize,
     ) -> Result<Vec<IngestOutcome>, WriteError> {
         let tx = self.conn.transaction()?;
         let mut outcomes = Vec::with_capacity(batches.len());
@@ -819,9 +818,10 @@ impl WriterThread {
             app.append_record_batch(raw.into_record_batch()?)?;
             app.flush()?;
         }
-        // Hold the group's folds while more batches wait (see `held`), else fold them with
+        // Hold the group's folds while samples wait behind it (see `held`), else fold them with
         // whatever is held.
-        let folding = !(rollup_only == 0 && !self.held.due() && more_waiting());
+        let behind = behind();
+        let folding = rollup_only > 0 || behind == 0 || self.held.due(behind);
         if folding {
             self.held.fold_with(&tx, maps.deltas, gpu_deltas)?;
         } else if let Some(oldest) = oldest {
