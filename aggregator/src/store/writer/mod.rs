@@ -437,8 +437,10 @@ struct WriterThread {
     max_instances_per_node: usize,
     /// Deltas stored but not yet folded ([`held`]).
     held: held::Held,
-    /// A write failed and what it held could not be re-derived from the ledger yet: no batch is
-    /// written until it is (dedup would miss the held seconds).
+    /// What is held may be ahead of the ledger: set while a group's deltas are taken in and not
+    /// yet committed, and kept when that write failed and re-deriving what is held from the
+    /// ledger failed too. No batch is written until it is re-derived (dedup would miss the held
+    /// seconds).
     needs_recovery: bool,
 }
 
@@ -627,8 +629,12 @@ impl WriterThread {
         let result = self.try_write(batches, behind);
         if result.is_err() {
             self.reload_dims();
-            // What is held may have taken this group's deltas: derive it again from the ledger.
-            let _ = self.recover();
+            // What is held may have taken this group's deltas (only then is `needs_recovery` set):
+            // derive it again from the ledger. A write refused before that (a per-node limit, a
+            // bad value) leaves what is held as it was, and costs no re-derivation.
+            if self.needs_recovery {
+                let _ = self.recover();
+            }
         }
         result.map_err(|e| match e {
             WriteError::Rejected { field, message } => StoreError::Rejected { field, message },
@@ -825,6 +831,8 @@ impl WriterThread {
         if folding {
             self.held.fold_with(&tx, maps.deltas, gpu_deltas)?;
         } else if let Some(oldest) = oldest {
+            // From here until the commit, what is held is ahead of the ledger.
+            self.needs_recovery = true;
             self.held.hold(&tx, maps.deltas, gpu_deltas, oldest)?;
         }
         for &i in &new {
@@ -833,6 +841,7 @@ impl WriterThread {
         }
         batch_ids::record(&tx, batches, &new, &outcomes)?;
         tx.commit()?;
+        self.needs_recovery = false;
         if folding {
             self.held.folded();
         }
