@@ -177,6 +177,10 @@ pub struct AggregatorMetrics {
     pub commit_seconds: Histogram,
     /// Newest sample second written.
     pub newest_sample: Gauge,
+    /// (instance, holder, minute) deltas stored as raw rows, not yet folded into the rollups.
+    pub held_rows: Gauge,
+    /// Samples folded into the rollups by a recovery (after a crash or a failed write).
+    pub recovered_samples: Counter,
     /// Rows per table.
     pub rows: Family<TableLabels, Gauge>,
     /// Database file + WAL bytes.
@@ -227,6 +231,8 @@ impl AggregatorMetrics {
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
             ]),
             newest_sample: Gauge::default(),
+            held_rows: Gauge::default(),
+            recovered_samples: Counter::default(),
             rows: Family::default(),
             database_bytes: Gauge::default(),
             retention_deleted: Family::default(),
@@ -292,6 +298,16 @@ impl AggregatorMetrics {
             "Time to append and commit one group of batches (raw rows and rollups)",
             Unit::Seconds,
             m.commit_seconds.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_writer_held_rows",
+            "Minute deltas (instance, holder, minute) whose samples are stored but not yet folded into the rollups; the writer holds them while batches wait",
+            m.held_rows.clone(),
+        );
+        r.register(
+            "gpuledger_aggregator_writer_recovered_samples",
+            "Samples stored before a crash or a failed write and folded into the rollups only by the recovery that followed",
+            m.recovered_samples.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_newest_sample_timestamp",
@@ -416,6 +432,14 @@ impl WriteObserver for AggregatorMetrics {
         if ts > current {
             self.newest_sample.set(ts);
         }
+    }
+
+    fn held(&self, rows: usize) {
+        self.held_rows.set(i64::try_from(rows).unwrap_or(i64::MAX));
+    }
+
+    fn recovered(&self, samples: u64) {
+        self.recovered_samples.inc_by(samples);
     }
 }
 

@@ -125,6 +125,11 @@ impl Held {
         self.since.is_none()
     }
 
+    /// The (instance, holder, minute) deltas held.
+    pub(super) fn rows(&self) -> usize {
+        self.deltas.len()
+    }
+
     /// Whether what is held must be folded now, with `behind` samples waiting behind the group.
     pub(super) fn due(&self, behind: usize) -> bool {
         let limit = if behind >= HOLD_BEHIND {
@@ -214,18 +219,23 @@ fn merge(into: &mut MinuteDelta, d: &MinuteDelta) -> Result<(), WriteError> {
 }
 
 /// Folds whatever `fold_pending` says is stored but not folded, in one transaction; answers
-/// whether there was any. After it, nothing is held.
-pub(super) fn recover(conn: &mut Connection) -> duckdb::Result<bool> {
+/// how many samples that folded (`None`: nothing was pending). After it, nothing is held.
+pub(super) fn recover(conn: &mut Connection) -> duckdb::Result<Option<u64>> {
     let from: Option<i64> =
         conn.query_row("SELECT from_ts FROM fold_pending WHERE id = 0", [], |r| {
             r.get(0)
         })?;
     let Some(from) = from else {
-        return Ok(false);
+        return Ok(None);
     };
     let tx = conn.transaction()?;
     // Both sets of deltas before the fold: it sets the masks they are derived against.
     tx.execute(UNFOLDED_DELTAS, params![from])?;
+    let samples: i64 = tx.query_row(
+        "SELECT coalesce(sum(samples), 0)::BIGINT FROM ingest_delta_1m",
+        [],
+        |r| r.get(0),
+    )?;
     tx.execute(UNFOLDED_GPU, params![from])?;
     for sql in rollup_statements() {
         tx.execute(sql, [])?;
@@ -233,7 +243,7 @@ pub(super) fn recover(conn: &mut Connection) -> duckdb::Result<bool> {
     tx.execute_batch(GPU_ROLLUP)?;
     tx.execute("UPDATE fold_pending SET from_ts = NULL WHERE id = 0", [])?;
     tx.commit()?;
-    Ok(true)
+    Ok(Some(samples.unsigned_abs()))
 }
 
 #[cfg(test)]
@@ -401,7 +411,10 @@ mod tests {
         drop(w); // ...until the process dies: the next start folds what the raw rows hold.
         let early = rollups(&crashed);
         assert!(early.is_empty(), "{early:#?}");
-        drop(writer(&crashed));
+        let (mut conn, _) = crate::store::open(&crashed).unwrap();
+        assert_eq!(recover(&mut conn).unwrap(), Some(stored));
+        assert_eq!(recover(&mut conn).unwrap(), None, "recovered once");
+        drop(conn);
         assert_eq!(rollups(&crashed), expected);
 
         // Held, then folded with a group (no batch waiting), then the writer is idle.

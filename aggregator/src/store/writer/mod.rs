@@ -128,11 +128,18 @@ pub trait WriteObserver: Send + Sync + 'static {
     fn committed(&self, batches: usize, seconds: f64);
     /// The newest sample second written so far.
     fn newest_sample(&self, ts: i64);
+    /// The writer holds `rows` (instance, holder, minute) deltas whose samples are stored but
+    /// not yet in the rollups ([`held`]).
+    fn held(&self, rows: usize);
+    /// A start after a crash, or a failed write, folded `samples` stored but not yet folded.
+    fn recovered(&self, samples: u64);
 }
 
 impl WriteObserver for () {
     fn committed(&self, _: usize, _: f64) {}
     fn newest_sample(&self, _: i64) {}
+    fn held(&self, _: usize) {}
+    fn recovered(&self, _: u64) {}
 }
 
 /// The handle async code holds; cheap to clone.
@@ -192,10 +199,12 @@ impl Writer {
         max_instances_per_node: usize,
         observer: Arc<dyn WriteObserver>,
     ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
-        if held::recover(&mut conn).map_err(StoreError::from_db)? {
+        if let Some(samples) = held::recover(&mut conn).map_err(StoreError::from_db)? {
             tracing::warn!(
+                samples,
                 "Folded into the rollups the samples a stopped writer had stored but not yet folded."
             );
+            observer.recovered(samples);
         }
         let dims = Dims::load(&conn).map_err(StoreError::from_db)?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -465,6 +474,7 @@ impl WriterThread {
                 // Idle: fold what is held, so that readers see it.
                 let _ = self.fold_held();
             }
+            self.observer.held(self.held.rows());
             let job = match pending.take() {
                 Some(j) => j,
                 None => match rx.blocking_recv() {
@@ -568,8 +578,9 @@ impl WriterThread {
     fn recover(&mut self) -> Result<(), StoreError> {
         self.held.folded();
         match held::recover(&mut self.conn) {
-            Ok(_) => {
+            Ok(samples) => {
                 self.needs_recovery = false;
+                self.observer.recovered(samples.unwrap_or(0));
                 Ok(())
             }
             Err(e) => {
