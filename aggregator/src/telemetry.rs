@@ -185,6 +185,10 @@ pub struct AggregatorMetrics {
     pub rows: Family<TableLabels, Gauge>,
     /// Database file + WAL bytes.
     pub database_bytes: Gauge,
+    /// Bytes DuckDB's buffer manager holds in memory.
+    pub store_memory_bytes: Gauge,
+    /// The process's resident memory.
+    pub resident_bytes: Gauge,
     /// Rows deleted by retention, per table.
     pub retention_deleted: Family<TableLabels, Counter>,
     /// The ledger's families (tenants, hoarding, fragmentation): shown only to tokens that may
@@ -235,6 +239,8 @@ impl AggregatorMetrics {
             recovered_samples: Counter::default(),
             rows: Family::default(),
             database_bytes: Gauge::default(),
+            store_memory_bytes: Gauge::default(),
+            resident_bytes: Gauge::default(),
             retention_deleted: Family::default(),
             ledger: LedgerFamilies::new(),
             current: std::sync::Mutex::default(),
@@ -326,6 +332,18 @@ impl AggregatorMetrics {
             Unit::Bytes,
             m.database_bytes.clone(),
         );
+        r.register_with_unit(
+            "gpuledger_aggregator_store_memory",
+            "Bytes DuckDB's buffer manager holds in memory (duckdb_memory()); --memory-limit bounds it",
+            Unit::Bytes,
+            m.store_memory_bytes.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_resident_memory",
+            "Resident memory of the aggregator process (DuckDB's included)",
+            Unit::Bytes,
+            m.resident_bytes.clone(),
+        );
         r.register(
             "gpuledger_aggregator_retention_deleted_rows",
             "Rows deleted by retention, per table",
@@ -413,6 +431,15 @@ impl AggregatorMetrics {
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
+}
+
+/// The process's resident set, from `/proc/self/statm` (Linux); `None` where it cannot be read.
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages.saturating_mul(u64::try_from(page).ok()?))
 }
 
 impl Default for AggregatorMetrics {

@@ -151,13 +151,25 @@ impl App {
         m.queue_samples.set(self.writer.queued_samples() as i64);
         m.queue_capacity.set(self.writer.capacity() as i64);
         m.database_bytes.set(self.readers.database_bytes() as i64);
-        match self.readers.connect().and_then(|c| query::table_rows(&c)) {
-            Ok(rows) => {
+        if let Some(bytes) = crate::telemetry::resident_bytes() {
+            m.resident_bytes
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        let read = self
+            .readers
+            .connect()
+            .and_then(|c| Ok((query::table_rows(&c)?, query::memory_bytes(&c)?)));
+        match read {
+            Ok((rows, memory)) => {
                 for (table, n) in rows {
                     m.rows.get_or_create(&TableLabels { table }).set(n as i64);
                 }
+                m.store_memory_bytes
+                    .set(i64::try_from(memory).unwrap_or(i64::MAX));
             }
-            Err(e) => tracing::warn!(error = %e, "Cannot read table sizes for /metrics."),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot read table sizes and DuckDB's memory for /metrics.")
+            }
         }
         match scope {
             None => exposition::render(&[m.registry()], format),

@@ -85,6 +85,15 @@ pub const COUNTED_TABLES: [&str; 14] = [
     "webhook_outbox",
 ];
 
+/// Bytes DuckDB's buffer manager holds in memory now (`duckdb_memory()`, summed over its tags):
+/// what `--memory-limit` bounds. The rest of the process's resident memory is the aggregator's own.
+pub fn memory_bytes(conn: &Connection) -> Result<u64, StoreError> {
+    conn.prepare_cached("SELECT coalesce(sum(memory_usage_bytes), 0)::BIGINT FROM duckdb_memory()")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)))
+        .map(i64::unsigned_abs)
+        .map_err(StoreError::from_db)
+}
+
 /// Rows per ledger table (DuckDB's own count, kept in its metadata: no scan).
 pub fn table_rows(conn: &Connection) -> Result<Vec<(String, u64)>, StoreError> {
     let mut stmt = conn
