@@ -15,13 +15,16 @@
 //! path, record batches of about a million rows) of the throughput phase's rows into a plain
 //! table of `samples_raw`'s shape. After a
 //! clean stop the ledger is opened and its raw rows, minute rollups and batch ids are counted:
-//! stored must equal sent. Peak RSS is the aggregator's `VmHWM`. Last, the raw rows are rewritten
+//! stored must equal sent. Peak RSS is the aggregator's `VmHWM`; every 5 s the aggregator's own
+//! `/metrics` is read for its resident memory and DuckDB's part of it (`duckdb_memory()`), and
+//! each phase reports the most it saw (every 30 s with `--memory-trace`). Last, the raw rows are rewritten
 //! in instance order, as the aggregator does to each closed hour, and `samples_raw`'s blocks are
 //! counted before and after.
 //!
 //! Run: `cargo bench --bench ingest_load` (release), options after `--`: `--senders 1000`,
 //! `--seconds 60` (per node, throughput phase), `--paced-senders 1250`, `--paced-seconds 30`,
-//! `--flag ARG` (repeatable: passed to the aggregator). `cargo test` runs it only as a smoke check.
+//! `--flag ARG` (repeatable: passed to the aggregator), `--memory-trace`. `cargo test` runs it
+//! only as a smoke check.
 
 #[path = "support/fleet.rs"]
 mod fleet;
@@ -42,6 +45,36 @@ struct Args {
     paced_senders: usize,
     paced_seconds: i64,
     flags: Vec<String>,
+    memory_trace: bool,
+}
+
+/// The aggregator's memory as its `/metrics` says: (resident, DuckDB's buffer manager), bytes.
+async fn memory_of(client: &reqwest::Client, url: &str) -> Option<(f64, f64)> {
+    let text = client.get(url).send().await.ok()?.text().await.ok()?;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    Some((
+        value("gpuledger_aggregator_resident_memory_bytes")?,
+        value("gpuledger_aggregator_store_memory_bytes")?,
+    ))
+}
+
+/// Readings of the aggregator's memory every 5 s: (seconds since the first, resident, DuckDB).
+type MemoryLog = Arc<std::sync::Mutex<Vec<(f64, f64, f64)>>>;
+
+async fn watch_memory(url: String, log: MemoryLog) {
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    loop {
+        if let Some((rss, duckdb)) = memory_of(&client, &url).await {
+            log.lock()
+                .unwrap()
+                .push((start.elapsed().as_secs_f64(), rss, duckdb));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 fn args() -> Args {
@@ -51,6 +84,7 @@ fn args() -> Args {
         paced_senders: 1250,
         paced_seconds: 30,
         flags: Vec::new(),
+        memory_trace: false,
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -62,6 +96,11 @@ fn args() -> Args {
             "--paced-senders" => a.paced_senders = value().parse().unwrap(),
             "--paced-seconds" => a.paced_seconds = value().parse().unwrap(),
             "--flag" => a.flags.push(value()),
+            "--memory-trace" => {
+                a.memory_trace = true;
+                i += 1;
+                continue;
+            }
             _ => {
                 i += 1;
                 continue;
@@ -200,6 +239,7 @@ fn main() {
         return;
     }
     let a = args();
+    let memory_trace = a.memory_trace;
     let dir = tempfile::tempdir().unwrap();
     let t0 = (chrono::Utc::now().timestamp() - 6 * 3600) / 60 * 60;
     let nodes = a.senders.max(a.paced_senders);
@@ -283,17 +323,44 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let memory = MemoryLog::default();
+    rt.spawn(watch_memory(
+        format!("http://127.0.0.1:{}/metrics", server.port),
+        memory.clone(),
+    ));
+    let mib = |bytes: f64| bytes / (1 << 20) as f64;
     let mut sent = 0;
     let mut stored = 0;
     let mut run = |what: &str, nodes: Vec<Node>, pace: Option<Duration>, base: Option<f64>| {
+        let from = memory.lock().unwrap().len();
         let mut phase = rt.block_on(run_phase(nodes, url.clone(), pace));
         phase.report(what, base);
         sent += phase.samples;
         stored += phase.stored;
+        let log = memory.lock().unwrap();
+        let most = log[from..]
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or(String::new(), |&(_, rss, duckdb)| {
+                format!(
+                    "; most resident in this phase (read every 5 s) {:.1} MiB, of which DuckDB {:.1} MiB",
+                    mib(rss),
+                    mib(duckdb)
+                )
+            });
         eprintln!(
-            "    aggregator peak RSS so far {:.1} MiB",
+            "    aggregator peak RSS so far {:.1} MiB{most}",
             fleet::peak_rss_kib(pid) as f64 / 1024.0
         );
+        if memory_trace {
+            for &(t, rss, duckdb) in log[from..].iter().step_by(6) {
+                eprintln!(
+                    "      t={t:>5.0} s: resident {:.1} MiB, DuckDB {:.1} MiB",
+                    mib(rss),
+                    mib(duckdb)
+                );
+            }
+        }
     };
     run(
         &format!("first contact, {nodes} nodes at once (56 new instances each)"),
