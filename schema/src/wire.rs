@@ -76,6 +76,31 @@ impl Limits {
     }
 }
 
+/// The two lists of a batch whose entries are [`Series`]: what a JSON path to one starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum List {
+    /// `series`: per-instance counters.
+    Series,
+    /// `shares`: per-process shares of an instance.
+    Shares,
+}
+
+impl List {
+    /// The list's field name in the wire format.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            List::Series => "series",
+            List::Shares => "shares",
+        }
+    }
+}
+
+impl std::fmt::Display for List {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A batch of samples from one exporter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Batch {
@@ -268,19 +293,19 @@ impl Batch {
         self.sample_count() + self.share_count()
     }
 
-    /// Every entry of `series` and then `shares`, with the list it is in (`"series"`,
-    /// `"shares"`) and its index there: what a JSON path to one of them starts with.
-    pub fn entries(&self) -> impl Iterator<Item = (&'static str, usize, &Series)> {
+    /// Every entry of `series` and then `shares`, with the list it is in and its index there:
+    /// what a JSON path to one of them starts with.
+    pub fn entries(&self) -> impl Iterator<Item = (List, usize, &Series)> {
         let series = self
             .series
             .iter()
             .enumerate()
-            .map(|(i, s)| ("series", i, s));
+            .map(|(i, s)| (List::Series, i, s));
         let shares = self
             .shares
             .iter()
             .enumerate()
-            .map(|(i, s)| ("shares", i, s));
+            .map(|(i, s)| (List::Shares, i, s));
         series.chain(shares)
     }
 
@@ -393,18 +418,16 @@ impl Batch {
                 problem: "must not be empty".into(),
             });
         }
-        for (list, all) in [("series", &self.series), ("shares", &self.shares)] {
-            for (i, series) in all.iter().enumerate() {
-                series
-                    .validate(list == "shares")
-                    .map_err(|(field, j, problem)| WireError::Invalid {
-                        field: match j {
-                            Some(j) => format!("{list}[{i}].{field}[{j}]"),
-                            None => format!("{list}[{i}].{field}"),
-                        },
-                        problem,
-                    })?;
-            }
+        for (list, i, series) in self.entries() {
+            series
+                .validate(list == List::Shares)
+                .map_err(|(field, j, problem)| WireError::Invalid {
+                    field: match j {
+                        Some(j) => format!("{list}[{i}].{field}[{j}]"),
+                        None => format!("{list}[{i}].{field}"),
+                    },
+                    problem,
+                })?;
         }
         Ok(())
     }

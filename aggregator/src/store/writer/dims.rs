@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use duckdb::{Connection, params};
-use gpuledger_schema::wire::{Batch, Series};
+use gpuledger_schema::wire::{Batch, List, Series};
 
 use super::WriteError;
 use super::rollups::Map;
@@ -280,8 +280,8 @@ impl Dims {
                 };
                 let pair = (iid, self.holder_id(s));
                 match list {
-                    "series" => these.series.push(pair),
-                    _ => these.shares.push(pair),
+                    List::Series => these.series.push(pair),
+                    List::Shares => these.shares.push(pair),
                 }
             }
             ids.push(these);
