@@ -16,12 +16,40 @@ use gpuledger_schema::wire::Batch;
 
 use super::IngestOutcome;
 
-/// The ids (as text) of `batches` the ledger holds already. One query for the batches with
-/// seconds and one, when any, for those without (a UUID's text never holds a comma).
-pub(super) fn stored_before(
+/// Which of `batches` are new: neither stored before nor repeated earlier in the group. Answers
+/// an outcome per batch (a duplicate's says so; a new one's `stored` is filled in later) and the
+/// indices of the new ones.
+pub(super) fn new_batches(
     tx: &Connection,
     batches: &[(&Batch, i64)],
-) -> duckdb::Result<HashSet<String>> {
+) -> duckdb::Result<(Vec<IngestOutcome>, Vec<usize>)> {
+    let stored_before = stored_before(tx, batches)?;
+    let mut seen = HashSet::new();
+    let mut new = Vec::new();
+    let outcomes = batches
+        .iter()
+        .enumerate()
+        .map(|(i, (batch, _))| {
+            let duplicate =
+                stored_before.contains(&batch.batch_id.to_string()) || !seen.insert(batch.batch_id);
+            if !duplicate {
+                new.push(i);
+            }
+            let samples = batch.sample_count() as u64;
+            IngestOutcome {
+                samples,
+                stored: 0,
+                duplicate_samples: if duplicate { samples } else { 0 },
+                duplicate_batch: duplicate,
+            }
+        })
+        .collect();
+    Ok((outcomes, new))
+}
+
+/// The ids (as text) of `batches` the ledger holds already. One query for the batches with
+/// seconds and one, when any, for those without (a UUID's text never holds a comma).
+fn stored_before(tx: &Connection, batches: &[(&Batch, i64)]) -> duckdb::Result<HashSet<String>> {
     let (mut lo, mut hi) = (i64::MAX, i64::MIN);
     let (mut timed, mut untimed) = (Vec::new(), Vec::new());
     for (b, _) in batches {

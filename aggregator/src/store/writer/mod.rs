@@ -13,7 +13,8 @@
 //! batches are retried one by one so that one bad batch cannot hold back the others.
 //!
 //! The parts: `batch_ids` (which batches are stored already, and recording them), `dims` (the
-//! dimension mirror and GPU index), `raw` (the Arrow columns of raw rows),
+//! dimension mirror and GPU index), `pass` (the masks a group is checked against, and the pass
+//! that decides what is stored), `raw` (the Arrow columns of raw rows),
 //! `rollups` (the deltas and the SQL that folds them), `minutes` (history as minute rows),
 //! `retention` (what is deleted when), `compact` (raw rows rewritten in instance order once their
 //! hour is over), `held` (folds held back while batches wait behind a group, and their recovery
@@ -22,7 +23,6 @@
 //! Memory is bounded by the caller: [`Writer::try_reserve`] hands out queue permits counted in
 //! samples, and a job holds its permit until it has been written.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,6 +37,7 @@ mod compact;
 mod dims;
 mod held;
 mod minutes;
+mod pass;
 mod raw;
 mod retention;
 mod rollups;
@@ -44,7 +45,7 @@ mod rollups;
 use dims::Dims;
 pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
 pub use raw::RawColumns;
-use rollups::{Map, MinuteDelta, SHARES_ROLLUP, add_gpu_counts, covered_masks, minute_of};
+use rollups::{Map, SHARES_ROLLUP};
 
 /// What became of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -383,44 +384,6 @@ impl Writer {
     }
 }
 
-/// One series' seconds in one minute, while the pass is in it: the instance's covered seconds,
-/// its GPU's observed seconds and the minute delta, taken from the group's [`PassMaps`] at its
-/// start and put back at its end.
-struct Run {
-    bucket: i64,
-    seen: u64,
-    gpu: u64,
-    delta: MinuteDelta,
-}
-
-/// What the pass keeps per minute for the group: each instance's covered seconds, each GPU's
-/// observed seconds, and the minute deltas per (instance, holder).
-struct PassMaps {
-    covered: Map<(i32, i64), u64>,
-    gpu_seen: Map<(usize, i64), u64>,
-    deltas: Map<(i32, i32, i64), MinuteDelta>,
-}
-
-impl PassMaps {
-    /// The minute `bucket` of the series `(instance, holder, GPU slot)`.
-    fn take(&mut self, (iid, hid, gpu): (i32, i32, usize), bucket: i64) -> Run {
-        Run {
-            bucket,
-            seen: self.covered.get(&(iid, bucket)).copied().unwrap_or(0),
-            gpu: self.gpu_seen.get(&(gpu, bucket)).copied().unwrap_or(0),
-            delta: self.deltas.remove(&(iid, hid, bucket)).unwrap_or_default(),
-        }
-    }
-
-    fn put(&mut self, (iid, hid, gpu): (i32, i32, usize), run: Run) {
-        self.covered.insert((iid, run.bucket), run.seen);
-        self.gpu_seen.insert((gpu, run.bucket), run.gpu);
-        if run.delta.samples > 0 {
-            self.deltas.insert((iid, hid, run.bucket), run.delta);
-        }
-    }
-}
-
 /// The writer queue as the writer thread sees it: how many samples wait behind a group.
 struct Waiting {
     queue: Arc<Semaphore>,
@@ -668,34 +631,17 @@ impl WriterThread {
         }
     }
 
+    /// Writes `batches` in one transaction: the batch ids first (a batch stored before is not
+    /// looked at again), then the dimensions, the shares, the pass (what is stored) and the raw
+    /// rows; it folds the group's minute deltas into the rollups, or holds them while samples
+    /// wait ([`held`]), and commits.
     fn try_write(
         &mut self,
         batches: &[(&Batch, i64)],
         behind: &dyn Fn() -> usize,
     ) -> Result<Vec<IngestOutcome>, WriteError> {
         let tx = self.conn.transaction()?;
-        let mut outcomes = Vec::with_capacity(batches.len());
-        // Which batches are new: not stored before, not repeated within this group.
-        let stored_before = batch_ids::stored_before(&tx, batches)?;
-        let mut seen = HashSet::new();
-        let mut new = Vec::new();
-        for (i, (batch, _)) in batches.iter().enumerate() {
-            let duplicate =
-                stored_before.contains(&batch.batch_id.to_string()) || !seen.insert(batch.batch_id);
-            outcomes.push(IngestOutcome {
-                samples: batch.sample_count() as u64,
-                stored: 0,
-                duplicate_samples: if duplicate {
-                    batch.sample_count() as u64
-                } else {
-                    0
-                },
-                duplicate_batch: duplicate,
-            });
-            if !duplicate {
-                new.push(i);
-            }
-        }
+        let (mut outcomes, new) = batch_ids::new_batches(&tx, batches)?;
         if new.is_empty() {
             tx.commit()?;
             return Ok(outcomes);
@@ -703,148 +649,35 @@ impl WriterThread {
         let ids = self
             .dims
             .assign_ids(self.max_instances_per_node, batches, &new)?;
-        // Shares inside the raw window (older ones could not be told from a re-send).
-        let share_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
-        let mut shares: Vec<(i64, i32, i32, u32, Option<u64>, Option<f64>)> = Vec::new();
-        for (k, &i) in new.iter().enumerate() {
-            for (s, &(iid, hid)) in batches[i].0.shares.iter().zip(&ids[k].shares) {
-                for share in s.shares().filter(|x| x.timestamp >= share_cutoff) {
-                    shares.push((
-                        share.timestamp,
-                        iid,
-                        hid,
-                        share.processes,
-                        share.memory_used_bytes,
-                        share.sm_active,
-                    ));
-                }
-            }
-        }
-        self.dims.flush(&tx)?;
-        if !shares.is_empty() {
-            {
-                let mut app = tx.appender("ingest_shares")?;
-                for (ts, iid, hid, processes, memory, sm) in &shares {
-                    app.append_row(params![ts, iid, hid, processes, memory, sm])?;
-                }
-                app.flush()?;
-            }
-            tx.execute_batch(SHARES_ROLLUP)?;
-        }
-        // Samples older than the raw window go to the rollups only. Batches of one group may have
-        // been admitted with different cutoffs; the latest one is the one in force now.
+        // Batches of one group may have been admitted with different cutoffs; the latest one is
+        // the one in force now. Shares and samples older than it are outside the raw window.
         let raw_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
-        // The seconds the ledger holds already, for this group's instances and minutes.
-        let (mut lo_t, mut hi_t, mut lo_i, mut hi_i) = (i64::MAX, i64::MIN, i32::MAX, i32::MIN);
-        for (k, &i) in new.iter().enumerate() {
-            for (s, &(iid, _)) in batches[i].0.series.iter().zip(&ids[k].series) {
-                if let (Some(&first), Some(&last)) = (s.t.iter().min(), s.t.iter().max()) {
-                    lo_t = lo_t.min(first);
-                    hi_t = hi_t.max(last);
-                    // Every instance of the GPU: its observed seconds are the union of theirs.
-                    for &m in &self.dims.gpu_members[self.dims.gpu_of[&iid]] {
-                        lo_i = lo_i.min(m);
-                        hi_i = hi_i.max(m);
-                    }
-                }
-            }
-        }
-        let covered = if lo_t <= hi_t {
-            let mut covered = covered_masks(&tx, minute_of(lo_t).0, hi_t, lo_i, hi_i)?;
-            self.held
-                .add_masks(&mut covered, (minute_of(lo_t).0, hi_t), (lo_i, hi_i));
-            covered
-        } else {
-            Map::default()
-        };
-        let mut maps = PassMaps {
-            gpu_seen: self.dims.gpu_seen(&covered),
+        self.dims.flush(&tx)?;
+        write_shares(&tx, (batches, &new, &ids), raw_cutoff)?;
+        let covered = pass::covered(&tx, &self.dims, &self.held, (batches, &new, &ids))?;
+        let pass = pass::pass(
+            &self.dims,
             covered,
-            deltas: Map::default(),
-        };
-        // One pass: keep the first copy of each (instance, second) no mask covers, append it to
-        // the raw columns when inside the raw window, sum it into its minute delta, and count the
-        // GPU's second as observed if no instance of it had that second yet.
-        let mut raw = RawColumns::default();
-        let mut gpu_deltas: Map<(i32, i64), (i64, i64)> = Map::default();
-        let mut newest: Option<i64> = None;
-        let mut oldest: Option<i64> = None;
-        // Stored samples that have no raw row: such a group's deltas cannot be held.
-        let mut rollup_only = 0usize;
-        for (k, &i) in new.iter().enumerate() {
-            let mut stored = 0u64;
-            for (n, (s, &(iid, hid))) in batches[i].0.series.iter().zip(&ids[k].series).enumerate()
-            {
-                let key = (iid, hid, self.dims.gpu_of[&iid]);
-                // A series' seconds come in runs of one minute (and nearly always one hour): the
-                // maps are read once per run and written back when it ends, not once a second.
-                let mut run: Option<Run> = None;
-                let mut hour = i64::MIN;
-                let mut hour_counts = (0i64, 0i64);
-                for (j, &ts) in s.t.iter().enumerate() {
-                    let (bucket, second) = minute_of(ts);
-                    let bit = 1u64 << second;
-                    let r = match &mut run {
-                        Some(r) if r.bucket == bucket => r,
-                        _ => {
-                            if let Some(done) = run.take() {
-                                maps.put(key, done);
-                            }
-                            run.insert(maps.take(key, bucket))
-                        }
-                    };
-                    if r.seen & bit != 0 {
-                        continue;
-                    }
-                    r.seen |= bit;
-                    stored += 1;
-                    let this_hour = ts - ts.rem_euclid(3600);
-                    if this_hour != hour {
-                        add_gpu_counts(&mut gpu_deltas, (iid, hour), hour_counts);
-                        (hour, hour_counts) = (this_hour, (0, 0));
-                    }
-                    hour_counts.1 += 1;
-                    if r.gpu & bit == 0 {
-                        r.gpu |= bit;
-                        hour_counts.0 += 1;
-                    }
-                    newest = Some(newest.map_or(ts, |n| n.max(ts)));
-                    oldest = Some(oldest.map_or(ts, |o| o.min(ts)));
-                    r.delta
-                        .add(bit, &s.counters(j))
-                        .map_err(|field| WriteError::Rejected {
-                            field: format!("series[{n}].{field}[{j}]"),
-                            message: "the minute's sum of this counter leaves 64 bits".into(),
-                        })?;
-                    if ts >= raw_cutoff {
-                        raw.push(s, j, iid, hid);
-                    } else {
-                        rollup_only += 1;
-                    }
-                }
-                if let Some(done) = run.take() {
-                    maps.put(key, done);
-                }
-                add_gpu_counts(&mut gpu_deltas, (iid, hour), hour_counts);
-            }
-            outcomes[i].stored = stored;
-        }
-        if !raw.is_empty() {
+            (batches, &new, &ids),
+            raw_cutoff,
+            &mut outcomes,
+        )?;
+        if !pass.raw.is_empty() {
             // The Arrow path: one columnar chunk per 2,048 rows instead of a call per value.
             let mut app = tx.appender("samples_raw")?;
-            app.append_record_batch(raw.into_record_batch()?)?;
+            app.append_record_batch(pass.raw.into_record_batch()?)?;
             app.flush()?;
         }
         // Hold the group's folds while samples wait behind it (see `held`), else fold them with
         // whatever is held.
         let behind = behind();
-        let folding = rollup_only > 0 || behind == 0 || self.held.due(behind);
+        let folding = pass.rollup_only > 0 || behind == 0 || self.held.due(behind);
         if folding {
-            self.held.fold_with(&tx, maps.deltas, gpu_deltas)?;
-        } else if let Some(oldest) = oldest {
+            self.held.fold_with(&tx, pass.deltas, pass.gpu_deltas)?;
+        } else if let Some(oldest) = pass.oldest {
             // From here until the commit, what is held is ahead of the ledger.
             self.needs_recovery = true;
-            self.held.hold(&tx, maps.deltas, gpu_deltas, oldest)?;
+            self.held.hold(&tx, pass.deltas, pass.gpu_deltas, oldest)?;
         }
         for &i in &new {
             let o = &mut outcomes[i];
@@ -856,9 +689,45 @@ impl WriterThread {
         if folding {
             self.held.folded();
         }
-        if let Some(newest) = newest {
+        if let Some(newest) = pass.newest {
             self.observer.newest_sample(newest);
         }
         Ok(outcomes)
     }
+}
+
+/// Appends the new batches' share seconds inside the raw window (older ones could not be told
+/// from a re-send) and folds them into the shares rollup.
+fn write_shares(
+    tx: &Connection,
+    (batches, new, ids): (&[(&Batch, i64)], &[usize], &[dims::BatchIds]),
+    raw_cutoff: i64,
+) -> duckdb::Result<()> {
+    if new.iter().all(|&i| batches[i].0.shares.is_empty()) {
+        return Ok(());
+    }
+    let mut rows = 0;
+    {
+        let mut app = tx.appender("ingest_shares")?;
+        for (k, &i) in new.iter().enumerate() {
+            for (s, &(iid, hid)) in batches[i].0.shares.iter().zip(&ids[k].shares) {
+                for share in s.shares().filter(|x| x.timestamp >= raw_cutoff) {
+                    app.append_row(params![
+                        share.timestamp,
+                        iid,
+                        hid,
+                        share.processes,
+                        share.memory_used_bytes,
+                        share.sm_active
+                    ])?;
+                    rows += 1;
+                }
+            }
+        }
+        app.flush()?;
+    }
+    if rows > 0 {
+        tx.execute_batch(SHARES_ROLLUP)?;
+    }
+    Ok(())
 }

@@ -1,0 +1,200 @@
+//! The pass: one walk over a group's new samples that decides, second by second, what is stored.
+//!
+//! This is the exactly-once core (README, "Exactly once"). Before it, the writer
+//! reads the seconds the ledger holds for the group's instances and minutes: the minute masks of
+//! `rollup_1m` plus those of the held folds ([`held`](super::held)). The pass then keeps the first
+//! copy of every (instance, second) no mask covers, appends it to the raw columns when it is
+//! inside the raw window, sums it into its (instance, holder, minute) delta, and counts its GPU's
+//! second as observed if no instance of that GPU had it yet. Whatever it keeps is added to the
+//! masks at once, so a second repeated within the group, or by two batches of it, is kept once.
+//!
+//! A series' seconds come in runs of one minute (and nearly always one hour): the maps are read
+//! once per run ([`Run`]) and written back when it ends, not once a second.
+
+use gpuledger_schema::wire::{Batch, Series};
+
+use duckdb::Connection;
+
+use super::dims::{BatchIds, Dims};
+use super::held::Held;
+use super::raw::RawColumns;
+use super::rollups::{Map, MinuteDelta, add_gpu_counts, covered_masks, minute_of};
+use super::{IngestOutcome, WriteError};
+
+/// What the pass kept of a group.
+#[derive(Default)]
+pub(super) struct Pass {
+    /// The raw rows to append (seconds inside the raw window).
+    pub(super) raw: RawColumns,
+    /// Per (instance, holder, minute): the sums of the seconds kept.
+    pub(super) deltas: Map<(i32, i32, i64), MinuteDelta>,
+    /// Per (instance, hour): (GPU seconds first observed, instance-seconds).
+    pub(super) gpu_deltas: Map<(i32, i64), (i64, i64)>,
+    /// The newest and the oldest second kept.
+    pub(super) newest: Option<i64>,
+    pub(super) oldest: Option<i64>,
+    /// Seconds kept that are older than the raw window: they have no raw row, so the group's
+    /// folds cannot be held (a restart could not re-derive them).
+    pub(super) rollup_only: usize,
+}
+
+/// One series' seconds in one minute, while the pass is in it: the instance's covered seconds,
+/// its GPU's observed seconds and the minute delta, taken from the group's [`Maps`] at its
+/// start and put back at its end.
+struct Run {
+    bucket: i64,
+    seen: u64,
+    gpu: u64,
+    delta: MinuteDelta,
+}
+
+/// What the pass keeps per minute for the group: each instance's covered seconds, each GPU's
+/// observed seconds, and the minute deltas per (instance, holder).
+struct Maps {
+    covered: Map<(i32, i64), u64>,
+    gpu_seen: Map<(usize, i64), u64>,
+    deltas: Map<(i32, i32, i64), MinuteDelta>,
+}
+
+impl Maps {
+    /// The minute `bucket` of the series `(instance, holder, GPU slot)`.
+    fn take(&mut self, (iid, hid, gpu): (i32, i32, usize), bucket: i64) -> Run {
+        Run {
+            bucket,
+            seen: self.covered.get(&(iid, bucket)).copied().unwrap_or(0),
+            gpu: self.gpu_seen.get(&(gpu, bucket)).copied().unwrap_or(0),
+            delta: self.deltas.remove(&(iid, hid, bucket)).unwrap_or_default(),
+        }
+    }
+
+    fn put(&mut self, (iid, hid, gpu): (i32, i32, usize), run: Run) {
+        self.covered.insert((iid, run.bucket), run.seen);
+        self.gpu_seen.insert((gpu, run.bucket), run.gpu);
+        if run.delta.samples > 0 {
+            self.deltas.insert((iid, hid, run.bucket), run.delta);
+        }
+    }
+}
+
+/// The seconds the ledger holds (in the minute masks, and held) for the instances of the
+/// group's series and of their GPUs (a GPU's observed seconds are the union of its
+/// instances'), in the group's minutes.
+pub(super) fn covered(
+    tx: &Connection,
+    dims: &Dims,
+    held: &Held,
+    (batches, new, ids): (&[(&Batch, i64)], &[usize], &[BatchIds]),
+) -> duckdb::Result<Map<(i32, i64), u64>> {
+    let (mut lo_t, mut hi_t, mut lo_i, mut hi_i) = (i64::MAX, i64::MIN, i32::MAX, i32::MIN);
+    for (k, &i) in new.iter().enumerate() {
+        for (s, &(iid, _)) in batches[i].0.series.iter().zip(&ids[k].series) {
+            if let (Some(&first), Some(&last)) = (s.t.iter().min(), s.t.iter().max()) {
+                lo_t = lo_t.min(first);
+                hi_t = hi_t.max(last);
+                for &m in &dims.gpu_members[dims.gpu_of[&iid]] {
+                    lo_i = lo_i.min(m);
+                    hi_i = hi_i.max(m);
+                }
+            }
+        }
+    }
+    if lo_t > hi_t {
+        return Ok(Map::default());
+    }
+    let minutes = (minute_of(lo_t).0, hi_t);
+    let mut covered = covered_masks(tx, minutes.0, minutes.1, lo_i, hi_i)?;
+    held.add_masks(&mut covered, minutes, (lo_i, hi_i));
+    Ok(covered)
+}
+
+/// Walks the series of the batches `new` (with their `ids`) against the seconds `covered`
+/// already; sets each new batch's `stored` in `outcomes`. Seconds before `raw_cutoff` get no raw
+/// row.
+pub(super) fn pass(
+    dims: &Dims,
+    covered: Map<(i32, i64), u64>,
+    (batches, new, ids): (&[(&Batch, i64)], &[usize], &[BatchIds]),
+    raw_cutoff: i64,
+    outcomes: &mut [IngestOutcome],
+) -> Result<Pass, WriteError> {
+    let mut maps = Maps {
+        gpu_seen: dims.gpu_seen(&covered),
+        covered,
+        deltas: Map::default(),
+    };
+    let mut out = Pass::default();
+    for (k, &i) in new.iter().enumerate() {
+        let mut stored = 0u64;
+        for (n, (s, &(iid, hid))) in batches[i].0.series.iter().zip(&ids[k].series).enumerate() {
+            let key = (iid, hid, dims.gpu_of[&iid]);
+            stored += out.series(&mut maps, key, (n, s), raw_cutoff)?;
+        }
+        outcomes[i].stored = stored;
+    }
+    out.deltas = maps.deltas;
+    Ok(out)
+}
+
+impl Pass {
+    /// The pass over series `n`, `s`, of the series `key` = (instance, holder, GPU slot);
+    /// answers the seconds it kept.
+    fn series(
+        &mut self,
+        maps: &mut Maps,
+        key: (i32, i32, usize),
+        (n, s): (usize, &Series),
+        raw_cutoff: i64,
+    ) -> Result<u64, WriteError> {
+        let (iid, hid, _) = key;
+        let mut stored = 0;
+        let mut run: Option<Run> = None;
+        let mut hour = i64::MIN;
+        let mut hour_counts = (0i64, 0i64);
+        for (j, &ts) in s.t.iter().enumerate() {
+            let (bucket, second) = minute_of(ts);
+            let bit = 1u64 << second;
+            let r = match &mut run {
+                Some(r) if r.bucket == bucket => r,
+                _ => {
+                    if let Some(done) = run.take() {
+                        maps.put(key, done);
+                    }
+                    run.insert(maps.take(key, bucket))
+                }
+            };
+            if r.seen & bit != 0 {
+                continue;
+            }
+            r.seen |= bit;
+            stored += 1;
+            let this_hour = ts - ts.rem_euclid(3600);
+            if this_hour != hour {
+                add_gpu_counts(&mut self.gpu_deltas, (iid, hour), hour_counts);
+                (hour, hour_counts) = (this_hour, (0, 0));
+            }
+            hour_counts.1 += 1;
+            if r.gpu & bit == 0 {
+                r.gpu |= bit;
+                hour_counts.0 += 1;
+            }
+            self.newest = Some(self.newest.map_or(ts, |x| x.max(ts)));
+            self.oldest = Some(self.oldest.map_or(ts, |x| x.min(ts)));
+            r.delta
+                .add(bit, &s.counters(j))
+                .map_err(|field| WriteError::Rejected {
+                    field: format!("series[{n}].{field}[{j}]"),
+                    message: "the minute's sum of this counter leaves 64 bits".into(),
+                })?;
+            if ts >= raw_cutoff {
+                self.raw.push(s, j, iid, hid);
+            } else {
+                self.rollup_only += 1;
+            }
+        }
+        if let Some(done) = run.take() {
+            maps.put(key, done);
+        }
+        add_gpu_counts(&mut self.gpu_deltas, (iid, hour), hour_counts);
+        Ok(stored)
+    }
+}
