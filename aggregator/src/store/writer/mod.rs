@@ -384,6 +384,25 @@ impl Writer {
     }
 }
 
+/// A group's new batches (indexes into its batches) with the ids their entries were given: what
+/// the steps of a write after id assignment walk.
+#[derive(Clone, Copy)]
+struct NewBatches<'a> {
+    batches: &'a [(&'a Batch, i64)],
+    new: &'a [usize],
+    ids: &'a [dims::BatchIds],
+}
+
+impl<'a> NewBatches<'a> {
+    /// Each new batch with its index in the group and its entries' ids.
+    fn iter(self) -> impl Iterator<Item = (usize, &'a Batch, &'a dims::BatchIds)> {
+        self.new
+            .iter()
+            .zip(self.ids)
+            .map(move |(&i, ids)| (i, self.batches[i].0, ids))
+    }
+}
+
 /// The writer queue as the writer thread sees it: how many samples wait behind a group.
 struct Waiting {
     queue: Arc<Semaphore>,
@@ -652,16 +671,15 @@ impl WriterThread {
         // Batches of one group may have been admitted with different cutoffs; the latest one is
         // the one in force now. Shares and samples older than it are outside the raw window.
         let raw_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
+        let group = NewBatches {
+            batches,
+            new: &new,
+            ids: &ids,
+        };
         self.dims.flush(&tx)?;
-        write_shares(&tx, (batches, &new, &ids), raw_cutoff)?;
-        let covered = pass::covered(&tx, &self.dims, &self.held, (batches, &new, &ids))?;
-        let pass = pass::pass(
-            &self.dims,
-            covered,
-            (batches, &new, &ids),
-            raw_cutoff,
-            &mut outcomes,
-        )?;
+        write_shares(&tx, group, raw_cutoff)?;
+        let covered = pass::covered(&tx, &self.dims, &self.held, group)?;
+        let pass = pass::pass(&self.dims, covered, group, raw_cutoff, &mut outcomes)?;
         if !pass.raw.is_empty() {
             // The Arrow path: one columnar chunk per 2,048 rows instead of a call per value.
             let mut app = tx.appender("samples_raw")?;
@@ -698,19 +716,15 @@ impl WriterThread {
 
 /// Appends the new batches' share seconds inside the raw window (older ones could not be told
 /// from a re-send) and folds them into the shares rollup.
-fn write_shares(
-    tx: &Connection,
-    (batches, new, ids): (&[(&Batch, i64)], &[usize], &[dims::BatchIds]),
-    raw_cutoff: i64,
-) -> duckdb::Result<()> {
-    if new.iter().all(|&i| batches[i].0.shares.is_empty()) {
+fn write_shares(tx: &Connection, group: NewBatches<'_>, raw_cutoff: i64) -> duckdb::Result<()> {
+    if group.iter().all(|(_, b, _)| b.shares.is_empty()) {
         return Ok(());
     }
     let mut rows = 0;
     {
         let mut app = tx.appender("ingest_shares")?;
-        for (k, &i) in new.iter().enumerate() {
-            for (s, &(iid, hid)) in batches[i].0.shares.iter().zip(&ids[k].shares) {
+        for (_, batch, ids) in group.iter() {
+            for (s, &(iid, hid)) in batch.shares.iter().zip(&ids.shares) {
                 for share in s.shares().filter(|x| x.timestamp >= raw_cutoff) {
                     app.append_row(params![
                         share.timestamp,

@@ -11,15 +11,15 @@
 //! A series' seconds come in runs of one minute (and nearly always one hour): the maps are read
 //! once per run ([`Run`]) and written back when it ends, not once a second.
 
-use gpuledger_schema::wire::{Batch, Series};
+use gpuledger_schema::wire::Series;
 
 use duckdb::Connection;
 
-use super::dims::{BatchIds, Dims};
+use super::dims::Dims;
 use super::held::Held;
 use super::raw::RawColumns;
 use super::rollups::{Map, MinuteDelta, add_gpu_counts, covered_masks, minute_of};
-use super::{IngestOutcome, WriteError};
+use super::{IngestOutcome, NewBatches, WriteError};
 
 /// What the pass kept of a group.
 #[derive(Default)]
@@ -83,11 +83,11 @@ pub(super) fn covered(
     tx: &Connection,
     dims: &Dims,
     held: &Held,
-    (batches, new, ids): (&[(&Batch, i64)], &[usize], &[BatchIds]),
+    group: NewBatches<'_>,
 ) -> duckdb::Result<Map<(i32, i64), u64>> {
     let (mut lo_t, mut hi_t, mut lo_i, mut hi_i) = (i64::MAX, i64::MIN, i32::MAX, i32::MIN);
-    for (k, &i) in new.iter().enumerate() {
-        for (s, &(iid, _)) in batches[i].0.series.iter().zip(&ids[k].series) {
+    for (_, batch, ids) in group.iter() {
+        for (s, &(iid, _)) in batch.series.iter().zip(&ids.series) {
             if let (Some(&first), Some(&last)) = (s.t.iter().min(), s.t.iter().max()) {
                 lo_t = lo_t.min(first);
                 hi_t = hi_t.max(last);
@@ -107,13 +107,12 @@ pub(super) fn covered(
     Ok(covered)
 }
 
-/// Walks the series of the batches `new` (with their `ids`) against the seconds `covered`
-/// already; sets each new batch's `stored` in `outcomes`. Seconds before `raw_cutoff` get no raw
+/// Walks the series of the group's new batches against the seconds `covered` already; sets each new batch's `stored` in `outcomes`. Seconds before `raw_cutoff` get no raw
 /// row.
 pub(super) fn pass(
     dims: &Dims,
     covered: Map<(i32, i64), u64>,
-    (batches, new, ids): (&[(&Batch, i64)], &[usize], &[BatchIds]),
+    group: NewBatches<'_>,
     raw_cutoff: i64,
     outcomes: &mut [IngestOutcome],
 ) -> Result<Pass, WriteError> {
@@ -123,9 +122,9 @@ pub(super) fn pass(
         deltas: Map::default(),
     };
     let mut out = Pass::default();
-    for (k, &i) in new.iter().enumerate() {
+    for (i, batch, ids) in group.iter() {
         let mut stored = 0u64;
-        for (n, (s, &(iid, hid))) in batches[i].0.series.iter().zip(&ids[k].series).enumerate() {
+        for (n, (s, &(iid, hid))) in batch.series.iter().zip(&ids.series).enumerate() {
             let key = (iid, hid, dims.gpu_of[&iid]);
             stored += out.series(&mut maps, key, (n, s), raw_cutoff)?;
         }
