@@ -14,14 +14,19 @@
 //! A `tenant:` viewer sees only rows of its tenant; fleet-wide figures (capacity, unallocated,
 //! stranded, other tenants' hoarding, per-GPU fragmentation) are withheld from it.
 //!
-//! `GPULEDGER_ADMIN_TOKEN` in the environment adds one `admin` token. Tokens are compared in
-//! constant time, and every configured token is compared on every request, so the time taken
-//! says nothing about which one matched.
+//! `GPULEDGER_ADMIN_TOKEN` in the environment adds one `admin` token. Tokens are kept as their
+//! SHA-256 digests, and a request's token is found by its digest: the time a look-up takes
+//! depends on the digest of what was presented, which says nothing usable about a configured
+//! token, and not on how many are configured. (A fleet has one token per node. Comparing every
+//! configured token in constant time on every request was 7 % of the aggregator's CPU at 1,250
+//! nodes, BENCHMARKS.md.)
 
 use std::path::Path;
 
+use std::collections::HashMap;
+
 use axum::http::HeaderMap;
-use subtle::ConstantTimeEq;
+use sha2::{Digest, Sha256};
 
 use crate::api::error::ApiError;
 
@@ -86,8 +91,15 @@ impl Role {
 /// The configured tokens.
 #[derive(Clone, Default)]
 pub struct Tokens {
-    /// (token, role, where it was configured: `file:line` or the variable's name).
-    entries: Vec<(Vec<u8>, Role, String)>,
+    /// (role, where it was configured: `file:line` or the variable's name), by [`TokenId`].
+    entries: Vec<(Role, String)>,
+    /// Each token's SHA-256 digest, to its index in `entries`.
+    by_digest: HashMap<[u8; 32], usize>,
+}
+
+/// A token's SHA-256 digest.
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
 }
 
 /// Which configured token a request used: an index, stable for the process's life, for limits
@@ -201,14 +213,17 @@ impl Tokens {
     }
 
     fn add(&mut self, token: &str, role: Role, at: String) -> Result<(), TokenError> {
-        if let Some((_, _, first)) = self.entries.iter().find(|(t, ..)| t == token.as_bytes()) {
-            return Err(TokenError::Duplicate {
-                first: first.clone(),
+        match self.by_digest.entry(digest(token)) {
+            std::collections::hash_map::Entry::Occupied(known) => Err(TokenError::Duplicate {
+                first: self.entries[*known.get()].1.clone(),
                 second: at,
-            });
+            }),
+            std::collections::hash_map::Entry::Vacant(place) => {
+                place.insert(self.entries.len());
+                self.entries.push((role, at));
+                Ok(())
+            }
         }
-        self.entries.push((token.as_bytes().to_vec(), role, at));
-        Ok(())
     }
 
     /// Adds an admin token (from `GPULEDGER_ADMIN_TOKEN`).
@@ -243,14 +258,9 @@ impl Tokens {
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, token)| token.trim())
             .ok_or_else(|| ApiError::unauthorized("expected `Authorization: Bearer <token>`"))?;
-        let mut found: Option<(TokenId, &Role)> = None;
-        for (i, (known, role, _)) in self.entries.iter().enumerate() {
-            if bool::from(known.as_slice().ct_eq(token.as_bytes())) && found.is_none() {
-                found = Some((TokenId(i), role));
-            }
-        }
-        found
-            .map(|(id, role)| (id, role.clone()))
+        self.by_digest
+            .get(&digest(token))
+            .map(|&i| (TokenId(i), self.entries[i].0.clone()))
             .ok_or_else(|| ApiError::unauthorized("unknown token"))
     }
 }
@@ -316,6 +326,29 @@ mod tests {
         assert_eq!(Role::Viewer.read_scope().unwrap(), None);
         assert!(Role::AnyNode.read_scope().is_err());
         assert!(!Role::Node("n1".into()).may_ingest_for("n2"));
+    }
+
+    #[test]
+    fn each_of_many_node_tokens_is_its_own_and_near_misses_are_refused() {
+        let text: String = (0..2000)
+            .map(|n| format!("node:gpu-{n:04} node-token-{n:04}-0123456789\n"))
+            .collect();
+        let t = Tokens::parse("tokens", &text).unwrap();
+        for n in [0, 1, 999, 1999] {
+            let (id, role) = t
+                .identify(&bearer(&format!("node-token-{n:04}-0123456789")))
+                .unwrap();
+            assert_eq!(id, TokenId(n));
+            assert_eq!(role, Role::Node(format!("gpu-{n:04}")));
+        }
+        for near in [
+            "node-token-0001-012345678",
+            "node-token-0001-01234567890",
+            "node-token-0001-0123456788",
+            "NODE-TOKEN-0001-0123456789",
+        ] {
+            assert_eq!(t.identify(&bearer(near)).unwrap_err().status.as_u16(), 401);
+        }
     }
 
     #[test]
