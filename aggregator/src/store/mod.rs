@@ -129,11 +129,12 @@ pub fn open_with(path: &Path, memory_limit: Option<&str>) -> Result<(Connection,
         Connection::open_with_flags(path, config)
     }
     .map_err(db)?;
-    // DuckDB checkpoints inside the commit that takes the WAL past this size. At its 16 MB
-    // default nearly every ingest commit paid for a checkpoint (50–200 ms instead of 3–5 ms, see
-    // BENCHMARKS.md); 256 MB keeps commits cheap, and retention checkpoints every interval. The
-    // price is a longer WAL replay after a crash.
-    conn.execute_batch("SET checkpoint_threshold = '256MB'")
+    // The writer paces DuckDB's checkpoints by its backlog (`writer/checkpoints.rs`); a store
+    // opens with the threshold for a writer that keeps up.
+    conn.execute_batch(&format!(
+        "SET checkpoint_threshold = '{}'",
+        writer::CHECKPOINT_THRESHOLD
+    ))
         .map_err(db)?;
     conn.execute_batch(VERSION_TABLE).map_err(db)?;
     let found: u32 = conn

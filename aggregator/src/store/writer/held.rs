@@ -269,6 +269,7 @@ mod tests {
             max_instances_per_node: usize::MAX,
             held: Held::default(),
             needs_recovery: false,
+            checkpoints: Default::default(),
         }
     }
 

@@ -18,7 +18,8 @@
 //! `rollups` (the deltas and the SQL that folds them), `minutes` (history as minute rows),
 //! `retention` (what is deleted when), `compact` (raw rows rewritten in instance order once their
 //! hour is over), `held` (folds held back while batches wait behind a group, and their recovery
-//! after a crash); this file holds the handle, the jobs and the write loop.
+//! after a crash), `checkpoints` (how much WAL gathers before DuckDB checkpoints, paced by the
+//! writer's rate); this file holds the handle, the jobs and the write loop.
 //!
 //! Memory is bounded by the caller: [`Writer::try_reserve`] hands out queue permits counted in
 //! samples, and a job holds its permit until it has been written.
@@ -33,6 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use super::{Failure, StoreError};
 
 mod batch_ids;
+mod checkpoints;
 mod compact;
 mod dims;
 mod held;
@@ -42,6 +44,8 @@ mod raw;
 mod retention;
 mod rollups;
 
+use checkpoints::Checkpoints;
+pub(crate) use checkpoints::STEADY as CHECKPOINT_THRESHOLD;
 use dims::Dims;
 pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
 pub use raw::RawColumns;
@@ -225,6 +229,7 @@ impl Writer {
                     max_instances_per_node,
                     held: held::Held::default(),
                     needs_recovery: false,
+                    checkpoints: Checkpoints::default(),
                 }
                 .run(rx, waiting)
             })
@@ -433,6 +438,8 @@ struct WriterThread {
     /// ledger failed too. No batch is written until it is re-derived (dedup would miss the held
     /// seconds).
     needs_recovery: bool,
+    /// The checkpoint threshold in force ([`checkpoints`]).
+    checkpoints: Checkpoints,
 }
 
 /// Why a write failed: DuckDB, or a batch the ledger refuses.
@@ -582,8 +589,12 @@ impl WriterThread {
             Ok(outcomes) => {
                 self.observer
                     .committed(group.len(), started.elapsed().as_secs_f64());
+                let samples = outcomes.iter().map(|o| o.stored as usize).sum();
                 for (job, outcome) in group.into_iter().zip(outcomes) {
                     let _ = job.reply.send(Ok(outcome));
+                }
+                if let Err(e) = self.checkpoints.wrote(&self.conn, samples) {
+                    tracing::warn!(error = %e, "Cannot change DuckDB's checkpoint threshold; the one in force stays.");
                 }
             }
             Err(e) if group.len() > 1 => {

@@ -1,0 +1,117 @@
+//! How much WAL DuckDB gathers before it checkpoints, paced by how fast the writer takes samples.
+//!
+//! DuckDB checkpoints inside the commit that takes the WAL past `checkpoint_threshold`, and that
+//! commit's batches, and every batch that arrives meanwhile, wait for it. A checkpoint costs about
+//! 7 ms per MB of WAL on 2 cores (BENCHMARKS.md, "Checkpoints"). So:
+//! - at a fleet's own pace (under [`BUSY_RATE`] samples a second over the last [`WINDOW`]) the
+//!   threshold is [`STEADY`]: a 0.1–0.25 s stall every second or two. At 256 MB a 10,000-GPU
+//!   fleet's pace (70,000 samples/s) met a 1.7–2.2 s stall every ~15 s, which set the request
+//!   p99, and DuckDB held ~700 MB more memory until it ran;
+//! - while the writer takes more (a backfill, a backlog being worked off) it is [`BUSY`]: at
+//!   [`STEADY`] the checkpoints came every fraction of a second, and cost the 100 s-batch
+//!   backfill a sixth of its throughput and a third more bytes on disk. (At 16 MB, before held
+//!   folds, nearly every commit paid for one.)
+//!
+//! The first commit after a busy spell may pay for the WAL gathered during it. Retention
+//! checkpoints on its own interval whatever the pace.
+
+use std::time::{Duration, Instant};
+
+use duckdb::Connection;
+
+/// The WAL DuckDB gathers at a fleet's own pace (what the store opens with).
+pub(crate) const STEADY: &str = "32MB";
+
+/// The WAL DuckDB gathers while the writer is busy.
+pub(crate) const BUSY: &str = "256MB";
+
+/// Samples a second from which the writer counts as busy: 3.5× a 10,000-GPU fleet's pace.
+pub(super) const BUSY_RATE: f64 = 250_000.0;
+
+/// How long the writer counts samples before it judges its pace.
+pub(super) const WINDOW: Duration = Duration::from_secs(2);
+
+/// The threshold in force on the writer's database, and the samples counted toward the next.
+pub(super) struct Checkpoints {
+    busy: bool,
+    since: Instant,
+    samples: usize,
+}
+
+impl Default for Checkpoints {
+    /// The store opens with [`STEADY`].
+    fn default() -> Self {
+        Checkpoints {
+            busy: false,
+            since: Instant::now(),
+            samples: 0,
+        }
+    }
+}
+
+impl Checkpoints {
+    /// Counts `samples` just written; once [`WINDOW`] has passed, sets the threshold for the
+    /// rate in it, if that changes it. Outside a transaction. A failure leaves the threshold
+    /// as it was (DuckDB keeps its setting).
+    pub(super) fn wrote(&mut self, conn: &Connection, samples: usize) -> duckdb::Result<()> {
+        self.wrote_at(conn, samples, Instant::now())
+    }
+
+    fn wrote_at(&mut self, conn: &Connection, samples: usize, now: Instant) -> duckdb::Result<()> {
+        self.samples += samples;
+        let elapsed = now.saturating_duration_since(self.since);
+        if elapsed < WINDOW {
+            return Ok(());
+        }
+        let busy = self.samples as f64 / elapsed.as_secs_f64() >= BUSY_RATE;
+        (self.since, self.samples) = (now, 0);
+        if busy != self.busy {
+            let threshold = if busy { BUSY } else { STEADY };
+            conn.execute_batch(&format!("SET checkpoint_threshold = '{threshold}'"))?;
+            self.busy = busy;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn threshold(conn: &Connection) -> String {
+        conn.query_row("SELECT current_setting('checkpoint_threshold')", [], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_threshold_follows_the_pace_and_the_store_opens_steady() {
+        let dir = tempfile::tempdir().unwrap();
+        let (conn, _) = crate::store::open(&dir.path().join("l.duckdb")).unwrap();
+        let steady = threshold(&conn);
+        let mut c = Checkpoints::default();
+        let t0 = c.since;
+        let window = WINDOW.as_secs_f64();
+        // A busy rate, but the window has not passed: no judgement yet.
+        c.wrote_at(&conn, (BUSY_RATE * window) as usize, t0 + WINDOW / 2)
+            .unwrap();
+        assert!(!c.busy);
+        assert_eq!(threshold(&conn), steady);
+        c.wrote_at(&conn, 0, t0 + WINDOW).unwrap();
+        assert!(c.busy, "the window's rate reached BUSY_RATE");
+        let busy = threshold(&conn);
+        assert_ne!(busy, steady);
+        // Just under the rate in the next window, then an idle spell: steady again.
+        let under = (BUSY_RATE * window) as usize - 1;
+        c.wrote_at(&conn, under, t0 + 2 * WINDOW).unwrap();
+        assert!(!c.busy);
+        assert_eq!(threshold(&conn), steady);
+        c.wrote_at(&conn, under, t0 + 60 * WINDOW).unwrap();
+        assert!(!c.busy);
+        // DuckDB writes sizes its own way ("30.5 MiB"); what is set is what was asked for.
+        let mib = |s: &str| s.split(' ').next().unwrap().parse::<f64>().unwrap();
+        assert_eq!(mib(&steady).round(), 31.0, "{steady}");
+        assert_eq!(mib(&busy).round(), 244.0, "{busy}");
+    }
+}
