@@ -9,8 +9,8 @@
 //!   p99, and DuckDB held ~700 MB more memory until it ran;
 //! - while the writer takes more (a backfill, a backlog being worked off) it is [`BUSY`]: at
 //!   [`STEADY`] the checkpoints came every fraction of a second, and cost the 100 s-batch
-//!   backfill a sixth of its throughput and a third more bytes on disk. (At 16 MB, before held
-//!   folds, nearly every commit paid for one.)
+//!   backfill a sixth of its throughput and up to half again its bytes on disk. (At 16 MB,
+//!   before held folds, nearly every commit paid for one.)
 //!
 //! The first commit after a busy spell may pay for the WAL gathered during it. Retention
 //! checkpoints on its own interval whatever the pace.
