@@ -6,7 +6,8 @@
 //! - at a fleet's own pace (under [`BUSY_RATE`] samples a second over the last [`WINDOW`]) the
 //!   threshold is [`STEADY`]: a 0.1–0.25 s stall every second or two. At 256 MB a 10,000-GPU
 //!   fleet's pace (70,000 samples/s) met a 1.7–2.2 s stall every ~15 s, which set the request
-//!   p99, and DuckDB held ~700 MB more memory until it ran;
+//!   p99, and DuckDB held up to ~700 MB more until it ran (over ten minutes its buffer pool
+//!   grows toward its limit either way);
 //! - while the writer takes more (a backfill, a backlog being worked off) it is [`BUSY`]: at
 //!   [`STEADY`] the checkpoints came every fraction of a second, and cost the 100 s-batch
 //!   backfill a sixth of its throughput and up to half again its bytes on disk. (At 16 MB,
