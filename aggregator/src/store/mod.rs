@@ -135,7 +135,7 @@ pub fn open_with(path: &Path, memory_limit: Option<&str>) -> Result<(Connection,
         "SET checkpoint_threshold = '{}'",
         writer::CHECKPOINT_THRESHOLD
     ))
-        .map_err(db)?;
+    .map_err(db)?;
     conn.execute_batch(VERSION_TABLE).map_err(db)?;
     let found: u32 = conn
         .query_row(
