@@ -129,13 +129,9 @@ pub fn open_with(path: &Path, memory_limit: Option<&str>) -> Result<(Connection,
         Connection::open_with_flags(path, config)
     }
     .map_err(db)?;
-    // The writer paces DuckDB's checkpoints by its backlog (`writer/checkpoints.rs`); a store
-    // opens with the threshold for a writer that keeps up.
-    conn.execute_batch(&format!(
-        "SET checkpoint_threshold = '{}'",
-        writer::CHECKPOINT_THRESHOLD
-    ))
-    .map_err(db)?;
+    // The writer paces DuckDB's checkpoints by its rate (`writer/checkpoints.rs`); a store opens
+    // with the threshold for a fleet's own pace.
+    writer::set_checkpoint_threshold(&conn, writer::CHECKPOINT_THRESHOLD).map_err(db)?;
     conn.execute_batch(VERSION_TABLE).map_err(db)?;
     let found: u32 = conn
         .query_row(

@@ -67,12 +67,16 @@ impl Checkpoints {
         let busy = self.samples as f64 / elapsed.as_secs_f64() >= BUSY_RATE;
         (self.since, self.samples) = (now, 0);
         if busy != self.busy {
-            let threshold = if busy { BUSY } else { STEADY };
-            conn.execute_batch(&format!("SET checkpoint_threshold = '{threshold}'"))?;
+            set_threshold(conn, if busy { BUSY } else { STEADY })?;
             self.busy = busy;
         }
         Ok(())
     }
+}
+
+/// Sets DuckDB's checkpoint threshold (database-wide) to `threshold`, in DuckDB's size syntax.
+pub(crate) fn set_threshold(conn: &Connection, threshold: &str) -> duckdb::Result<()> {
+    conn.execute_batch(&format!("SET checkpoint_threshold = '{threshold}'"))
 }
 
 #[cfg(test)]

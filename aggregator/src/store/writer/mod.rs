@@ -45,7 +45,9 @@ mod retention;
 mod rollups;
 
 use checkpoints::Checkpoints;
-pub(crate) use checkpoints::STEADY as CHECKPOINT_THRESHOLD;
+pub(crate) use checkpoints::{
+    STEADY as CHECKPOINT_THRESHOLD, set_threshold as set_checkpoint_threshold,
+};
 use dims::Dims;
 pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
 pub use raw::RawColumns;
