@@ -435,23 +435,93 @@ impl Batch {
 
 /// An upper bound on the values (array elements, object members) in a JSON text: one more than
 /// its commas outside strings. One pass over the bytes, before anything is allocated per value.
+///
+/// The pass takes 64 bytes at a time as bit masks (quotes, backslashes, commas; [`masks`]): the bytes inside strings are the prefix XOR of the quote mask, and the
+/// commas outside are counted with one popcount. A block with a backslash in it, or that starts
+/// escaped, goes byte by byte ([`Scan::bytes`]), since an escaped quote does not end a string. A
+/// live exporter's 5 s body spent a fifth of its decoding in the byte-by-byte pass alone.
 fn json_values_at_most(json: &[u8]) -> usize {
-    let (mut commas, mut in_string, mut escaped) = (0usize, false, false);
-    for &b in json {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
+    let mut scan = Scan::default();
+    let mut blocks = json.chunks_exact(64);
+    for block in &mut blocks {
+        let [quotes, backslashes, commas] = masks(block, [b'"', b'\\', b',']);
+        if backslashes != 0 || scan.escaped {
+            scan.bytes(block);
+            continue;
+        }
+        // Bit i of `inside` is the parity of the quotes at or before i, flipped when the block
+        // starts inside a string: set for the bytes of a string (its closing quote excluded).
+        let mut inside = quotes;
+        for shift in [1, 2, 4, 8, 16, 32] {
+            inside ^= inside << shift;
+        }
+        if scan.in_string {
+            inside = !inside;
+        }
+        scan.commas += (commas & !inside).count_ones() as usize;
+        scan.in_string ^= quotes.count_ones() % 2 == 1;
+    }
+    scan.bytes(blocks.remainder());
+    scan.commas + 1
+}
+
+/// For each of `bytes`, the mask of where it is in a 64-byte `block` (bit i for byte i): SSE2
+/// compares on x86-64 (its baseline), a plain loop elsewhere.
+fn masks<const N: usize>(block: &[u8], bytes: [u8; N]) -> [u64; N] {
+    debug_assert_eq!(block.len(), 64);
+    let mut out = [0u64; N];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
+        };
+        for (k, lane) in block.chunks_exact(16).enumerate() {
+            for (mask, &b) in out.iter_mut().zip(&bytes) {
+                // SAFETY: SSE2 is part of every x86-64 CPU; `lane` is 16 readable bytes, and an
+                // unaligned load needs no alignment.
+                let hits = unsafe {
+                    let v = _mm_loadu_si128(lane.as_ptr().cast());
+                    _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(b as i8)))
+                };
+                *mask |= u64::from(hits as u16) << (16 * k);
             }
-        } else if b == b'"' {
-            in_string = true;
-        } else if b == b',' {
-            commas += 1;
         }
     }
-    commas + 1
+    #[cfg(not(target_arch = "x86_64"))]
+    for (i, &c) in block.iter().enumerate() {
+        for (mask, &b) in out.iter_mut().zip(&bytes) {
+            *mask |= u64::from(c == b) << i;
+        }
+    }
+    out
+}
+
+/// The state of [`json_values_at_most`] between blocks.
+#[derive(Default)]
+struct Scan {
+    commas: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl Scan {
+    /// Byte by byte: what the block-wise pass does where escapes are.
+    fn bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.in_string {
+                match (self.escaped, b) {
+                    (true, _) => self.escaped = false,
+                    (false, b'\\') => self.escaped = true,
+                    (false, b'"') => self.in_string = false,
+                    _ => {}
+                }
+            } else if b == b'"' {
+                self.in_string = true;
+            } else if b == b',' {
+                self.commas += 1;
+            }
+        }
+    }
 }
 
 fn column<T: Copy>(
@@ -766,6 +836,48 @@ mod tests {
         assert!(e.to_string().contains("JSON values"), "{e}");
         // Commas inside strings are not values.
         assert_eq!(json_values_at_most(br#"["a,b,\",c", 1]"#), 2);
+    }
+
+    /// The block-wise count equals the byte-by-byte one, for texts with strings, escaped quotes
+    /// and backslashes across block boundaries, and a backslash outside a string (not JSON, but
+    /// the count must still be an upper bound the parser then refuses).
+    #[test]
+    fn values_are_counted_the_same_block_wise_and_byte_wise() {
+        let by_bytes = |json: &[u8]| {
+            let mut scan = Scan::default();
+            scan.bytes(json);
+            scan.commas + 1
+        };
+        let pieces: [&[u8]; 9] = [
+            b",",
+            b"\"",
+            b"\\",
+            b"a",
+            b"0,1,2,3",
+            b"\"x,y\"",
+            br#""\",""#,
+            br#"\\"#,
+            b"[{}]",
+        ];
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for len in 0..400 {
+            let mut text = Vec::new();
+            for _ in 0..len {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                text.extend_from_slice(pieces[(state % pieces.len() as u64) as usize]);
+            }
+            assert_eq!(
+                json_values_at_most(&text),
+                by_bytes(&text),
+                "{}",
+                String::from_utf8_lossy(&text)
+            );
+        }
+        // A string that runs across a block boundary: its commas are not values.
+        let long = format!(r#"[{}"{}",1]"#, "0,".repeat(20), "a,".repeat(60));
+        assert_eq!(json_values_at_most(long.as_bytes()), 22);
     }
 
     /// Regression: share seconds did not count against a batch's size.
