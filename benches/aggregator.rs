@@ -180,10 +180,17 @@ fn decoding(batches: &[Batch], what: &str, base: f64) {
         }
         best = best.max(n as f64 / start.elapsed().as_secs_f64());
     }
+    // A gzip member's last four bytes are its inflated length.
+    let json: usize = bodies
+        .iter()
+        .map(|b| u32::from_le_bytes(b[b.len() - 4..].try_into().unwrap()) as usize)
+        .sum();
     eprintln!(
-        "  decoding {what} (gzip + JSON + validation), one core, best of 3: {best:.0} samples/s = {:.2}× the baseline; {:.1} bytes per sample on the wire",
+        "  decoding {what} (gzip + JSON + validation), one core, best of 3: {best:.0} samples/s = {:.2}× the baseline; {:.1} bytes per sample on the wire, {:.1} of JSON; {:.0} bytes of JSON per body",
         best / base,
-        bodies.iter().map(Vec::len).sum::<usize>() as f64 / n as f64
+        bodies.iter().map(Vec::len).sum::<usize>() as f64 / n as f64,
+        json as f64 / n as f64,
+        json as f64 / bodies.len() as f64
     );
 }
 
