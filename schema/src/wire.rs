@@ -558,10 +558,11 @@ fn inflated_size_hint(body: &[u8]) -> usize {
 /// An upper bound on the values (array elements, object members) in a JSON text: one more than
 /// its commas outside strings. One pass over the bytes, before anything is allocated per value.
 ///
-/// The pass takes 64 bytes at a time as bit masks (quotes, backslashes, commas; [`masks`]): the bytes inside strings are the prefix XOR of the quote mask, and the
-/// commas outside are counted with one popcount. A block with a backslash in it, or that starts
-/// escaped, goes byte by byte ([`Scan::bytes`]), since an escaped quote does not end a string. A
-/// live exporter's 5 s body spent a fifth of its decoding in the byte-by-byte pass alone.
+/// The pass takes 64 bytes at a time as bit masks (quotes, backslashes, commas; [`masks`]): the
+/// bytes inside strings are the prefix XOR of the quote mask, and the commas outside are counted
+/// with one popcount. A block with a backslash in it, or that starts escaped, goes byte by byte
+/// ([`Scan::bytes`]), since an escaped quote does not end a string. A live exporter's 5 s body
+/// spent a fifth of its decoding in the byte-by-byte pass alone.
 fn json_values_at_most(json: &[u8]) -> usize {
     let mut scan = Scan::default();
     let mut blocks = json.chunks_exact(64);
