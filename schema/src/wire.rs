@@ -599,13 +599,11 @@ fn masks<const N: usize>(block: &[u8], bytes: [u8; N]) -> [u64; N] {
             _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
         };
         for (k, lane) in block.chunks_exact(16).enumerate() {
+            // SAFETY (this block and the next): SSE2 is part of every x86-64 CPU; `lane` is 16
+            // readable bytes, and an unaligned load needs no alignment.
+            let v = unsafe { _mm_loadu_si128(lane.as_ptr().cast()) };
             for (mask, &b) in out.iter_mut().zip(&bytes) {
-                // SAFETY: SSE2 is part of every x86-64 CPU; `lane` is 16 readable bytes, and an
-                // unaligned load needs no alignment.
-                let hits = unsafe {
-                    let v = _mm_loadu_si128(lane.as_ptr().cast());
-                    _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(b as i8)))
-                };
+                let hits = unsafe { _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(b as i8))) };
                 *mask |= u64::from(hits as u16) << (16 * k);
             }
         }
