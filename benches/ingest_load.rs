@@ -17,7 +17,11 @@
 //! clean stop the ledger is opened and its raw rows, minute rollups and batch ids are counted:
 //! stored must equal sent. Peak RSS is the aggregator's `VmHWM`; every 5 s the aggregator's own
 //! `/metrics` is read for its resident memory and DuckDB's part of it (`duckdb_memory()`), and
-//! each phase reports the most it saw (every 30 s with `--memory-trace`). Last, the raw rows are rewritten
+//! each phase reports the most it saw (every 30 s with `--memory-trace`). Each phase also reports
+//! the CPU time per sample of the aggregator's writer thread, its request threads and the rest of
+//! it, and of this load generator (from `/proc`), against the baseline's time per row: on a
+//! machine shared with other work, CPU per sample moves less than samples per second. Last, the
+//! raw rows are rewritten
 //! in instance order, as the aggregator does to each closed hour, and `samples_raw`'s blocks are
 //! counted before and after.
 //!
@@ -74,6 +78,89 @@ async fn watch_memory(url: String, log: MemoryLog) {
                 .push((start.elapsed().as_secs_f64(), rss, duckdb));
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// CPU seconds used so far: the aggregator's writer thread, its tokio threads (the request
+/// path: HTTP, gzip, JSON, validation), the whole aggregator process (threads that ended
+/// included), and this load generator.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    writer: f64,
+    requests: f64,
+    aggregator: f64,
+    generator: f64,
+}
+
+impl Cpu {
+    /// Reads `/proc` for the aggregator `pid` and this process.
+    fn now(pid: u32) -> Cpu {
+        // utime and stime, the 14th and 15th fields of `stat`, in clock ticks; the 2nd, the
+        // name, is in parentheses and may hold spaces.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let secs = |path: String| -> f64 {
+            let Ok(stat) = std::fs::read_to_string(path) else {
+                return 0.0;
+            };
+            let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+            let f: Vec<f64> = after
+                .split_whitespace()
+                .map(|x| x.parse().unwrap_or(0.0))
+                .collect();
+            (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / ticks
+        };
+        let mut cpu = Cpu {
+            aggregator: secs(format!("/proc/{pid}/stat")),
+            generator: secs("/proc/self/stat".into()),
+            ..Cpu::default()
+        };
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+        {
+            let dir = task.unwrap().path();
+            let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            let used = secs(dir.join("stat").display().to_string());
+            if name.starts_with("gpuledger-write") {
+                cpu.writer += used;
+            } else if name.starts_with("tokio-r") {
+                // "tokio-runtime-worker" or "tokio-rt-worker" (as tokio's version names them),
+                // workers and blocking threads alike.
+                cpu.requests += used;
+            }
+        }
+        cpu
+    }
+
+    /// Microseconds of CPU per sample from `before` to `self`, for `samples` samples; with the
+    /// baseline's rate, each also as a multiple of the baseline's time per row (one thread).
+    fn report(&self, before: &Cpu, samples: u64, base: Option<f64>) {
+        let per = |a: f64, b: f64| (a - b) * 1e6 / samples as f64;
+        let parts = [
+            ("writer thread", per(self.writer, before.writer)),
+            ("request threads", per(self.requests, before.requests)),
+            (
+                "other aggregator threads",
+                per(self.aggregator, before.aggregator)
+                    - per(self.writer, before.writer)
+                    - per(self.requests, before.requests),
+            ),
+            ("load generator", per(self.generator, before.generator)),
+        ];
+        let text: Vec<String> = parts
+            .iter()
+            .map(|(what, us)| match base {
+                Some(b) => format!("{what} {us:.2} µs ({:.1}×)", us * b / 1e6),
+                None => format!("{what} {us:.2} µs"),
+            })
+            .collect();
+        let base = base.map_or(String::new(), |b| {
+            format!(
+                "; the baseline appends a row in {:.2} µs on one thread",
+                1e6 / b
+            )
+        });
+        eprintln!("    CPU per sample: {}{base}", text.join(", "));
     }
 }
 
@@ -333,8 +420,10 @@ fn main() {
     let mut stored = 0;
     let mut run = |what: &str, nodes: Vec<Node>, pace: Option<Duration>, base: Option<f64>| {
         let from = memory.lock().unwrap().len();
+        let cpu = Cpu::now(pid);
         let mut phase = rt.block_on(run_phase(nodes, url.clone(), pace));
         phase.report(what, base);
+        Cpu::now(pid).report(&cpu, phase.samples, base);
         sent += phase.samples;
         stored += phase.stored;
         let log = memory.lock().unwrap();
