@@ -116,12 +116,18 @@ pub(super) fn pass(
     raw_cutoff: i64,
     outcomes: &mut [IngestOutcome],
 ) -> Result<Pass, WriteError> {
+    // The raw columns are sized once, for every sample of the group (BENCHMARKS.md, "The
+    // writer's own work").
+    let samples = group.iter().map(|(_, b, _)| b.sample_count()).sum();
     let mut maps = Maps {
         gpu_seen: dims.gpu_seen(&covered),
         covered,
         deltas: Map::default(),
     };
-    let mut out = Pass::default();
+    let mut out = Pass {
+        raw: RawColumns::with_capacity(samples),
+        ..Pass::default()
+    };
     for (i, batch, ids) in group.iter() {
         let mut stored = 0u64;
         for (n, (s, &(iid, hid))) in batch.series.iter().zip(&ids.series).enumerate() {

@@ -1,11 +1,15 @@
 //! Raw 1 s rows for `samples_raw`, built column by column for DuckDB's appender on its Arrow path
 //! (one columnar chunk per 2,048 rows instead of a call per value; `benches/aggregator.rs`
 //! measures both).
+//!
+//! The columns are Arrow builders (values plus a validity bitmap), sized once for the group: an
+//! `Option<f64>` column took 16 bytes a value and grew by reallocation, which the writer's
+//! profile showed as copies and page faults (BENCHMARKS.md, "The writer's own work").
 
 use std::sync::Arc;
 
 use duckdb::arrow::array::{
-    ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, UInt64Array,
+    ArrayBuilder, ArrayRef, Float64Builder, Int32Builder, Int64Builder, RecordBatch, UInt64Builder,
 };
 use duckdb::arrow::datatypes::{DataType, Field, Schema};
 use gpuledger_schema::wire::Series;
@@ -13,29 +17,40 @@ use gpuledger_schema::wire::Series;
 /// Raw rows in `samples_raw`'s column order, built column-wise for the appender's Arrow path.
 #[derive(Debug, Default)]
 pub struct RawColumns {
-    ts: Vec<i64>,
-    instance_id: Vec<i32>,
-    holder_id: Vec<i32>,
-    ratios: [Vec<Option<f64>>; 4],
-    bytes: [Vec<Option<u64>>; 4],
+    ts: Int64Builder,
+    instance_id: Int32Builder,
+    holder_id: Int32Builder,
+    ratios: [Float64Builder; 4],
+    bytes: [UInt64Builder; 4],
 }
 
 impl RawColumns {
+    /// Room for `rows` rows without reallocating.
+    pub fn with_capacity(rows: usize) -> Self {
+        RawColumns {
+            ts: Int64Builder::with_capacity(rows),
+            instance_id: Int32Builder::with_capacity(rows),
+            holder_id: Int32Builder::with_capacity(rows),
+            ratios: std::array::from_fn(|_| Float64Builder::with_capacity(rows)),
+            bytes: std::array::from_fn(|_| UInt64Builder::with_capacity(rows)),
+        }
+    }
+
     /// Adds the `j`th second of `s` as held by `instance_id`/`holder_id`.
     pub fn push(&mut self, s: &Series, j: usize, instance_id: i32, holder_id: i32) {
         fn at<T: Copy>(col: &Option<Vec<Option<T>>>, j: usize) -> Option<T> {
             col.as_ref().and_then(|c| c.get(j).copied().flatten())
         }
-        self.ts.push(s.t[j]);
-        self.instance_id.push(instance_id);
-        self.holder_id.push(holder_id);
+        self.ts.append_value(s.t[j]);
+        self.instance_id.append_value(instance_id);
+        self.holder_id.append_value(holder_id);
         for (out, col) in self.ratios.iter_mut().zip([
             &s.sm_active,
             &s.sm_occupancy,
             &s.tensor_active,
             &s.dram_active,
         ]) {
-            out.push(at(col, j));
+            out.append_option(at(col, j));
         }
         for (out, col) in self.bytes.iter_mut().zip([
             &s.fb_used_bytes,
@@ -43,7 +58,7 @@ impl RawColumns {
             &s.nvlink_tx_bytes,
             &s.nvlink_rx_bytes,
         ]) {
-            out.push(at(col, j));
+            out.append_option(at(col, j));
         }
     }
 
@@ -54,13 +69,11 @@ impl RawColumns {
 
     /// Whether no row is held.
     pub fn is_empty(&self) -> bool {
-        self.ts.is_empty()
+        self.ts.len() == 0
     }
 
     /// The rows as an Arrow record batch.
-    pub fn into_record_batch(self) -> duckdb::Result<RecordBatch> {
-        let [sm, occ, tensor, dram] = self.ratios;
-        let [used, total, tx, rx] = self.bytes;
+    pub fn into_record_batch(mut self) -> duckdb::Result<RecordBatch> {
         let f64s = |name: &str| Field::new(name, DataType::Float64, true);
         let u64s = |name: &str| Field::new(name, DataType::UInt64, true);
         let schema = Schema::new(vec![
@@ -76,19 +89,17 @@ impl RawColumns {
             u64s("nvlink_tx_bytes"),
             u64s("nvlink_rx_bytes"),
         ]);
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from(self.ts)),
-            Arc::new(Int32Array::from(self.instance_id)),
-            Arc::new(Int32Array::from(self.holder_id)),
-            Arc::new(Float64Array::from(sm)),
-            Arc::new(Float64Array::from(occ)),
-            Arc::new(Float64Array::from(tensor)),
-            Arc::new(Float64Array::from(dram)),
-            Arc::new(UInt64Array::from(used)),
-            Arc::new(UInt64Array::from(total)),
-            Arc::new(UInt64Array::from(tx)),
-            Arc::new(UInt64Array::from(rx)),
+        let mut columns: Vec<ArrayRef> = vec![
+            Arc::new(self.ts.finish()),
+            Arc::new(self.instance_id.finish()),
+            Arc::new(self.holder_id.finish()),
         ];
+        for b in &mut self.ratios {
+            columns.push(Arc::new(b.finish()));
+        }
+        for b in &mut self.bytes {
+            columns.push(Arc::new(b.finish()));
+        }
         RecordBatch::try_new(Arc::new(schema), columns)
             .map_err(|e| duckdb::Error::ToSqlConversionFailure(Box::new(e)))
     }
