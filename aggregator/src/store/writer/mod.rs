@@ -22,7 +22,8 @@
 //! writer's rate); this file holds the handle, the jobs and the write loop.
 //!
 //! Memory is bounded by the caller: [`Writer::try_reserve`] hands out queue permits counted in
-//! samples, and a job holds its permit until it has been written.
+//! samples, and a job holds its permit until it has been written and its batch, handed back
+//! with the answer, freed on the request's thread ([`Written`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -125,7 +126,29 @@ struct IngestJob {
     batch: Batch,
     /// Unix seconds: samples older than this go to the rollups only.
     raw_cutoff: i64,
-    reply: oneshot::Sender<Result<IngestOutcome, StoreError>>,
+    reply: oneshot::Sender<Written>,
+    permit: OwnedSemaphorePermit,
+}
+
+impl IngestJob {
+    /// Answers the job, handing its batch and queue places back with the answer.
+    fn answer(self, result: Result<IngestOutcome, StoreError>) {
+        let _ = self.reply.send(Written {
+            result,
+            _batch: self.batch,
+            _permit: self.permit,
+        });
+    }
+}
+
+/// The writer's answer to an ingest job. It brings the batch back, with its places in the queue,
+/// so that the request's thread frees it: the request thread allocated it, and freeing a group's
+/// batches (hundreds of thousands of small vectors) on the writer thread took 7 % of the one
+/// serial stage (BENCHMARKS.md, "The writer's own work"). The places are given back once the batch
+/// is freed, so the queue still bounds the batches' memory.
+struct Written {
+    result: Result<IngestOutcome, StoreError>,
+    _batch: Batch,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -312,10 +335,11 @@ impl Writer {
                 batch,
                 raw_cutoff,
                 reply,
-                _permit: reservation.0,
+                permit: reservation.0,
             }))
             .map_err(|_| StoreError::WriterStopped)?;
-        rx.await.map_err(|_| StoreError::WriterStopped)?
+        // The batch and its queue places are dropped here, on the request's thread.
+        rx.await.map_err(|_| StoreError::WriterStopped)?.result
     }
 
     /// Runs `write` in one transaction on the writer's connection, between ingest groups.
@@ -419,7 +443,7 @@ struct Waiting {
 impl Waiting {
     /// Places in the queue taken by `group` (held until its batches are written).
     fn taken_by(group: &[IngestJob]) -> usize {
-        group.iter().map(|j| j._permit.num_permits()).sum()
+        group.iter().map(|j| j.permit.num_permits()).sum()
     }
 
     /// Samples queued besides the `own` places of the group being written.
@@ -593,7 +617,7 @@ impl WriterThread {
                     .committed(group.len(), started.elapsed().as_secs_f64());
                 let samples = outcomes.iter().map(|o| o.stored as usize).sum();
                 for (job, outcome) in group.into_iter().zip(outcomes) {
-                    let _ = job.reply.send(Ok(outcome));
+                    job.answer(Ok(outcome));
                 }
                 if let Err(e) = self.checkpoints.wrote(&self.conn, samples) {
                     tracing::warn!(error = %e, "Cannot change DuckDB's checkpoint threshold; the one in force stays.");
@@ -611,11 +635,13 @@ impl WriterThread {
                     if result.is_ok() {
                         self.observer.committed(1, started.elapsed().as_secs_f64());
                     }
-                    let _ = job.reply.send(result.map(|mut o| o.remove(0)));
+                    job.answer(result.map(|mut o| o.remove(0)));
                 }
             }
             Err(e) => {
-                let _ = group.into_iter().next().map(|j| j.reply.send(Err(e)));
+                if let Some(job) = group.into_iter().next() {
+                    job.answer(Err(e));
+                }
             }
         }
     }
