@@ -18,9 +18,10 @@
 //! stored must equal sent. Peak RSS is the aggregator's `VmHWM`; every 5 s the aggregator's own
 //! `/metrics` is read for its resident memory and DuckDB's part of it (`duckdb_memory()`), and
 //! each phase reports the most it saw (every 30 s with `--memory-trace`). Each phase also reports
-//! the CPU time per sample of the aggregator's writer thread, its request threads and the rest of
-//! it, and of this load generator (from `/proc`), against the baseline's time per row: on a
-//! machine shared with other work, CPU per sample moves less than samples per second. Last, the
+//! the CPU time per sample of the aggregator's writer thread, its tokio threads (requests, and the
+//! analytics evaluation: `--flag --analytics-interval --flag 1h` leaves requests alone) and the
+//! rest of it, and of this load generator (from `/proc`), against the baseline's time per row: on
+//! a machine shared with other work, CPU per sample moves less than samples per second. Last, the
 //! raw rows are rewritten
 //! in instance order, as the aggregator does to each closed hour, and `samples_raw`'s blocks are
 //! counted before and after.
@@ -82,7 +83,8 @@ async fn watch_memory(url: String, log: MemoryLog) {
 }
 
 /// CPU seconds used so far: the aggregator's writer thread, its tokio threads (the request
-/// path: HTTP, gzip, JSON, validation), the whole aggregator process (threads that ended
+/// path: HTTP, gzip, JSON, validation; and the analytics evaluation, every 15 s by default,
+/// which runs on tokio's blocking threads), the whole aggregator process (threads that ended
 /// included), and this load generator.
 #[derive(Clone, Copy, Default)]
 struct Cpu {
@@ -138,7 +140,7 @@ impl Cpu {
         let per = |a: f64, b: f64| (a - b) * 1e6 / samples as f64;
         let parts = [
             ("writer thread", per(self.writer, before.writer)),
-            ("request threads", per(self.requests, before.requests)),
+            ("tokio threads", per(self.requests, before.requests)),
             (
                 "other aggregator threads",
                 per(self.aggregator, before.aggregator)
