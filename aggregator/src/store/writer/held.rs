@@ -270,6 +270,7 @@ mod tests {
             held: Held::default(),
             needs_recovery: false,
             checkpoints: Default::default(),
+            last_group: None,
         }
     }
 

@@ -210,6 +210,15 @@ pub struct Reservation(OwnedSemaphorePermit);
 /// Most samples written in one transaction; a group stops growing here.
 const GROUP_SAMPLES: usize = 1_000_000;
 
+/// While batches trickle in, the shortest time from one group's start to the next. At a fleet's
+/// own pace (250 small batches a second) the writer otherwise wrote 58 groups a second of 2
+/// batches at the median, and spent nearly all its time on what each group costs whatever its
+/// size: the commit, the mask and batch-id look-ups, the folds (BENCHMARKS.md, "At a fleet's own
+/// pace"). The writer pauses only when the last group left batches waiting and fewer than
+/// [`held::HOLD_BEHIND`] samples wait now: a lone batch, or one sent after the last was
+/// acknowledged, is written at once, and a writer that is behind does not wait.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl Writer {
     /// Starts the writer thread on `conn` (already migrated). `queue_samples` bounds the samples
     /// waiting to be written.
@@ -255,6 +264,7 @@ impl Writer {
                     held: held::Held::default(),
                     needs_recovery: false,
                     checkpoints: Checkpoints::default(),
+                    last_group: None,
                 }
                 .run(rx, waiting)
             })
@@ -466,6 +476,8 @@ struct WriterThread {
     needs_recovery: bool,
     /// The checkpoint threshold in force ([`checkpoints`]).
     checkpoints: Checkpoints,
+    /// When the last ingest group started, and whether batches waited behind it ([`GATHER`]).
+    last_group: Option<(Instant, bool)>,
 }
 
 /// Why a write failed: DuckDB, or a batch the ledger refuses.
@@ -539,6 +551,7 @@ impl WriterThread {
                     let _ = reply.send(result.map_err(StoreError::from_db));
                 }
                 Job::Ingest(first) => {
+                    std::thread::sleep(self.gather_pause(waiting.behind(0)));
                     let mut samples = first.batch.sample_count();
                     let mut group = vec![first];
                     while samples < GROUP_SAMPLES {
@@ -556,7 +569,9 @@ impl WriterThread {
                     }
                     let own = Waiting::taken_by(&group);
                     let behind = || waiting.behind(own);
+                    let started = Instant::now();
                     self.ingest_group(group, &behind);
+                    self.last_group = Some((started, !rx.is_empty()));
                 }
             }
         }
@@ -564,6 +579,17 @@ impl WriterThread {
             tracing::error!(error = %e, "Cannot fold the held rollup deltas at stop; the next start folds them.");
         }
         tracing::info!("The writer thread stopped: every queued batch was written.");
+    }
+
+    /// How long to wait before gathering the next group, with `queued` samples in the queue
+    /// ([`GATHER`]).
+    fn gather_pause(&self, queued: usize) -> std::time::Duration {
+        match self.last_group {
+            Some((started, true)) if queued < held::HOLD_BEHIND => {
+                GATHER.saturating_sub(started.elapsed())
+            }
+            _ => std::time::Duration::ZERO,
+        }
     }
 
     /// Folds what is held, in a transaction of its own.
