@@ -22,9 +22,8 @@
 //! analytics evaluation: `--flag --analytics-interval --flag 1h` leaves requests alone) and the
 //! rest of it, and of this load generator (from `/proc`), against the baseline's time per row: on
 //! a machine shared with other work, CPU per sample moves less than samples per second. Last, the
-//! raw rows are rewritten
-//! in instance order, as the aggregator does to each closed hour, and `samples_raw`'s blocks are
-//! counted before and after.
+//! raw rows are rewritten in instance order, as the aggregator does to each closed hour, and
+//! `samples_raw`'s blocks are counted before and after.
 //!
 //! Run: `cargo bench --bench ingest_load` (release), options after `--`: `--senders 1000`,
 //! `--seconds 60` (per node, throughput phase), `--paced-senders 1250`, `--paced-seconds 30`,
@@ -89,7 +88,7 @@ async fn watch_memory(url: String, log: MemoryLog) {
 #[derive(Clone, Copy, Default)]
 struct Cpu {
     writer: f64,
-    requests: f64,
+    tokio: f64,
     aggregator: f64,
     generator: f64,
 }
@@ -128,7 +127,7 @@ impl Cpu {
             } else if name.starts_with("tokio-r") {
                 // "tokio-runtime-worker" or "tokio-rt-worker" (as tokio's version names them),
                 // workers and blocking threads alike.
-                cpu.requests += used;
+                cpu.tokio += used;
             }
         }
         cpu
@@ -140,12 +139,12 @@ impl Cpu {
         let per = |a: f64, b: f64| (a - b) * 1e6 / samples as f64;
         let parts = [
             ("writer thread", per(self.writer, before.writer)),
-            ("tokio threads", per(self.requests, before.requests)),
+            ("tokio threads", per(self.tokio, before.tokio)),
             (
                 "other aggregator threads",
                 per(self.aggregator, before.aggregator)
                     - per(self.writer, before.writer)
-                    - per(self.requests, before.requests),
+                    - per(self.tokio, before.tokio),
             ),
             ("load generator", per(self.generator, before.generator)),
         ];
