@@ -219,6 +219,17 @@ const GROUP_SAMPLES: usize = 1_000_000;
 /// acknowledged, is written at once, and a writer that is behind does not wait.
 const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// How long the writer waits before gathering the next group ([`GATHER`]): `last_group` is when
+/// the last one started and whether jobs waited behind it; `queued` is the samples queued now.
+fn gather_pause(last_group: Option<(Instant, bool)>, queued: usize) -> std::time::Duration {
+    match last_group {
+        Some((started, true)) if queued < held::HOLD_BEHIND => {
+            GATHER.saturating_sub(started.elapsed())
+        }
+        _ => std::time::Duration::ZERO,
+    }
+}
+
 impl Writer {
     /// Starts the writer thread on `conn` (already migrated). `queue_samples` bounds the samples
     /// waiting to be written.
@@ -551,7 +562,7 @@ impl WriterThread {
                     let _ = reply.send(result.map_err(StoreError::from_db));
                 }
                 Job::Ingest(first) => {
-                    std::thread::sleep(self.gather_pause(waiting.behind(0)));
+                    std::thread::sleep(gather_pause(self.last_group, waiting.behind(0)));
                     let mut samples = first.batch.sample_count();
                     let mut group = vec![first];
                     while samples < GROUP_SAMPLES {
@@ -579,17 +590,6 @@ impl WriterThread {
             tracing::error!(error = %e, "Cannot fold the held rollup deltas at stop; the next start folds them.");
         }
         tracing::info!("The writer thread stopped: every queued batch was written.");
-    }
-
-    /// How long to wait before gathering the next group, with `queued` samples in the queue
-    /// ([`GATHER`]).
-    fn gather_pause(&self, queued: usize) -> std::time::Duration {
-        match self.last_group {
-            Some((started, true)) if queued < held::HOLD_BEHIND => {
-                GATHER.saturating_sub(started.elapsed())
-            }
-            _ => std::time::Duration::ZERO,
-        }
     }
 
     /// Folds what is held, in a transaction of its own.
@@ -809,4 +809,30 @@ fn write_shares(tx: &Connection, group: NewBatches<'_>, raw_cutoff: i64) -> duck
         tx.execute_batch(SHARES_ROLLUP)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_writer_pauses_only_while_batches_trickle_in() {
+        let just_now = Some((Instant::now(), true));
+        // A first group, or one after a group nothing waited behind, starts at once.
+        assert_eq!(gather_pause(None, 280), Duration::ZERO);
+        assert_eq!(
+            gather_pause(Some((Instant::now(), false)), 280),
+            Duration::ZERO
+        );
+        // Batches waited behind the last group, and few wait now: wait out the rest of GATHER.
+        let pause = gather_pause(just_now, 280);
+        assert!(pause > Duration::ZERO && pause <= GATHER, "{pause:?}");
+        // A writer that is behind does not wait.
+        assert_eq!(gather_pause(just_now, held::HOLD_BEHIND), Duration::ZERO);
+        // Nor once GATHER has passed since the last group started.
+        let long_ago = Instant::now() - GATHER - Duration::from_millis(1);
+        assert_eq!(gather_pause(Some((long_ago, true)), 280), Duration::ZERO);
+    }
 }
