@@ -13,7 +13,9 @@
 //! 7. (`-- import`) `gpuledger import` of a 2 h trace against DuckDB's `read_csv` of the file;
 //! 8. (`-- decode`) decoding alone (gzip, JSON, validation) on one core, of 100 s and live 5 s
 //!    bodies; `-- decode --bodies DIR` adds the `.batch` files of an exporter's spool, the bodies
-//!    a real exporter sent.
+//!    a real exporter sent;
+//! 9. (`-- evaluation-history`) the evaluation pass a live fleet pays after each new minute, with
+//!    2, 6 and 24 hours of history whose idle allocations are open episodes all along.
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
@@ -521,6 +523,92 @@ fn hour_evaluation(dir: &std::path::Path) {
     );
 }
 
+/// The evaluation a live fleet pays every 15 s, against how much history its hoarders have: the
+/// same 10,003 instances as [`hour_evaluation`] with `hours` hours and 30 minutes of minute
+/// rollups (written with SQL), a quarter of the allocations idle all along, so their episodes
+/// are open and as old as the history. After a first pass over everything, each live step adds
+/// one minute of every instance (and its GPU-hour counts, which make the hour dirty) and times
+/// the pass that follows. Baseline: one SQL scan of the last hour's minute rows, as above.
+/// Returns (baseline ms, first pass ms, live pass ms: the median of three steps).
+fn history_evaluation(dir: &std::path::Path, hours: i64) -> (f64, f64, f64) {
+    let (conn, _) = store::open(&dir.join(format!("history-{hours}h.duckdb"))).unwrap();
+    let t0: i64 = 1_767_225_600;
+    let gpus = 1429;
+    let n = gpus * 7;
+    let minutes = hours * 60 + 30;
+    let minute_rows = |from: i64, to: i64| {
+        format!(
+            "INSERT INTO rollup_1m (bucket, instance_id, holder_id, seconds_mask, samples, sm_active_samples, sm_active_sum,
+                                    sm_occupancy_samples, sm_occupancy_sum, tensor_active_samples, tensor_active_sum,
+                                    dram_active_samples, dram_active_sum, fb_used_samples, fb_used_bytes_sum,
+                                    nvlink_tx_bytes_sum, nvlink_rx_bytes_sum)
+                 SELECT {t0} + 60 * m, i, CASE WHEN i % 7 = 6 THEN 0 ELSE i END, (1::UBIGINT << 60) - 1, 60, 60,
+                        CASE WHEN i % 4 = 0 THEN 0.0 ELSE 60 * 0.7 END, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
+                 FROM range({from}, {to}) a(m), range(1, {n} + 1) b(i)"
+        )
+    };
+    // Each GPU-hour's counts as the writer keeps them: 60 observed seconds and 7 instance-seconds
+    // per minute.
+    let gpu_hours = |from: i64, to: i64| {
+        format!(
+            "DELETE FROM rollup_gpu_1h WHERE bucket >= {t0} + 3600 * ({from} // 60);
+             INSERT INTO rollup_gpu_1h
+             SELECT {t0} + 3600 * h, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3',
+                    60 * least(60, {to} - 60 * h), 60 * 7 * least(60, {to} - 60 * h)
+             FROM range({from} // 60, ({to} + 59) // 60) a(h), range({gpus}) b(g)"
+        )
+    };
+    conn.execute_batch(&format!(
+        "INSERT INTO instances SELECT i + 1, 'node-' || (i // 56), 'GPU-' || (i // 7), i % 7, 'NVIDIA H100 80GB HBM3', '1g.10gb', i % 7, 1, 1.0 / 7 FROM range({n}) t(i);
+         INSERT INTO holders SELECT h, 'tenant-' || (h % 40), 'wl-' || h, 'interactive' FROM range(1, {n} + 1) t(h);
+         {}; {}; CHECKPOINT;",
+        minute_rows(0, minutes),
+        gpu_hours(0, minutes),
+    ))
+    .unwrap();
+    let last_hour = t0 + 60 * (minutes - 60);
+    let base = {
+        let start = Instant::now();
+        let runs = 5;
+        for _ in 0..runs {
+            let v: (i64, i64) = conn
+                .query_row(
+                    "SELECT count(*), sum(bit_count(seconds_mask))::BIGINT FROM rollup_1m WHERE bucket >= ? AND bucket < ?",
+                    [last_hour, last_hour + 3600],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .unwrap();
+            std::hint::black_box(v);
+        }
+        start.elapsed().as_secs_f64() * 1000.0 / runs as f64
+    };
+    let readers = store::query::Readers::new(&conn, None).unwrap();
+    let (writer, _thread) = Writer::spawn(conn, 1_000, Arc::new(())).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let settings = analytics::Settings::default();
+    let pass = || {
+        let start = Instant::now();
+        let report = rt
+            .block_on(analytics::evaluate(&readers, &writer, &settings, 10))
+            .unwrap();
+        (start.elapsed().as_secs_f64() * 1000.0, report)
+    };
+    let (first, report) = pass();
+    assert!(report.episodes > 0, "the idle quarter are episodes");
+    let mut live = Vec::new();
+    for step in 0..3 {
+        let m = minutes + step;
+        let sql = format!("{}; {};", minute_rows(m, m + 1), gpu_hours(m, m + 1));
+        rt.block_on(writer.apply(Box::new(move |tx| tx.execute_batch(&sql))))
+            .unwrap();
+        let (ms, report) = pass();
+        assert!(report.gpus > 0, "the new minute makes every GPU's hour dirty");
+        live.push(ms);
+    }
+    live.sort_by(f64::total_cmp);
+    (base, first, live[1])
+}
+
 /// The demo's history (`src/cmd/demo/history.rs`): one day of the built-in fleet written through
 /// the one writer as the simulator's minute rows, against the baseline of the same day's seconds
 /// (each second reading its minute row's counters) sent as 1 s batches of an hour per node, all
@@ -741,6 +829,16 @@ fn main() {
             assert!(!bodies.is_empty(), "--bodies {dir}: no .batch file");
             let what = format!("{} bodies of {dir}", bodies.len());
             decoding_bodies(&bodies, 2_000_000, &what, base);
+        }
+        return;
+    }
+    if std::env::args().any(|a| a == "evaluation-history") {
+        for hours in [2, 6, 24] {
+            let (base, first, live) = history_evaluation(dir.path(), hours);
+            eprintln!(
+                "  evaluation with {hours} h 30 min of history (10,003 instances, a quarter idle all along): first pass {first:.0} ms; live pass after one more minute {live:.0} ms = {:.1}x the baseline (one SQL scan of the last hour's minute rows, {base:.1} ms)",
+                live / base
+            );
         }
         return;
     }
