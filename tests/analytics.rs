@@ -324,6 +324,105 @@ async fn late_data_recomputes_episodes() {
     assert_eq!(r.gpu_hours, 0);
 }
 
+/// Idle and busy spells of 3 to 53 minutes on 2 GPUs × 7 slices, each spell under a holder drawn
+/// again (or none), some not reported at all, a few seconds unmeasured; in time order.
+fn spells_trace(seed: u64, t0: i64, seconds: i64) -> Vec<Sample> {
+    let mut rng = Lcg(seed);
+    let mut out = Vec::new();
+    for g in 0..2 {
+        let gpu = format!("GPU-{g}");
+        for k in 0..7u32 {
+            let instance = traces::mig(&gpu, k + 1, k);
+            let mut t = t0;
+            while t < t0 + seconds {
+                let span = 60 * (3 + rng.below(50) as i64) + rng.below(60) as i64;
+                let holder = match rng.below(4) {
+                    0 => gpuledger_schema::Attribution::default(),
+                    h => traces::held(
+                        "team",
+                        &format!("team/w{h}"),
+                        gpuledger_schema::SloClass::Batch,
+                    ),
+                };
+                let idle = rng.below(2) == 0;
+                let reported = rng.below(8) != 0;
+                for tt in t..(t + span).min(t0 + seconds) {
+                    let sm = match (rng.below(40), idle) {
+                        (0, _) => None,
+                        (_, true) => Some(rng.below(30) as f64 / 1000.0),
+                        (_, false) => Some(0.3 + rng.below(700) as f64 / 1000.0),
+                    };
+                    if reported {
+                        out.push(traces::sample(tt, &instance, holder.clone(), sm));
+                    }
+                }
+                t += span;
+            }
+        }
+    }
+    out.sort_by_key(|s| s.timestamp);
+    out
+}
+
+/// A pass continues long episodes from the totals stored with them (migration 0008) instead of
+/// reading their whole history: evaluating every 10 minutes as the data arrives, and once more
+/// after half an hour of one slice comes late, stores exactly the episodes that one evaluation
+/// of all of it stores.
+#[tokio::test(flavor = "multi_thread")]
+async fn evaluating_as_data_arrives_stores_what_one_evaluation_of_all_of_it_stores() {
+    let s = Settings {
+        window: std::time::Duration::from_secs(20 * 60),
+        ..settings()
+    };
+    for seed in 1..=2u64 {
+        let trace = spells_trace(seed, T0, 5 * 3600);
+        let late_range = T0 + 200 * 60..T0 + 230 * 60;
+        let (late, live): (Vec<Sample>, Vec<Sample>) = trace.iter().cloned().partition(|x| {
+            late_range.contains(&x.timestamp)
+                && x.instance.gpu_uuid == "GPU-0"
+                && x.instance.gpu_instance_id == Some(2)
+        });
+        let ledger = Ledger::open();
+        for chunk in live.chunk_by(|a, b| a.timestamp / 600 == b.timestamp / 600) {
+            ledger.write(chunk, 50_000).await;
+            analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+                .await
+                .unwrap();
+        }
+        let continued: i64 = ledger
+            .conn()
+            .query_row(
+                "SELECT count(*) FROM hoarding_episodes WHERE base_through IS NOT NULL
+                   AND started_at < base_through",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(
+            continued > 0,
+            "seed {seed}: some episodes reach past their base point"
+        );
+        ledger.write(&late, 50_000).await;
+        analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+            .await
+            .unwrap();
+        let once = Ledger::open();
+        once.write(&trace, 50_000).await;
+        analytics::evaluate(&once.readers, &once.writer, &s, 100)
+            .await
+            .unwrap();
+        let stored = |l: &Ledger| {
+            let all =
+                analytics::episodes(&l.conn(), EpisodeState::All, i64::MIN, i64::MAX, None, &s)
+                    .unwrap();
+            (all.len(), serde_json::to_string_pretty(&all).unwrap())
+        };
+        let (n, expected) = stored(&once);
+        assert!(n >= 10, "seed {seed}: the trace has episodes ({n})");
+        assert_eq!(stored(&ledger).1, expected, "seed {seed}");
+    }
+}
+
 /// Showback computed from raw samples only, as the definition says.
 fn from_raw(conn: &Connection, from: i64, to: i64) -> (Vec<(String, f64, f64)>, f64) {
     let mut stmt = conn

@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "batch_first_second",
         sql: include_str!("../migrations/0007_batch_first_second.sql"),
     },
+    Migration {
+        version: 8,
+        name: "hoarding_base",
+        sql: include_str!("../migrations/0008_hoarding_base.sql"),
+    },
 ];
 
 /// The schema version this build writes.

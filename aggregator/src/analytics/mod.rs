@@ -7,7 +7,9 @@
 //! counts differ from those its fragmentation was computed from is *dirty*. Each evaluation pass
 //! recomputes the dirty GPU-hours' fragmentation and the hoarding episodes of those GPUs (from
 //! the minute rollup), so late, re-sent or backfilled data corrects the results, and a restart
-//! loses nothing: the pass simply finds the same dirty hours again.
+//! loses nothing: the pass simply finds the same dirty hours again. A long episode is continued
+//! from the totals stored with it rather than read again from its start
+//! ([`hoarding::plan`]), so a pass reads about the last hour and a window of minutes.
 //!
 //! The reading is done on a reader connection inside one transaction (one snapshot); the result
 //! is written by the one writer ([`crate::store::Writer::apply`]).
