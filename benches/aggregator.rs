@@ -602,7 +602,10 @@ fn history_evaluation(dir: &std::path::Path, hours: i64) -> (f64, f64, f64) {
         rt.block_on(writer.apply(Box::new(move |tx| tx.execute_batch(&sql))))
             .unwrap();
         let (ms, report) = pass();
-        assert!(report.gpus > 0, "the new minute makes every GPU's hour dirty");
+        assert!(
+            report.gpus > 0,
+            "the new minute makes every GPU's hour dirty"
+        );
         live.push(ms);
     }
     live.sort_by(f64::total_cmp);
