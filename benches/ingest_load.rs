@@ -21,7 +21,9 @@
 //! the CPU time per sample of the aggregator's writer thread, its tokio threads (requests, and the
 //! analytics evaluation: `--flag --analytics-interval --flag 1h` leaves requests alone) and the
 //! rest of it, and of this load generator (from `/proc`), against the baseline's time per row: on
-//! a machine shared with other work, CPU per sample moves less than samples per second. Last, the
+//! a machine shared with other work, CPU per sample moves less than samples per second. It also
+//! reports how many analytics evaluations ended in the phase and their mean wall time (the
+//! aggregator's `gpuledger_aggregator_analytics_duration_seconds`). Last, the
 //! raw rows are rewritten in instance order, as the aggregator does to each closed hour, and
 //! `samples_raw`'s blocks are counted before and after.
 //!
@@ -62,6 +64,21 @@ async fn memory_of(client: &reqwest::Client, url: &str) -> Option<(f64, f64)> {
     Some((
         value("gpuledger_aggregator_resident_memory_bytes")?,
         value("gpuledger_aggregator_store_memory_bytes")?,
+    ))
+}
+
+/// The aggregator's analytics evaluations so far, from its `/metrics`: (passes, seconds in
+/// them), the `gpuledger_aggregator_analytics_duration_seconds` histogram's count and sum (wall
+/// time of the evaluation and the figures `/metrics` shows, not the reclaim pass).
+async fn analytics_of(client: &reqwest::Client, url: &str) -> Option<(f64, f64)> {
+    let text = client.get(url).send().await.ok()?.text().await.ok()?;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    Some((
+        value("gpuledger_aggregator_analytics_duration_seconds_count")?,
+        value("gpuledger_aggregator_analytics_duration_seconds_sum")?,
     ))
 }
 
@@ -412,19 +429,29 @@ fn main() {
         .build()
         .unwrap();
     let memory = MemoryLog::default();
-    rt.spawn(watch_memory(
-        format!("http://127.0.0.1:{}/metrics", server.port),
-        memory.clone(),
-    ));
+    let metrics_url = format!("http://127.0.0.1:{}/metrics", server.port);
+    let metrics_client = reqwest::Client::new();
+    rt.spawn(watch_memory(metrics_url.clone(), memory.clone()));
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
     let mut sent = 0;
     let mut stored = 0;
     let mut run = |what: &str, nodes: Vec<Node>, pace: Option<Duration>, base: Option<f64>| {
         let from = memory.lock().unwrap().len();
         let cpu = Cpu::now(pid);
+        let passes = rt.block_on(analytics_of(&metrics_client, &metrics_url));
         let mut phase = rt.block_on(run_phase(nodes, url.clone(), pace));
         phase.report(what, base);
         Cpu::now(pid).report(&cpu, phase.samples, base);
+        if let (Some((n0, s0)), Some((n1, s1))) = (
+            passes,
+            rt.block_on(analytics_of(&metrics_client, &metrics_url)),
+        ) {
+            let n = n1 - n0;
+            eprintln!(
+                "    analytics evaluations ended in this phase: {n:.0}, {:.0} ms each on average (wall time)",
+                if n > 0.0 { (s1 - s0) * 1e3 / n } else { 0.0 }
+            );
+        }
         sent += phase.samples;
         stored += phase.stored;
         let log = memory.lock().unwrap();
