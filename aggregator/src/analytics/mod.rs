@@ -60,7 +60,9 @@ impl Default for Settings {
             idle_threshold: 0.05,
             window: Duration::from_secs(30 * 60),
             // Reclaim decides after each evaluation: 15 s keeps detection-to-webhook under 30 s
-            // (BENCHMARKS.md, "Reclaim latency") at ~0.5 s of CPU per 10,000 instances per pass.
+            // (BENCHMARKS.md, "Reclaim latency") at 0.2-0.3 s per 10,000 instances per pass in
+            // the release build, however long the hoarders have been idle (BENCHMARKS.md, "The
+            // evaluation against the hoarders' history").
             interval: Duration::from_secs(15),
             prices: prices::PriceBook::default(),
             demand: HashMap::new(),
