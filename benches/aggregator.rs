@@ -485,6 +485,7 @@ fn hour_evaluation(dir: &std::path::Path) {
              FROM range(60) a(m), range(1, {n} + 1) b(i);
          INSERT INTO rollup_gpu_1h SELECT {t0}, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3', 3600, 3600 * 7
              FROM range({gpus}) b(g);
+         INSERT INTO gpu_hours_changed SELECT nextval('gpu_hours_changed_seq'), bucket, node, gpu_uuid, gpu_model FROM rollup_gpu_1h;
          CHECKPOINT;"
     ))
     .unwrap();
@@ -550,14 +551,17 @@ fn history_evaluation(dir: &std::path::Path, hours: i64, old_days: i64) -> (f64,
         )
     };
     // Each GPU-hour's counts as the writer keeps them: 60 observed seconds and 7 instance-seconds
-    // per minute.
+    // per minute, and the writer's note that they changed.
     let gpu_hours = |from: i64, to: i64| {
         format!(
             "DELETE FROM rollup_gpu_1h WHERE bucket >= {t0} + 3600 * ({from} // 60);
              INSERT INTO rollup_gpu_1h
              SELECT {t0} + 3600 * h, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3',
                     60 * least(60, {to} - 60 * h), 60 * 7 * least(60, {to} - 60 * h)
-             FROM range({from} // 60, ({to} + 59) // 60) a(h), range({gpus}) b(g)"
+             FROM range({from} // 60, ({to} + 59) // 60) a(h), range({gpus}) b(g);
+             INSERT INTO gpu_hours_changed
+             SELECT nextval('gpu_hours_changed_seq'), bucket, node, gpu_uuid, gpu_model
+             FROM rollup_gpu_1h WHERE bucket >= {t0} + 3600 * ({from} // 60)"
         )
     };
     conn.execute_batch(&format!(

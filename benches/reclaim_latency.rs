@@ -244,6 +244,7 @@ fn outbox() {
              FROM range({minutes} + 1) a(m), range(1, {n} + 1) b(i);
          INSERT INTO rollup_gpu_1h SELECT h, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3', 3600, 3600
              FROM range(1, {n} + 1) b(g), (VALUES ({t0}), ({t0} + 3600)) v(h);
+         INSERT INTO gpu_hours_changed SELECT nextval('gpu_hours_changed_seq'), bucket, node, gpu_uuid, gpu_model FROM rollup_gpu_1h;
          CHECKPOINT;"
     ))
     .unwrap();

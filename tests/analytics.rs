@@ -324,6 +324,87 @@ async fn late_data_recomputes_episodes() {
     assert_eq!(r.gpu_hours, 0);
 }
 
+fn notes(conn: &Connection) -> Vec<(i64, String)> {
+    let mut stmt = conn
+        .prepare("SELECT DISTINCT bucket, gpu_uuid FROM gpu_hours_changed ORDER BY ALL")
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// A pass looks only at the GPU-hours the writer noted as changed (migration 0009), and clears
+/// the notes of the hours it stored; late data notes its hour again.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_writer_notes_the_gpu_hours_it_changes_and_a_pass_clears_them() {
+    let ledger = Ledger::open();
+    let mut trace = known_trace();
+    let minute_50 = T0 + 50 * 60..T0 + 51 * 60;
+    let (late, early): (Vec<Sample>, Vec<Sample>) = trace
+        .drain(..)
+        .partition(|s| minute_50.contains(&s.timestamp) && s.instance.placement_start == Some(0));
+    ledger.write(&early, 5_000).await;
+    let gpus_hours = notes(&ledger.conn());
+    assert_eq!(gpus_hours.len(), 4, "2 GPUs × 2 hours: {gpus_hours:?}");
+    let s = settings();
+    let r = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+        .await
+        .unwrap();
+    assert_eq!(r.gpu_hours, 4);
+    assert_eq!(notes(&ledger.conn()), []);
+    ledger.write(&late, 5_000).await;
+    let gpu_a = late[0].instance.gpu_uuid.clone();
+    assert_eq!(notes(&ledger.conn()), [(T0, gpu_a)]);
+    let r = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+        .await
+        .unwrap();
+    assert_eq!(r.gpu_hours, 1);
+    assert_eq!(notes(&ledger.conn()), []);
+}
+
+/// A pass clears the notes its snapshot saw and keeps those written after it: the hour they name
+/// changed again, after the counts the pass stored.
+#[test]
+fn storing_an_hour_keeps_the_notes_written_after_the_snapshot() {
+    use gpuledger_aggregator::analytics::facts::GpuKey;
+    use gpuledger_aggregator::analytics::fragmentation::{self, GpuHour, StoredHour};
+    let dir = tempfile::tempdir().unwrap();
+    let (mut conn, _) = store::open(&dir.path().join("ledger.duckdb")).unwrap();
+    conn.execute_batch(&format!(
+        "INSERT INTO gpu_hours_changed VALUES
+             (1, {T0}, 'n1', 'GPU-A', 'H100'), (2, {T0}, 'n1', 'GPU-A', 'H100'),
+             (3, {T0}, 'n1', 'GPU-B', 'H100'), (7, {T0}, 'n1', 'GPU-A', 'H100')"
+    ))
+    .unwrap();
+    let hour = StoredHour {
+        hour: GpuHour {
+            bucket: T0,
+            gpu: GpuKey {
+                node: "n1".into(),
+                gpu_uuid: "GPU-A".into(),
+                gpu_model: "H100".into(),
+            },
+            observed_seconds: 60,
+            free_slice_seconds: 0.0,
+            stranded_slice_seconds: 0.0,
+        },
+        observed_seconds: 60,
+        instance_seconds: 60,
+    };
+    let tx = conn.transaction().unwrap();
+    fragmentation::store(&tx, &[hour], Some(5)).unwrap();
+    tx.commit().unwrap();
+    let left: Vec<(i64, String)> = conn
+        .prepare("SELECT seq, gpu_uuid FROM gpu_hours_changed ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(left, [(3, "GPU-B".to_owned()), (7, "GPU-A".to_owned())]);
+}
+
 /// Idle and busy spells of 3 to 53 minutes on 2 GPUs × 7 slices, each spell under a holder drawn
 /// again (or none), some not reported at all, a few seconds unmeasured; in time order.
 fn spells_trace(seed: u64, t0: i64, seconds: i64) -> Vec<Sample> {

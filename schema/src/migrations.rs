@@ -55,6 +55,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "hoarding_base",
         sql: include_str!("../migrations/0008_hoarding_base.sql"),
     },
+    Migration {
+        version: 9,
+        name: "gpu_hours_changed",
+        sql: include_str!("../migrations/0009_gpu_hours_changed.sql"),
+    },
 ];
 
 /// The schema version this build writes.

@@ -339,21 +339,30 @@ pub fn at(
     Ok(out)
 }
 
-/// The GPU-hours whose capacity numbers moved since their fragmentation was stored, oldest
-/// first: (hour, gpu, observed_seconds, instance_seconds) as `rollup_gpu_1h` holds them now.
+/// The GPU-hours whose counts differ from those their fragmentation was computed from (or that
+/// have none), oldest first: (hour, gpu, observed_seconds, instance_seconds) as `rollup_gpu_1h`
+/// holds them now. Only the hours the writer noted in `gpu_hours_changed` are looked at
+/// (migration 0009), so the cost follows what changed, not the ledger's age.
 pub fn dirty_hours(
     conn: &Connection,
     limit: usize,
 ) -> duckdb::Result<Vec<(i64, GpuKey, i64, i64)>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT g.bucket, g.node, g.gpu_uuid, g.gpu_model, g.observed_seconds, g.instance_seconds
-         FROM rollup_gpu_1h g
+        "WITH c AS (SELECT DISTINCT bucket, node, gpu_uuid, gpu_model FROM gpu_hours_changed),
+              span AS (SELECT min(bucket) AS lo, max(bucket) AS hi FROM gpu_hours_changed)
+         SELECT g.bucket, g.node, g.gpu_uuid, g.gpu_model, g.observed_seconds, g.instance_seconds
+         FROM c
+         JOIN rollup_gpu_1h g
+           ON g.bucket = c.bucket AND g.gpu_uuid = c.gpu_uuid AND g.node = c.node
+          AND g.gpu_model = c.gpu_model
+          AND g.bucket BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)
          LEFT JOIN fragmentation_1h f
            ON f.bucket = g.bucket AND f.gpu_uuid = g.gpu_uuid AND f.node = g.node
           AND f.gpu_model = g.gpu_model
+          AND f.bucket BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)
          WHERE f.bucket IS NULL OR f.observed_seconds <> g.observed_seconds
             OR f.instance_seconds <> g.instance_seconds
-         ORDER BY g.bucket LIMIT ?",
+         ORDER BY g.bucket, g.gpu_uuid LIMIT ?",
     )?;
     let rows = stmt.query_map([limit as i64], |r| {
         Ok((
@@ -370,6 +379,12 @@ pub fn dirty_hours(
     rows.collect()
 }
 
+/// The newest `gpu_hours_changed.seq` in the caller's snapshot: what a pass that stores hours
+/// from that snapshot may clear ([`store`]).
+pub fn changed_through(conn: &Connection) -> duckdb::Result<Option<i64>> {
+    conn.query_row("SELECT max(seq) FROM gpu_hours_changed", [], |r| r.get(0))
+}
+
 /// A recomputed GPU-hour with the capacity numbers it was computed for.
 #[derive(Debug, Clone)]
 pub struct StoredHour {
@@ -381,8 +396,14 @@ pub struct StoredHour {
     pub instance_seconds: i64,
 }
 
-/// Replaces the recomputed GPU-hours, in the writer's transaction.
-pub fn store(tx: &duckdb::Transaction<'_>, hours: &[StoredHour]) -> duckdb::Result<()> {
+/// Replaces the recomputed GPU-hours, in the writer's transaction, and clears their notes in
+/// `gpu_hours_changed` up to `through` (what the snapshot they were computed from saw: a change
+/// committed since keeps its note, so the next pass finds the hour again).
+pub fn store(
+    tx: &duckdb::Transaction<'_>,
+    hours: &[StoredHour],
+    through: Option<i64>,
+) -> duckdb::Result<()> {
     if hours.is_empty() {
         return Ok(());
     }
@@ -410,9 +431,18 @@ pub fn store(tx: &duckdb::Transaction<'_>, hours: &[StoredHour]) -> duckdb::Resu
         "DELETE FROM fragmentation_1h WHERE rowid IN (
              SELECT f.rowid FROM fragmentation_1h f JOIN temp.fragmentation_new n
                ON f.bucket = n.bucket AND f.gpu_uuid = n.gpu_uuid AND f.node = n.node
-              AND f.gpu_model = n.gpu_model);
+              AND f.gpu_model = n.gpu_model
+             WHERE f.bucket BETWEEN (SELECT min(bucket) FROM temp.fragmentation_new)
+                                AND (SELECT max(bucket) FROM temp.fragmentation_new));
          INSERT INTO fragmentation_1h SELECT * FROM temp.fragmentation_new;",
-    )
+    )?;
+    tx.execute(
+        "DELETE FROM gpu_hours_changed c USING temp.fragmentation_new n
+         WHERE c.seq <= ? AND c.bucket = n.bucket AND c.gpu_uuid = n.gpu_uuid
+           AND c.node = n.node AND c.gpu_model = n.gpu_model",
+        [through.unwrap_or(i64::MIN)],
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

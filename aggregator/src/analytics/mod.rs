@@ -4,7 +4,9 @@
 //!
 //! Key design decision: derived state is recomputed from the data, never updated from events.
 //! `rollup_gpu_1h` counts each GPU-hour's observed seconds and instance-seconds; an hour whose
-//! counts differ from those its fragmentation was computed from is *dirty*. Each evaluation pass
+//! counts differ from those its fragmentation was computed from is *dirty*; the writer notes
+//! each GPU-hour it changes in `gpu_hours_changed`, and a pass compares only those, so finding
+//! the dirty hours costs what changed, not the ledger's age. Each evaluation pass
 //! recomputes the dirty GPU-hours' fragmentation and the hoarding episodes of those GPUs (from
 //! the minute rollup), so late, re-sent or backfilled data corrects the results, and a restart
 //! loses nothing: the pass simply finds the same dirty hours again. A long episode is continued
@@ -115,7 +117,7 @@ pub async fn evaluate(
             .await
             .map_err(|e| StoreError::Io(format!("the analytics task failed: {e}")))?
             .map_err(StoreError::from_db)?;
-        let Some((hours, recomputed)) = computed else {
+        let Some((hours, recomputed, through)) = computed else {
             break;
         };
         total.gpu_hours += hours.len();
@@ -123,7 +125,7 @@ pub async fn evaluate(
         total.episodes += recomputed.episodes.len();
         writer
             .apply(Box::new(move |tx| {
-                fragmentation::store(tx, &hours)?;
+                fragmentation::store(tx, &hours, through)?;
                 hoarding::store(tx, &recomputed)
             }))
             .await?;
@@ -131,7 +133,12 @@ pub async fn evaluate(
     Ok(total)
 }
 
-type Pass = (Vec<fragmentation::StoredHour>, hoarding::Recomputed);
+/// What a pass computed, and the newest `gpu_hours_changed` note its snapshot saw.
+type Pass = (
+    Vec<fragmentation::StoredHour>,
+    hoarding::Recomputed,
+    Option<i64>,
+);
 
 /// One pass, read side: the oldest dirty GPU-hours (up to a day of them), their fragmentation,
 /// and the hoarding episodes of their GPUs. `None` when nothing is dirty.
@@ -143,6 +150,7 @@ fn compute_pass(conn: &Connection, settings: &Settings) -> duckdb::Result<Option
 }
 
 fn compute_in_snapshot(conn: &Connection, settings: &Settings) -> duckdb::Result<Option<Pass>> {
+    let through = fragmentation::changed_through(conn)?;
     let mut dirty = fragmentation::dirty_hours(conn, HOURS_PER_PASS)?;
     let Some(first) = dirty.first().map(|d| d.0) else {
         return Ok(None);
@@ -181,7 +189,7 @@ fn compute_in_snapshot(conn: &Connection, settings: &Settings) -> duckdb::Result
         });
     }
     let recomputed = hoarding::recompute(conn, &dims, &gpus, settings)?;
-    Ok(Some((hours, recomputed)))
+    Ok(Some((hours, recomputed, through)))
 }
 
 /// The figures `/metrics` shows, as of the newest complete minute.

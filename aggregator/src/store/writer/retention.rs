@@ -46,6 +46,11 @@ pub(super) const RETENTION: &[(&str, &str, Window)] = &[
         Window::Rollup,
     ),
     (
+        "gpu_hours_changed",
+        "DELETE FROM gpu_hours_changed WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
         "rollup_alloc_1d",
         "DELETE FROM rollup_alloc_1d WHERE bucket + 86400 <= ?",
         Window::Rollup,

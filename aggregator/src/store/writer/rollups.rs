@@ -136,7 +136,8 @@ pub(super) fn rollup_statements() -> &'static [String] {
 }
 
 /// Folds the group's newly observed GPU-seconds (`ingest_delta_gpu_1h`, per instance that brought
-/// them) into the per-GPU hourly capacity rollup.
+/// them) into the per-GPU hourly capacity rollup, and notes each GPU-hour it changed in
+/// `gpu_hours_changed` for the analytics (migration 0009).
 pub(super) const GPU_ROLLUP: &str = "
 MERGE INTO rollup_gpu_1h AS r USING (
     SELECT d.bucket, i.node, i.gpu_uuid, i.gpu_model, sum(d.observed_seconds)::BIGINT AS observed_seconds,
@@ -150,6 +151,11 @@ ON r.bucket = d.bucket AND r.gpu_uuid = d.gpu_uuid AND r.node = d.node AND r.gpu
 WHEN MATCHED THEN UPDATE SET observed_seconds = r.observed_seconds + d.observed_seconds,
                              instance_seconds = r.instance_seconds + d.instance_seconds
 WHEN NOT MATCHED THEN INSERT BY NAME;
+INSERT INTO gpu_hours_changed
+SELECT nextval('gpu_hours_changed_seq'), bucket, node, gpu_uuid, gpu_model FROM (
+    SELECT DISTINCT d.bucket, i.node, i.gpu_uuid, i.gpu_model
+    FROM ingest_delta_gpu_1h d JOIN instances i USING (instance_id)
+);
 DELETE FROM ingest_delta_gpu_1h;";
 
 /// Folds the group's shares (`ingest_shares`) into `shares_raw` and `rollup_share_1h`: a share
