@@ -324,6 +324,81 @@ async fn late_data_recomputes_episodes() {
     assert_eq!(r.gpu_hours, 0);
 }
 
+/// The demand mix reads whole UTC days from the day rollup and only the hours at either end from
+/// the hour rollup: the allocations it counts are those the hour rollup alone gives, for ranges
+/// that start and end anywhere.
+#[tokio::test(flavor = "multi_thread")]
+async fn observed_allocations_from_days_and_hours_equal_those_of_the_hours_alone() {
+    use gpuledger_aggregator::analytics::fragmentation::observed_allocations;
+    use gpuledger_aggregator::store::writer::{MinuteBatch, MinuteRow};
+    use gpuledger_schema::wire::Series;
+    use gpuledger_schema::{Attribution, Counters, SloClass};
+    let ledger = Ledger::open();
+    let mut rng = Lcg(7);
+    let instances: Vec<_> = (0..6u32)
+        .map(|k| traces::mig("GPU-M", k + 1, k))
+        .chain([traces::whole("n1", "GPU-W")])
+        .collect();
+    let mut batch = MinuteBatch::default();
+    for hour in 0..9 * 24 {
+        for instance in &instances {
+            if rng.below(3) != 0 {
+                continue;
+            }
+            let attribution = match rng.below(4) {
+                0 => Attribution::default(),
+                h => traces::held("team", &format!("team/w{h}"), SloClass::Batch),
+            };
+            batch
+                .entries
+                .push(Series::describing(instance, &attribution));
+            batch.rows.push(MinuteRow {
+                entry: batch.entries.len() - 1,
+                bucket: T0 + hour * 3600 + 60 * rng.below(60) as i64,
+                mask: (1 << 60) - 1,
+                counters: Counters {
+                    sm_active: Some(0.5),
+                    ..Counters::default()
+                },
+            });
+        }
+    }
+    ledger.writer.ingest_minutes(batch).await.unwrap();
+    let conn = ledger.conn();
+    let hours_alone = |from: i64, to: i64| -> Vec<(String, Option<String>, i64)> {
+        conn.prepare(
+            "SELECT i.gpu_model, i.mig_profile, count(DISTINCT (r.instance_id, r.holder_id))
+             FROM rollup_1h r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+             WHERE h.tenant IS NOT NULL AND r.bucket >= ? AND r.bucket < ?
+             GROUP BY ALL",
+        )
+        .unwrap()
+        .query_map([from, to], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+    };
+    let mut compared = 0;
+    for k in 0..200 {
+        let at = T0 + rng.below(9 * 86_400) as i64;
+        let at = if k % 2 == 0 { at - at % 3600 } else { at };
+        let from = at - rng.below(8 * 86_400) as i64;
+        let to = at
+            + if k % 3 == 0 {
+                3600
+            } else {
+                rng.below(86_400) as i64
+            };
+        let mut got = observed_allocations(&conn, from, to).unwrap();
+        let mut want = hours_alone(from, to);
+        got.sort();
+        want.sort();
+        compared += usize::from(!want.is_empty());
+        assert_eq!(got, want, "[{from}, {to})");
+    }
+    assert!(compared > 150, "most ranges hold allocations: {compared}");
+}
+
 fn notes(conn: &Connection) -> Vec<(i64, String)> {
     let mut stmt = conn
         .prepare("SELECT DISTINCT bucket, gpu_uuid FROM gpu_hours_changed ORDER BY ALL")

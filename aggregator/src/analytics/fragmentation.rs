@@ -29,8 +29,8 @@ impl DemandMix {
     }
 
     /// Distinct allocations (instance + holder) per model and profile over `[from, to)`, from
-    /// the hour rollup. A whole-GPU allocation on a MIG-capable model is a request for its
-    /// largest profile. Models in `configured` keep their configured mix.
+    /// the rollups ([`observed_allocations`]). A whole-GPU allocation on a MIG-capable model is a
+    /// request for its largest profile. Models in `configured` keep their configured mix.
     pub fn observed(
         conn: &Connection,
         from: i64,
@@ -38,21 +38,8 @@ impl DemandMix {
         configured: &HashMap<String, HashMap<String, f64>>,
     ) -> duckdb::Result<DemandMix> {
         let mut counts: HashMap<String, HashMap<String, f64>> = HashMap::new();
-        let mut stmt = conn.prepare_cached(
-            "SELECT i.gpu_model, i.mig_profile, count(DISTINCT (r.instance_id, r.holder_id))
-             FROM rollup_1h r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
-             WHERE h.tenant IS NOT NULL AND r.bucket >= ? AND r.bucket < ?
-             GROUP BY ALL",
-        )?;
-        let rows = stmt.query_map(params![from, to], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, Option<String>>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        })?;
-        for row in rows {
-            let (model_name, profile, n) = row?;
+        let rows = observed_allocations(conn, from, to)?;
+        for (model_name, profile, n) in rows {
             let Some(model) = mig::model(&model_name) else {
                 continue;
             };
@@ -75,6 +62,42 @@ impl DemandMix {
         }
         Ok(DemandMix { counts })
     }
+}
+
+/// (model, MIG profile, distinct allocations with a tenant) over `[from, to)`: the allocations
+/// that have an hour-rollup row in the range. Whole UTC days inside the range are read from the
+/// day rollup and only the hours at either end from the hour rollup: both are folded from the
+/// same minute deltas, so an allocation has a row in a day iff it has one in an hour of it, and a
+/// week's lookback reads about a fifth of the rows (the count is the same while the rollup
+/// retention covers the range, as it does by default).
+pub fn observed_allocations(
+    conn: &Connection,
+    from: i64,
+    to: i64,
+) -> duckdb::Result<Vec<(String, Option<String>, i64)>> {
+    let first_day = from + (86_400 - from.rem_euclid(86_400)) % 86_400;
+    let last_day = to - to.rem_euclid(86_400);
+    // No whole day in the range: hours only.
+    let (days_from, days_to) = if first_day < last_day {
+        (first_day, last_day)
+    } else {
+        (to, to)
+    };
+    let mut stmt = conn.prepare_cached(
+        "SELECT i.gpu_model, i.mig_profile, count(DISTINCT (p.instance_id, p.holder_id))
+         FROM (SELECT instance_id, holder_id FROM rollup_alloc_1d
+               WHERE bucket >= $3 AND bucket < $4
+               UNION ALL
+               SELECT instance_id, holder_id FROM rollup_1h
+               WHERE bucket >= $1 AND bucket < $2 AND (bucket < $3 OR bucket >= $4)) p
+         JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+         WHERE h.tenant IS NOT NULL
+         GROUP BY ALL",
+    )?;
+    let rows = stmt.query_map(params![from, to, days_from, days_to], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    })?;
+    rows.collect()
 }
 
 /// The instance of a fact, as the geometry sees it.
