@@ -16,7 +16,8 @@
 //!    a real exporter sent;
 //! 9. (`-- evaluation-history`) the evaluation pass a live fleet pays after each new minute, with
 //!    2, 6 and 24 hours of history whose idle allocations are open episodes all along, and with
-//!    24 hours after 30 and 365 days of GPU-hours evaluated before.
+//!    24 hours after 30 and 365 days of GPU-hours evaluated before;
+//! 10. (`-- demand-mix`) the demand mix's week of observed allocations over the month ledger.
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
@@ -465,6 +466,52 @@ fn month_showback(dir: &std::path::Path) {
     }
 }
 
+/// The demand mix's week of observed allocations, as each evaluation pass reads it twice, over
+/// the month ledger's 7,000 instances: from whole days of the day rollup and the hours at either
+/// end (`observed_allocations`), against the baseline of the same count from the hour rollup
+/// alone (what it read before), for 20 lookbacks ending at hours spread over the last week.
+fn demand_mix_lookback(dir: &std::path::Path) {
+    let (conn, _) = month_ledger(&dir.join("demand-mix.duckdb"));
+    let t0: i64 = 1_767_225_600;
+    let ends: Vec<i64> = (0..20)
+        .map(|k| t0 + 23 * 86_400 + 3600 * (7 * k + 3))
+        .collect();
+    let week = 7 * 86_400;
+    let hours_alone = |from: i64, to: i64| -> Vec<(String, Option<String>, i64)> {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT i.gpu_model, i.mig_profile, count(DISTINCT (r.instance_id, r.holder_id))
+                 FROM rollup_1h r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+                 WHERE h.tenant IS NOT NULL AND r.bucket >= ? AND r.bucket < ?
+                 GROUP BY ALL",
+            )
+            .unwrap();
+        stmt.query_map([from, to], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let time = |f: &dyn Fn(i64, i64) -> Vec<(String, Option<String>, i64)>| {
+        let start = Instant::now();
+        let mut out = Vec::new();
+        for &at in &ends {
+            out.push(f(at - week, at + 3600));
+        }
+        (
+            start.elapsed().as_secs_f64() * 1000.0 / ends.len() as f64,
+            out,
+        )
+    };
+    let (base, want) = time(&hours_alone);
+    let (days, got) =
+        time(&|from, to| analytics::fragmentation::observed_allocations(&conn, from, to).unwrap());
+    assert_eq!(got, want, "the same allocations either way");
+    eprintln!(
+        "  demand mix, a week of 7,000 instances: from the hour rollup alone (baseline) {base:.1} ms; from whole days and the hours at either end {days:.1} ms = {:.2}x the baseline's time",
+        days / base
+    );
+}
+
 /// One evaluation pass over the last hour of 10,000 instances (1,429 GPUs × 7 1g.10gb slices),
 /// written as minute rollups with SQL: a quarter of the allocations idle (hoarding candidates),
 /// every GPU-hour dirty. Baseline: scanning the same minute rows once in SQL.
@@ -846,6 +893,10 @@ fn main() {
             let what = format!("{} bodies of {dir}", bodies.len());
             decoding_bodies(&bodies, 2_000_000, &what, base);
         }
+        return;
+    }
+    if std::env::args().any(|a| a == "demand-mix") {
+        demand_mix_lookback(dir.path());
         return;
     }
     if std::env::args().any(|a| a == "evaluation-history") {
