@@ -399,6 +399,97 @@ async fn observed_allocations_from_days_and_hours_equal_those_of_the_hours_alone
     assert!(compared > 150, "most ranges hold allocations: {compared}");
 }
 
+/// A ledger written by a build before migrations 0008 and 0009 upgrades to the same answers: its
+/// episodes have no stored totals (the pass reads them whole), and the hour left dirty before the
+/// upgrade has no note but is found by 0009's one full comparison.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ledger_from_before_the_notes_and_the_totals_upgrades_to_the_same_answers() {
+    let mut trace = known_trace();
+    let minute_50 = T0 + 50 * 60..T0 + 51 * 60;
+    let (late, early): (Vec<Sample>, Vec<Sample>) = trace
+        .drain(..)
+        .partition(|s| minute_50.contains(&s.timestamp) && s.instance.placement_start == Some(0));
+    let s = settings();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.duckdb");
+    {
+        let (conn, _) = store::open(&path).unwrap();
+        let readers = Readers::new(&conn, Some(path.clone())).unwrap();
+        let (writer, thread) = Writer::spawn(conn, 4_000_000, Arc::new(())).unwrap();
+        let write = |part: &[Sample]| {
+            let b = Batch::from_samples("n1", part);
+            let r = writer.try_reserve(b.sample_count()).unwrap();
+            writer.ingest(b, i64::MIN, r)
+        };
+        write(&early).await.unwrap();
+        analytics::evaluate(&readers, &writer, &s, 100)
+            .await
+            .unwrap();
+        // Late data, and the build stops before it evaluates again.
+        write(&late).await.unwrap();
+        drop((writer, readers));
+        thread.join().unwrap();
+    }
+    // What schema version 7 had: no notes, no stored totals.
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP TABLE gpu_hours_changed; DROP SEQUENCE gpu_hours_changed_seq;
+             ALTER TABLE hoarding_episodes DROP COLUMN base_through;
+             ALTER TABLE hoarding_episodes DROP COLUMN base_held_seconds;
+             ALTER TABLE hoarding_episodes DROP COLUMN base_sm_active_samples;
+             ALTER TABLE hoarding_episodes DROP COLUMN base_sm_active_sum;
+             ALTER TABLE hoarding_episodes DROP COLUMN base_last_second;
+             DELETE FROM schema_version WHERE version >= 8;",
+        )
+        .unwrap();
+    }
+    let (conn, found) = store::open(&path).unwrap();
+    assert_eq!(found, 7);
+    let upgraded = Ledger {
+        readers: Readers::new(&conn, Some(path.clone())).unwrap(),
+        writer: Writer::spawn(conn, 4_000_000, Arc::new(())).unwrap().0,
+        _dir: dir,
+    };
+    assert_eq!(
+        notes(&upgraded.conn()).len(),
+        1,
+        "the hour the late data changed"
+    );
+    let r = analytics::evaluate(&upgraded.readers, &upgraded.writer, &s, 100)
+        .await
+        .unwrap();
+    assert_eq!(r.gpu_hours, 1);
+    let once = Ledger::open();
+    once.write(&early, 5_000).await;
+    once.write(&late, 5_000).await;
+    analytics::evaluate(&once.readers, &once.writer, &s, 100)
+        .await
+        .unwrap();
+    let answers = |l: &Ledger| {
+        let conn = l.conn();
+        let episodes =
+            analytics::episodes(&conn, EpisodeState::All, i64::MIN, i64::MAX, None, &s).unwrap();
+        let fragmentation: Vec<(i64, String, i64, f64, f64)> = conn
+            .prepare(
+                "SELECT bucket, gpu_uuid, observed_seconds, free_slice_seconds,
+                        stranded_slice_seconds FROM fragmentation_1h ORDER BY ALL",
+            )
+            .unwrap()
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        (
+            serde_json::to_string_pretty(&episodes).unwrap(),
+            fragmentation,
+        )
+    };
+    assert_eq!(answers(&upgraded), answers(&once));
+}
+
 fn notes(conn: &Connection) -> Vec<(i64, String)> {
     let mut stmt = conn
         .prepare("SELECT DISTINCT bucket, gpu_uuid FROM gpu_hours_changed ORDER BY ALL")
