@@ -54,32 +54,34 @@ struct Args {
     memory_trace: bool,
 }
 
-/// The aggregator's memory as its `/metrics` says: (resident, DuckDB's buffer manager), bytes.
-async fn memory_of(client: &reqwest::Client, url: &str) -> Option<(f64, f64)> {
+/// Two values of the aggregator's `/metrics`, by their full names.
+async fn metrics_pair(client: &reqwest::Client, url: &str, names: [&str; 2]) -> Option<(f64, f64)> {
     let text = client.get(url).send().await.ok()?.text().await.ok()?;
     let value = |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     };
-    Some((
-        value("gpuledger_aggregator_resident_memory_bytes")?,
-        value("gpuledger_aggregator_store_memory_bytes")?,
-    ))
+    Some((value(names[0])?, value(names[1])?))
+}
+
+/// The aggregator's memory as its `/metrics` says: (resident, DuckDB's buffer manager), bytes.
+async fn memory_of(client: &reqwest::Client, url: &str) -> Option<(f64, f64)> {
+    let names = [
+        "gpuledger_aggregator_resident_memory_bytes",
+        "gpuledger_aggregator_store_memory_bytes",
+    ];
+    metrics_pair(client, url, names).await
 }
 
 /// The aggregator's analytics evaluations so far, from its `/metrics`: (passes, seconds in
 /// them), the `gpuledger_aggregator_analytics_duration_seconds` histogram's count and sum (wall
 /// time of the evaluation and the figures `/metrics` shows, not the reclaim pass).
 async fn analytics_of(client: &reqwest::Client, url: &str) -> Option<(f64, f64)> {
-    let text = client.get(url).send().await.ok()?.text().await.ok()?;
-    let value = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-    };
-    Some((
-        value("gpuledger_aggregator_analytics_duration_seconds_count")?,
-        value("gpuledger_aggregator_analytics_duration_seconds_sum")?,
-    ))
+    let names = [
+        "gpuledger_aggregator_analytics_duration_seconds_count",
+        "gpuledger_aggregator_analytics_duration_seconds_sum",
+    ];
+    metrics_pair(client, url, names).await
 }
 
 /// Readings of the aggregator's memory every 5 s: (seconds since the first, resident, DuckDB).
