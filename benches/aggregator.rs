@@ -512,6 +512,24 @@ fn demand_mix_lookback(dir: &std::path::Path) {
     );
 }
 
+/// The evaluation benches' baseline: one SQL scan of the hour of minute rows from `hour`
+/// (`count(*)` and the seconds held), in ms, the mean of five.
+fn hour_scan_ms(conn: &duckdb::Connection, hour: i64) -> f64 {
+    let start = Instant::now();
+    let runs = 5;
+    for _ in 0..runs {
+        let v: (i64, i64) = conn
+            .query_row(
+                "SELECT count(*), sum(bit_count(seconds_mask))::BIGINT FROM rollup_1m WHERE bucket >= ? AND bucket < ?",
+                [hour, hour + 3600],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        std::hint::black_box(v);
+    }
+    start.elapsed().as_secs_f64() * 1000.0 / runs as f64
+}
+
 /// One evaluation pass over the last hour of 10,000 instances (1,429 GPUs × 7 1g.10gb slices),
 /// written as minute rollups with SQL: a quarter of the allocations idle (hoarding candidates),
 /// every GPU-hour dirty. Baseline: scanning the same minute rows once in SQL.
@@ -536,21 +554,7 @@ fn hour_evaluation(dir: &std::path::Path) {
          CHECKPOINT;"
     ))
     .unwrap();
-    let base = {
-        let start = Instant::now();
-        let runs = 5;
-        for _ in 0..runs {
-            let v: (i64, i64) = conn
-                .query_row(
-                    "SELECT count(*), sum(bit_count(seconds_mask))::BIGINT FROM rollup_1m WHERE bucket >= ? AND bucket < ?",
-                    [t0, t0 + 3600],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .unwrap();
-            std::hint::black_box(v);
-        }
-        start.elapsed().as_secs_f64() * 1000.0 / runs as f64
-    };
+    let base = hour_scan_ms(&conn, t0);
     eprintln!(
         "  baseline: one SQL scan of the hour's {} minute rows: {base:.1} ms",
         n * 60
@@ -627,21 +631,7 @@ fn history_evaluation(dir: &std::path::Path, hours: i64, old_days: i64) -> (f64,
     ))
     .unwrap();
     let last_hour = t0 + 60 * (minutes - 60);
-    let base = {
-        let start = Instant::now();
-        let runs = 5;
-        for _ in 0..runs {
-            let v: (i64, i64) = conn
-                .query_row(
-                    "SELECT count(*), sum(bit_count(seconds_mask))::BIGINT FROM rollup_1m WHERE bucket >= ? AND bucket < ?",
-                    [last_hour, last_hour + 3600],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .unwrap();
-            std::hint::black_box(v);
-        }
-        start.elapsed().as_secs_f64() * 1000.0 / runs as f64
-    };
+    let base = hour_scan_ms(&conn, last_hour);
     let readers = store::query::Readers::new(&conn, None).unwrap();
     let (writer, _thread) = Writer::spawn(conn, 1_000, Arc::new(())).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
