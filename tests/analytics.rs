@@ -23,6 +23,16 @@ fn known_trace() -> Vec<Sample> {
     traces::known_trace(T0)
 }
 
+/// The known trace without minute 50 of the hoarder (slot 0 of GPU-A), and that minute: data
+/// that arrives late.
+fn known_trace_with_a_late_minute() -> (Vec<Sample>, Vec<Sample>) {
+    let minute_50 = T0 + 50 * 60..T0 + 51 * 60;
+    let (late, early): (Vec<Sample>, Vec<Sample>) = known_trace()
+        .into_iter()
+        .partition(|s| minute_50.contains(&s.timestamp) && s.instance.placement_start == Some(0));
+    (early, late)
+}
+
 struct Ledger {
     _dir: tempfile::TempDir,
     writer: Writer,
@@ -278,11 +288,7 @@ async fn known_trace_gives_exact_gpu_seconds_episodes_and_fragmentation() {
 #[tokio::test(flavor = "multi_thread")]
 async fn late_data_recomputes_episodes() {
     let ledger = Ledger::open();
-    let mut trace = known_trace();
-    let minute_50 = T0 + 50 * 60..T0 + 51 * 60;
-    let (late, early): (Vec<Sample>, Vec<Sample>) = trace
-        .drain(..)
-        .partition(|s| minute_50.contains(&s.timestamp) && s.instance.placement_start == Some(0));
+    let (early, late) = known_trace_with_a_late_minute();
     ledger.write(&early, 5_000).await;
     let s = settings();
     analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
@@ -404,11 +410,7 @@ async fn observed_allocations_from_days_and_hours_equal_those_of_the_hours_alone
 /// upgrade has no note but is found by 0009's one full comparison.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_ledger_from_before_the_notes_and_the_totals_upgrades_to_the_same_answers() {
-    let mut trace = known_trace();
-    let minute_50 = T0 + 50 * 60..T0 + 51 * 60;
-    let (late, early): (Vec<Sample>, Vec<Sample>) = trace
-        .drain(..)
-        .partition(|s| minute_50.contains(&s.timestamp) && s.instance.placement_start == Some(0));
+    let (early, late) = known_trace_with_a_late_minute();
     let s = settings();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger.duckdb");
@@ -505,11 +507,7 @@ fn notes(conn: &Connection) -> Vec<(i64, String)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_writer_notes_the_gpu_hours_it_changes_and_a_pass_clears_them() {
     let ledger = Ledger::open();
-    let mut trace = known_trace();
-    let minute_50 = T0 + 50 * 60..T0 + 51 * 60;
-    let (late, early): (Vec<Sample>, Vec<Sample>) = trace
-        .drain(..)
-        .partition(|s| minute_50.contains(&s.timestamp) && s.instance.placement_start == Some(0));
+    let (early, late) = known_trace_with_a_late_minute();
     ledger.write(&early, 5_000).await;
     let gpus_hours = notes(&ledger.conn());
     assert_eq!(gpus_hours.len(), 4, "2 GPUs × 2 hours: {gpus_hours:?}");
