@@ -527,6 +527,40 @@ async fn the_writer_notes_the_gpu_hours_it_changes_and_a_pass_clears_them() {
     assert_eq!(notes(&ledger.conn()), []);
 }
 
+/// An evaluation's passes look at the notes up to the newest its first pass saw: hours that
+/// change while it runs wait for the next evaluation, so one under a live fleet's ingest ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn dirty_hours_are_those_noted_up_to_the_bound() {
+    use gpuledger_aggregator::analytics::fragmentation::{changed_through, dirty_hours};
+    let ledger = Ledger::open();
+    let (first_hour, second_hour): (Vec<Sample>, Vec<Sample>) = known_trace()
+        .into_iter()
+        .partition(|s| s.timestamp < T0 + 3600);
+    let dirty = |until: i64| -> Vec<(i64, String)> {
+        let rows = dirty_hours(&ledger.conn(), 1_000, until).unwrap();
+        rows.into_iter().map(|d| (d.0, d.1.gpu_uuid)).collect()
+    };
+    ledger.write(&first_hour, 5_000).await;
+    let until = changed_through(&ledger.conn()).unwrap().unwrap();
+    let before = dirty(until);
+    assert_eq!(before.len(), 2, "2 GPUs, their first hour: {before:?}");
+    assert!(before.iter().all(|d| d.0 == T0), "{before:?}");
+    ledger.write(&second_hour, 5_000).await;
+    assert_eq!(
+        dirty(until),
+        before,
+        "the second hour was noted after the bound"
+    );
+    let newest = changed_through(&ledger.conn()).unwrap().unwrap();
+    let after = dirty(newest);
+    assert_eq!(
+        after.len(),
+        4,
+        "and is dirty up to the newest note: {after:?}"
+    );
+    assert!(after.iter().filter(|d| d.0 == T0 + 3600).count() == 2);
+}
+
 /// A pass clears the notes its snapshot saw and keeps those written after it: the hour they name
 /// changed again, after the counts the pass stored.
 #[test]

@@ -365,14 +365,17 @@ pub fn at(
 /// The GPU-hours whose counts differ from those their fragmentation was computed from (or that
 /// have none), oldest first: (hour, gpu, observed_seconds, instance_seconds) as `rollup_gpu_1h`
 /// holds them now. Only the hours the writer noted in `gpu_hours_changed` are looked at
-/// (migration 0009), so the cost follows what changed, not the ledger's age.
+/// (migration 0009), so the cost follows what changed, not the ledger's age; and of those, only
+/// the notes up to `seq` `until` (an evaluation's passes handle what had changed when it began).
 pub fn dirty_hours(
     conn: &Connection,
     limit: usize,
+    until: i64,
 ) -> duckdb::Result<Vec<(i64, GpuKey, i64, i64)>> {
     let mut stmt = conn.prepare_cached(
-        "WITH c AS (SELECT DISTINCT bucket, node, gpu_uuid, gpu_model FROM gpu_hours_changed),
-              span AS (SELECT min(bucket) AS lo, max(bucket) AS hi FROM gpu_hours_changed)
+        "WITH n AS (SELECT * FROM gpu_hours_changed WHERE seq <= ?),
+              c AS (SELECT DISTINCT bucket, node, gpu_uuid, gpu_model FROM n),
+              span AS (SELECT min(bucket) AS lo, max(bucket) AS hi FROM n)
          SELECT g.bucket, g.node, g.gpu_uuid, g.gpu_model, g.observed_seconds, g.instance_seconds
          FROM c
          JOIN rollup_gpu_1h g
@@ -387,7 +390,7 @@ pub fn dirty_hours(
             OR f.instance_seconds <> g.instance_seconds
          ORDER BY g.bucket, g.gpu_uuid LIMIT ?",
     )?;
-    let rows = stmt.query_map([limit as i64], |r| {
+    let rows = stmt.query_map([until, limit as i64], |r| {
         Ok((
             r.get::<_, i64>(0)?,
             GpuKey {

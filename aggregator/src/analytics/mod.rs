@@ -102,7 +102,11 @@ pub struct PassReport {
 /// (the next pass takes the next ones, oldest first).
 const HOURS_PER_PASS: usize = 50_000;
 
-/// Runs evaluation passes until no GPU-hour is dirty (at most `max_passes`).
+/// Runs evaluation passes until no GPU-hour that had changed when the first pass began is dirty
+/// (at most `max_passes`). Changes that arrive meanwhile are left to the next evaluation: under
+/// a live fleet's ingest every pass finds newly changed hours, and an evaluation that chased
+/// them ran pass after pass, holding a core and delaying the metrics and reclaim after it
+/// (BENCHMARKS.md, "Several fleets at once").
 pub async fn evaluate(
     readers: &Readers,
     writer: &Writer,
@@ -110,16 +114,19 @@ pub async fn evaluate(
     max_passes: usize,
 ) -> Result<PassReport, StoreError> {
     let mut total = PassReport::default();
+    // The newest note the first pass's snapshot saw; the later passes look no further.
+    let mut until = None;
     for _ in 0..max_passes {
         let conn = readers.connect()?;
         let s = settings.clone();
-        let computed = tokio::task::spawn_blocking(move || compute_pass(&conn, &s))
+        let computed = tokio::task::spawn_blocking(move || compute_pass(&conn, &s, until))
             .await
             .map_err(|e| StoreError::Io(format!("the analytics task failed: {e}")))?
             .map_err(StoreError::from_db)?;
         let Some((hours, recomputed, through)) = computed else {
             break;
         };
+        until = until.or(through);
         total.gpu_hours += hours.len();
         total.gpus += recomputed.scans.len();
         total.episodes += recomputed.episodes.len();
@@ -140,18 +147,30 @@ type Pass = (
     Option<i64>,
 );
 
-/// One pass, read side: the oldest dirty GPU-hours (up to a day of them), their fragmentation,
-/// and the hoarding episodes of their GPUs. `None` when nothing is dirty.
-fn compute_pass(conn: &Connection, settings: &Settings) -> duckdb::Result<Option<Pass>> {
+/// One pass, read side: the oldest dirty GPU-hours (up to a day of them) among those noted up to
+/// `until` (every note the snapshot holds when `None`), their fragmentation, and the hoarding
+/// episodes of their GPUs. `None` when nothing is dirty.
+fn compute_pass(
+    conn: &Connection,
+    settings: &Settings,
+    until: Option<i64>,
+) -> duckdb::Result<Option<Pass>> {
     conn.execute_batch("BEGIN TRANSACTION")?;
-    let result = compute_in_snapshot(conn, settings);
+    let result = compute_in_snapshot(conn, settings, until);
     conn.execute_batch("COMMIT")?;
     result
 }
 
-fn compute_in_snapshot(conn: &Connection, settings: &Settings) -> duckdb::Result<Option<Pass>> {
+fn compute_in_snapshot(
+    conn: &Connection,
+    settings: &Settings,
+    until: Option<i64>,
+) -> duckdb::Result<Option<Pass>> {
     let through = fragmentation::changed_through(conn)?;
-    let mut dirty = fragmentation::dirty_hours(conn, HOURS_PER_PASS)?;
+    let Some(until) = until.or(through) else {
+        return Ok(None);
+    };
+    let mut dirty = fragmentation::dirty_hours(conn, HOURS_PER_PASS, until)?;
     let Some(first) = dirty.first().map(|d| d.0) else {
         return Ok(None);
     };
