@@ -17,7 +17,9 @@
 //! 9. (`-- evaluation-history`) the evaluation pass a live fleet pays after each new minute, with
 //!    2, 6 and 24 hours of history whose idle allocations are open episodes all along, and with
 //!    24 hours after 30 and 365 days of GPU-hours evaluated before;
-//! 10. (`-- demand-mix`) the demand mix's week of observed allocations over the month ledger.
+//! 10. (`-- demand-mix`) the demand mix's week of observed allocations over the month ledger;
+//! 11. (`-- evaluation-minute`) the same live pass early and late in the hour, for 10,003 and
+//!     70,000 instances, with the memory it takes.
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
@@ -576,20 +578,51 @@ fn hour_evaluation(dir: &std::path::Path) {
     );
 }
 
-/// The evaluation a live fleet pays every 15 s, against how much history its hoarders have: the
-/// same 10,003 instances as [`hour_evaluation`] with `hours` hours and 30 minutes of minute
-/// rollups (written with SQL), a quarter of the allocations idle all along, so their episodes
-/// are open and as old as the history; before them, `old_days` days of GPU-hours already
-/// evaluated (`rollup_gpu_1h` and `fragmentation_1h` alike, as a ledger of that age holds). After a first pass over everything, each live step adds
-/// one minute of every instance (and its GPU-hour counts, which make the hour dirty) and times
-/// the pass that follows. Baseline: one SQL scan of the last hour's minute rows, as above.
-/// Returns (baseline ms, first pass ms, live pass ms: the median of three steps).
-fn history_evaluation(dir: &std::path::Path, hours: i64, old_days: i64) -> (f64, f64, f64) {
-    let (conn, _) = store::open(&dir.join(format!("history-{hours}h-{old_days}d.duckdb"))).unwrap();
+/// What [`history_evaluation`] measured, in ms and MiB.
+struct HistoryPass {
+    /// One SQL scan of the last hour's minute rows.
+    base: f64,
+    /// The first pass, over everything.
+    first: f64,
+    /// The live pass: the median of three steps.
+    live: f64,
+    /// The most the process's resident memory rose above what it was before the live steps,
+    /// during them (`VmHWM`, reset first through `/proc/self/clear_refs`).
+    live_peak_mib: f64,
+}
+
+/// `VmRSS` and `VmHWM` of this process, in MiB.
+fn rss_and_peak_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The evaluation a live fleet pays every 15 s, against how much history its hoarders have and
+/// how far into the hour it is: `gpus` GPUs × 7 instances (1,429 GPUs: the same 10,003 instances
+/// as [`hour_evaluation`]) with `minutes` minutes of minute rollups (written with SQL), a quarter
+/// of the allocations idle all along, so their episodes are open and as old as the history;
+/// before them, `old_days` days of GPU-hours already evaluated (`rollup_gpu_1h` and
+/// `fragmentation_1h` alike, as a ledger of that age holds). After a first pass over everything,
+/// each live step adds one minute of every instance (and its GPU-hour counts, which make the
+/// hour dirty) and times the pass that follows. Baseline: one SQL scan of the last hour's minute
+/// rows, as above.
+fn history_evaluation(
+    dir: &std::path::Path,
+    gpus: i64,
+    minutes: i64,
+    old_days: i64,
+) -> HistoryPass {
+    let name = format!("history-{gpus}g-{minutes}m-{old_days}d.duckdb");
+    let (conn, _) = store::open(&dir.join(name)).unwrap();
     let t0: i64 = 1_767_225_600;
-    let gpus = 1429;
     let n = gpus * 7;
-    let minutes = hours * 60 + 30;
     let minute_rows = |from: i64, to: i64| {
         format!(
             "INSERT INTO rollup_1m (bucket, instance_id, holder_id, seconds_mask, samples, sm_active_samples, sm_active_sum,
@@ -645,6 +678,8 @@ fn history_evaluation(dir: &std::path::Path, hours: i64, old_days: i64) -> (f64,
     };
     let (first, report) = pass();
     assert!(report.episodes > 0, "the idle quarter are episodes");
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let (before, _) = rss_and_peak_mib();
     let mut live = Vec::new();
     for step in 0..3 {
         let m = minutes + step;
@@ -658,8 +693,14 @@ fn history_evaluation(dir: &std::path::Path, hours: i64, old_days: i64) -> (f64,
         );
         live.push(ms);
     }
+    let (_, peak) = rss_and_peak_mib();
     live.sort_by(f64::total_cmp);
-    (base, first, live[1])
+    HistoryPass {
+        base,
+        first,
+        live: live[1],
+        live_peak_mib: peak - before,
+    }
 }
 
 /// The demo's history (`src/cmd/demo/history.rs`): one day of the built-in fleet written through
@@ -891,11 +932,33 @@ fn main() {
     }
     if std::env::args().any(|a| a == "evaluation-history") {
         for (hours, old_days) in [(2, 0), (6, 0), (24, 0), (24, 30), (24, 365)] {
-            let (base, first, live) = history_evaluation(dir.path(), hours, old_days);
+            let p = history_evaluation(dir.path(), 1429, hours * 60 + 30, old_days);
             eprintln!(
-                "  evaluation with {hours} h 30 min of history (10,003 instances, a quarter idle all along) after {old_days} days of evaluated GPU-hours: first pass {first:.0} ms; live pass after one more minute {live:.0} ms = {:.1}x the baseline (one SQL scan of the last hour's minute rows, {base:.1} ms)",
-                live / base
+                "  evaluation with {hours} h 30 min of history (10,003 instances, a quarter idle all along) after {old_days} days of evaluated GPU-hours: first pass {:.0} ms; live pass after one more minute {:.0} ms = {:.1}x the baseline (one SQL scan of the last hour's minute rows, {:.1} ms)",
+                p.first,
+                p.live,
+                p.live / p.base,
+                p.base
             );
+        }
+        return;
+    }
+    // The live pass early and late in the hour, for one fleet's instances and for a 10,000-GPU
+    // fleet's: the live steps add minutes 2–4, or 56–58, of the third hour.
+    if std::env::args().any(|a| a == "evaluation-minute") {
+        for gpus in [1429, 10_000] {
+            for minutes in [122, 176] {
+                let p = history_evaluation(dir.path(), gpus, minutes, 0);
+                eprintln!(
+                    "  evaluation of {} instances at minute {} of the hour: live pass {:.0} ms = {:.1}x the baseline (one SQL scan of the last hour's minute rows, {:.1} ms); resident memory rose by at most {:.1} MiB during the live passes",
+                    gpus * 7,
+                    minutes % 60 + 1,
+                    p.live,
+                    p.live / p.base,
+                    p.base,
+                    p.live_peak_mib
+                );
+            }
         }
         return;
     }
