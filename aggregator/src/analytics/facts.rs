@@ -204,39 +204,26 @@ pub struct MinuteFact {
 }
 
 /// Runs `sql`, which must select `bucket, instance_id, holder_id, seconds_mask,
-/// sm_active_samples, sm_active_sum` from `rollup_1m`, and returns its rows.
-pub fn minute_facts(
+/// `sm_active_samples, sm_active_sum` from `rollup_1m`, and hands each row to `each` as its
+/// Arrow batch is read: a pass late in the hour reads an hour and a window of minutes of every
+/// changed GPU, and a copy of them all beside what the caller builds from them doubled its
+/// memory (BENCHMARKS.md, "Several fleets at once").
+pub fn for_each_minute_fact(
     conn: &Connection,
     sql: &str,
     params: impl Params,
-) -> duckdb::Result<Vec<MinuteFact>> {
+    mut each: impl FnMut(MinuteFact),
+) -> duckdb::Result<()> {
     let mut stmt = conn.prepare_cached(sql)?;
-    let mut out = Vec::new();
     for batch in stmt.query_arrow(params)? {
-        let col = |i: usize| batch.column(i).clone();
-        let bucket = col(0);
-        let iid = col(1);
-        let hid = col(2);
-        let mask = col(3);
-        let n = col(4);
-        let sum = col(5);
-        let (Some(bucket), Some(iid), Some(hid), Some(mask), Some(n), Some(sum)) = (
-            bucket.as_any().downcast_ref::<Int64Array>(),
-            iid.as_any().downcast_ref::<Int32Array>(),
-            hid.as_any().downcast_ref::<Int32Array>(),
-            mask.as_any().downcast_ref::<UInt64Array>(),
-            n.as_any().downcast_ref::<Int32Array>(),
-            sum.as_any().downcast_ref::<Float64Array>(),
-        ) else {
-            return Err(duckdb::Error::InvalidColumnType(
-                0,
-                "minute facts".into(),
-                duckdb::types::Type::Any,
-            ));
-        };
-        out.reserve(batch.num_rows());
+        let bucket = column::<Int64Array>(&batch, 0)?;
+        let iid = ints(&batch, 1)?;
+        let hid = ints(&batch, 2)?;
+        let mask = column::<UInt64Array>(&batch, 3)?;
+        let n = ints(&batch, 4)?;
+        let sum = column::<Float64Array>(&batch, 5)?;
         for k in 0..batch.num_rows() {
-            out.push(MinuteFact {
+            each(MinuteFact {
                 bucket: bucket.value(k),
                 instance_id: iid.value(k),
                 holder_id: hid.value(k),
@@ -246,5 +233,5 @@ pub fn minute_facts(
             });
         }
     }
-    Ok(out)
+    Ok(())
 }

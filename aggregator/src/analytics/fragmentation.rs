@@ -8,7 +8,7 @@ use duckdb::{Connection, params};
 use gpuledger_schema::mig::{self, SLICES_PER_GPU};
 
 pub use super::facts::GpuKey;
-use super::facts::{Dims, InstanceDim, MinuteFact, minute_facts};
+use super::facts::{Dims, InstanceDim, MinuteFact, for_each_minute_fact};
 use super::geometry::{self, Demand, Fragmentation, Present};
 
 /// The demand mix per GPU model: configured, or observed allocations.
@@ -135,11 +135,13 @@ type Minutes = Vec<((usize, i64), Vec<MinuteFact>)>;
 
 fn minute_rows(conn: &Connection, dims: &Dims, from: i64, to: i64) -> duckdb::Result<Minutes> {
     // Sorted once rather than inserted into a map row by row (600k rows an hour at 10k instances).
-    let mut facts: Vec<(usize, MinuteFact)> =
-        minute_facts(conn, MINUTE_ROWS, params![from.div_euclid(60) * 60, to])?
-            .into_iter()
-            .filter_map(|f| Some((dims.instance(f.instance_id)?.gpu, f)))
-            .collect();
+    let mut facts: Vec<(usize, MinuteFact)> = Vec::new();
+    let range = params![from.div_euclid(60) * 60, to];
+    for_each_minute_fact(conn, MINUTE_ROWS, range, |f| {
+        if let Some(i) = dims.instance(f.instance_id) {
+            facts.push((i.gpu, f));
+        }
+    })?;
     facts.sort_unstable_by_key(|(g, f)| (*g, f.bucket, f.instance_id, f.holder_id));
     let mut out: Minutes = Vec::new();
     for (g, f) in facts {

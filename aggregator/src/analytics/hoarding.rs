@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use duckdb::{Connection, params};
 
 use super::Settings;
-use super::facts::{Dims, minute_facts};
+use super::facts::{Dims, for_each_minute_fact};
 
 /// One UTC minute of one allocation, from `rollup_1m`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -397,7 +397,10 @@ pub fn recompute(
         app.flush()?;
     }
     let from = plans.values().map(|p| p.from).min().unwrap_or(0);
-    let facts = minute_facts(
+    // (instance, holder) → (size, minutes); the newest second per GPU.
+    let mut allocations: HashMap<(i32, i32), (f64, Vec<MinuteRow>)> = HashMap::new();
+    let mut newest: HashMap<usize, i64> = HashMap::new();
+    for_each_minute_fact(
         conn,
         "SELECT r.bucket, r.instance_id, r.holder_id, r.seconds_mask, r.sm_active_samples, r.sm_active_sum
          FROM rollup_1m r
@@ -405,32 +408,29 @@ pub fn recompute(
          JOIN temp.hoarding_scan s ON s.gpu_uuid = i.gpu_uuid
          WHERE r.bucket >= ? AND r.bucket >= s.from_bucket",
         [from],
+        |f| {
+            let Some(inst) = dims.instance(f.instance_id) else {
+                return;
+            };
+            let minute = MinuteRow {
+                bucket: f.bucket,
+                mask: f.mask,
+                sm_samples: f.sm_samples,
+                sm_sum: f.sm_sum,
+            };
+            if minute.mask != 0 {
+                let n = newest.entry(inst.gpu).or_insert(i64::MIN);
+                *n = (*n).max(minute.last_second());
+            }
+            if dims.is_allocated(f.holder_id) {
+                allocations
+                    .entry((f.instance_id, f.holder_id))
+                    .or_insert_with(|| (inst.gpu_equivalents, Vec::new()))
+                    .1
+                    .push(minute);
+            }
+        },
     )?;
-    // (instance, holder) → (size, minutes); the newest second per GPU.
-    let mut allocations: HashMap<(i32, i32), (f64, Vec<MinuteRow>)> = HashMap::new();
-    let mut newest: HashMap<usize, i64> = HashMap::new();
-    for f in facts {
-        let Some(inst) = dims.instance(f.instance_id) else {
-            continue;
-        };
-        let minute = MinuteRow {
-            bucket: f.bucket,
-            mask: f.mask,
-            sm_samples: f.sm_samples,
-            sm_sum: f.sm_sum,
-        };
-        if minute.mask != 0 {
-            let n = newest.entry(inst.gpu).or_insert(i64::MIN);
-            *n = (*n).max(minute.last_second());
-        }
-        if dims.is_allocated(f.holder_id) {
-            allocations
-                .entry((f.instance_id, f.holder_id))
-                .or_insert_with(|| (inst.gpu_equivalents, Vec::new()))
-                .1
-                .push(minute);
-        }
-    }
     // A continued run whose allocation held nothing since still ends (or stays open) here.
     let mut seeds: HashMap<(i32, i32), Run> = HashMap::new();
     for p in plans.values() {
