@@ -11,6 +11,7 @@ use duckdb::arrow::compute::cast;
 use duckdb::arrow::datatypes::DataType;
 use duckdb::{Connection, Params};
 use gpuledger_schema::mig::{self, GpuModel};
+use rustc_hash::FxHashMap;
 
 /// A GPU as the ledger names it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -54,10 +55,11 @@ pub struct HolderDim {
 /// The dimension tables.
 #[derive(Debug, Default)]
 pub struct Dims {
-    /// instance_id → instance.
-    pub instances: HashMap<i32, InstanceDim>,
+    /// instance_id → instance. Looked up once or more per minute row a pass reads (millions late
+    /// in the hour): keyed by FxHash, not SipHash (ids are the ledger's own, not a client's).
+    pub instances: FxHashMap<i32, InstanceDim>,
     /// holder_id → holder.
-    pub holders: HashMap<i32, HolderDim>,
+    pub holders: FxHashMap<i32, HolderDim>,
     /// The GPUs, indexed by [`InstanceDim::gpu`].
     pub gpus: Vec<GpuKey>,
 }

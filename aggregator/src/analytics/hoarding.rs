@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 
 use duckdb::{Connection, params};
+use rustc_hash::FxHashMap;
 
 use super::Settings;
 use super::facts::{Dims, for_each_minute_fact};
@@ -398,8 +399,8 @@ pub fn recompute(
     }
     let from = plans.values().map(|p| p.from).min().unwrap_or(0);
     // (instance, holder) → (size, minutes); the newest second per GPU.
-    let mut allocations: HashMap<(i32, i32), (f64, Vec<MinuteRow>)> = HashMap::new();
-    let mut newest: HashMap<usize, i64> = HashMap::new();
+    let mut allocations: FxHashMap<(i32, i32), (f64, Vec<MinuteRow>)> = FxHashMap::default();
+    let mut newest: FxHashMap<usize, i64> = FxHashMap::default();
     for_each_minute_fact(
         conn,
         "SELECT r.bucket, r.instance_id, r.holder_id, r.seconds_mask, r.sm_active_samples, r.sm_active_sum
