@@ -62,9 +62,10 @@ impl Default for Settings {
             idle_threshold: 0.05,
             window: Duration::from_secs(30 * 60),
             // Reclaim decides after each evaluation: 15 s keeps detection-to-webhook under 30 s
-            // (BENCHMARKS.md, "Reclaim latency") at 0.2-0.3 s per 10,000 instances per pass in
-            // the release build, however long the hoarders have been idle (BENCHMARKS.md, "The
-            // evaluation against the hoarders' history").
+            // (BENCHMARKS.md, "Reclaim latency") at 0.1-0.26 s per 10,000 instances per pass in
+            // the release build (early and late in the hour), however long the hoarders have
+            // been idle (BENCHMARKS.md, "The evaluation against the hoarders' history" and
+            // "Several fleets at once").
             interval: Duration::from_secs(15),
             prices: prices::PriceBook::default(),
             demand: HashMap::new(),
