@@ -70,6 +70,13 @@ impl Dims {
     /// fleets at once").
     pub fn load(conn: &Connection) -> duckdb::Result<Dims> {
         let mut d = Dims::default();
+        d.load_instances(conn)?;
+        d.load_holders(conn)?;
+        Ok(d)
+    }
+
+    /// Reads `instances` into [`Dims::instances`] and [`Dims::gpus`].
+    fn load_instances(&mut self, conn: &Connection) -> duckdb::Result<()> {
         let mut index: HashMap<GpuKey, usize> = HashMap::new();
         let mut stmt = conn.prepare_cached(
             "SELECT instance_id, node, gpu_uuid, gpu_model, gpu_instance_id, mig_profile,
@@ -88,7 +95,7 @@ impl Dims {
             let mut last: Option<usize> = None;
             for k in 0..batch.num_rows() {
                 let same = last.filter(|&g| {
-                    let key = &d.gpus[g];
+                    let key = &self.gpus[g];
                     key.gpu_uuid == uuid.value(k)
                         && key.node == node.value(k)
                         && key.gpu_model == model.value(k)
@@ -102,13 +109,13 @@ impl Dims {
                             gpu_model: model.value(k).to_owned(),
                         };
                         *index.entry(key).or_insert_with_key(|key| {
-                            d.gpus.push(key.clone());
-                            d.gpus.len() - 1
+                            self.gpus.push(key.clone());
+                            self.gpus.len() - 1
                         })
                     }
                 };
                 last = Some(gpu);
-                d.instances.insert(
+                self.instances.insert(
                     id.value(k),
                     InstanceDim {
                         gpu,
@@ -121,6 +128,11 @@ impl Dims {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Reads `holders` into [`Dims::holders`].
+    fn load_holders(&mut self, conn: &Connection) -> duckdb::Result<()> {
         let mut stmt =
             conn.prepare_cached("SELECT holder_id, tenant, workload, slo_class FROM holders")?;
         for batch in stmt.query_arrow([])? {
@@ -132,7 +144,7 @@ impl Dims {
             ];
             let at = |c: usize, k: usize| text[c].is_valid(k).then(|| text[c].value(k).to_owned());
             for k in 0..batch.num_rows() {
-                d.holders.insert(
+                self.holders.insert(
                     id.value(k),
                     HolderDim {
                         tenant: at(0, k),
@@ -142,7 +154,7 @@ impl Dims {
                 );
             }
         }
-        Ok(d)
+        Ok(())
     }
 
     /// The instance `id` (a fact row never names an instance the table lacks: same snapshot).
