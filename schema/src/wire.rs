@@ -1,13 +1,13 @@
 //! The ingest batch: how an exporter ships samples to the aggregator. Specified in
 //! `schema/WIRE.md`.
 //!
-//! A batch is JSON, gzip-compressed on the wire (`Content-Encoding: gzip`), column-oriented per
-//! series: a series is one instance held by one attribution, with a `t` array of seconds and one
-//! array per counter, all the same length. Columns that are entirely unmeasured are left out. The
-//! `batch_id` (a UUIDv7) is what the receiver deduplicates on.
+//! A batch is JSON or MessagePack ([`Format`]), gzip-compressed on the wire (`Content-Encoding:
+//! gzip`), column-oriented per series: a series is one instance held by one attribution, with a
+//! `t` array of seconds and one array per counter, all the same length. Columns that are entirely
+//! unmeasured are left out. The `batch_id` (a UUIDv7) is what the receiver deduplicates on.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 
 use flate2::Compression;
 use flate2::read::GzDecoder;
@@ -17,10 +17,15 @@ use uuid::Uuid;
 
 use crate::sample::{Attribution, Counters, Instance, InvalidField, Sample, ShareSample, SloClass};
 
+mod msgpack;
+
 /// The wire version this build writes and the only one it reads.
 pub const VERSION: u32 = 1;
-/// The media type of a batch body.
+/// The media type of a JSON batch body.
 pub const CONTENT_TYPE: &str = "application/json";
+/// The media type of a MessagePack batch body (IANA's `application/vnd.msgpack`; the older
+/// `application/msgpack` and `application/x-msgpack` are read too).
+pub const MSGPACK_CONTENT_TYPE: &str = "application/vnd.msgpack";
 /// The ingest path on the aggregator.
 pub const INGEST_PATH: &str = "/api/v1/ingest";
 
@@ -76,6 +81,94 @@ impl Limits {
     }
 }
 
+/// How a batch body is encoded under its gzip: the same fields either way (`schema/WIRE.md`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// `application/json`: readable, and what every receiver reads.
+    Json,
+    /// `application/vnd.msgpack`: numbers in binary, several times cheaper to decode
+    /// (BENCHMARKS.md, "A binary body"). What the exporter sends by default.
+    #[default]
+    #[serde(rename = "msgpack")]
+    MessagePack,
+}
+
+impl Format {
+    /// Both, as the names `--wire-format` takes.
+    pub const ALL: [Format; 2] = [Format::Json, Format::MessagePack];
+
+    /// The name in options and config files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::MessagePack => "msgpack",
+        }
+    }
+
+    /// The `Content-Type` of a body in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Json => CONTENT_TYPE,
+            Format::MessagePack => MSGPACK_CONTENT_TYPE,
+        }
+    }
+
+    /// The format a `Content-Type` names: JSON when there is none (what clients before
+    /// MessagePack sent, or left out), `None` for a media type that is neither.
+    pub fn of_content_type(value: Option<&str>) -> Option<Format> {
+        let Some(value) = value else {
+            return Some(Format::Json);
+        };
+        let media = value.split(';').next().unwrap_or("").trim();
+        [
+            ("application/json", Format::Json),
+            (MSGPACK_CONTENT_TYPE, Format::MessagePack),
+            ("application/msgpack", Format::MessagePack),
+            ("application/x-msgpack", Format::MessagePack),
+        ]
+        .into_iter()
+        .find(|(name, _)| media.eq_ignore_ascii_case(name))
+        .map(|(_, f)| f)
+    }
+
+    /// The format of a body [`Batch::encode_as`] wrote, from its first byte: a JSON batch opens
+    /// with `{`, a MessagePack one with a map marker. A spool written before MessagePack holds
+    /// JSON, so the exporter asks the body rather than its own setting.
+    pub fn of_body(body: &[u8], gzip: bool) -> Format {
+        let mut first = [0u8; 1];
+        let first = if gzip {
+            GzDecoder::new(body)
+                .read_exact(&mut first)
+                .ok()
+                .map(|()| first[0])
+        } else {
+            body.first().copied()
+        };
+        match first {
+            Some(b) if b != b'{' && !b.is_ascii_whitespace() => Format::MessagePack,
+            _ => Format::Json,
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Format::ALL
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not a wire format: json or msgpack"))
+    }
+}
+
 /// The two lists of a batch whose entries are [`Series`]: what a JSON path to one starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum List {
@@ -106,7 +199,9 @@ impl std::fmt::Display for List {
 pub struct Batch {
     /// Wire version; see [`VERSION`].
     pub v: u32,
-    /// Unique id of the batch; a receiver stores a batch id at most once.
+    /// Unique id of the batch; a receiver stores a batch id at most once. Read as text, or as
+    /// the UUID's 16 bytes (what MessagePack bodies carry).
+    #[serde(deserialize_with = "uuid_text_or_bytes")]
     pub batch_id: Uuid,
     /// The node that sent the batch (the node its token is for).
     pub node: String,
@@ -215,6 +310,28 @@ pub struct Series {
         deserialize_with = "exact::optional_column"
     )]
     pub processes: Option<Vec<u32>>,
+}
+
+/// A UUID from its text or its 16 bytes, whichever the format holds: `uuid`'s own reading takes
+/// only bytes from a binary format, and a MessagePack writer may well send the text.
+fn uuid_text_or_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Uuid, D::Error> {
+    struct Either;
+    impl serde::de::Visitor<'_> for Either {
+        type Value = Uuid;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a UUID, as text or as its 16 bytes")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Uuid, E> {
+            Uuid::parse_str(v).map_err(E::custom)
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Uuid, E> {
+            Uuid::from_slice(v).map_err(E::custom)
+        }
+    }
+    d.deserialize_any(Either)
 }
 
 /// Columns decoded into vectors of their exact length.
@@ -425,10 +542,24 @@ impl Batch {
         self.series.iter().flat_map(Series::samples)
     }
 
-    /// gzip-compressed JSON, the body an exporter POSTs.
+    /// gzip-compressed JSON.
     pub fn encode(&self) -> Vec<u8> {
-        let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
-        serde_json::to_writer(&mut gz, self).expect("a batch always serializes");
+        self.encode_as(Format::Json)
+    }
+
+    /// gzip-compressed `format`, the body an exporter POSTs.
+    pub fn encode_as(&self, format: Format) -> Vec<u8> {
+        // Written whole, then compressed in one call: a serializer writing straight into the
+        // encoder hands it every value as a write of its own.
+        let mut doc = Vec::with_capacity(64 * self.sample_count() + 1024);
+        match format {
+            Format::Json => {
+                serde_json::to_writer(&mut doc, self).expect("a batch always serializes")
+            }
+            Format::MessagePack => msgpack::write(&mut doc, self),
+        }
+        let mut gz = GzEncoder::new(Vec::with_capacity(doc.len() / 3), Compression::fast());
+        gz.write_all(&doc).expect("writing to a Vec cannot fail");
         gz.finish().expect("writing to a Vec cannot fail")
     }
 
@@ -437,42 +568,65 @@ impl Batch {
         Batch::decode_with(body, gzip, &Limits::default())
     }
 
-    /// Decodes and validates a body: gzip-compressed when `gzip`, else plain JSON. Inflating stops
-    /// at [`Limits::max_decoded_bytes`] and the JSON values are counted before any is parsed, so
-    /// what decoding costs is bounded by `limits` whatever the body holds.
+    /// Decodes and validates a JSON body: gzip-compressed when `gzip`, else plain.
     pub fn decode_with(body: &[u8], gzip: bool, limits: &Limits) -> Result<Batch, WireError> {
+        Batch::decode_as(body, gzip, Format::Json, limits)
+    }
+
+    /// Decodes and validates a body in `format`: gzip-compressed when `gzip`, else plain.
+    /// Inflating stops at [`Limits::max_decoded_bytes`] and the values are counted before any is
+    /// parsed, so what decoding costs is bounded by `limits` whatever the body holds.
+    pub fn decode_as(
+        body: &[u8],
+        gzip: bool,
+        format: Format,
+        limits: &Limits,
+    ) -> Result<Batch, WireError> {
         let max_bytes = limits.max_decoded_bytes();
-        let json;
-        let json = if gzip {
+        let inflated;
+        let doc = if gzip {
             let mut out = Vec::with_capacity(inflated_size_hint(body).min(max_bytes + 1));
             GzDecoder::new(body)
                 .take(max_bytes as u64 + 1)
                 .read_to_end(&mut out)
                 .map_err(|e| WireError::Malformed(format!("not valid gzip: {e}")))?;
-            json = out;
-            &json[..]
+            inflated = out;
+            &inflated[..]
         } else {
             body
         };
-        if json.len() > max_bytes {
+        let name = match format {
+            Format::Json => "JSON",
+            Format::MessagePack => "MessagePack",
+        };
+        if doc.len() > max_bytes {
             return Err(WireError::TooLarge(format!(
-                "the batch is over {max_bytes} bytes of JSON (a batch holds at most {} samples)",
+                "the batch is over {max_bytes} bytes of {name} (a batch holds at most {} samples)",
                 limits.max_samples
             )));
         }
-        let values = json_values_at_most(json);
+        // The JSON count is an upper bound; the MessagePack walk stops once past the limit.
+        let values = match format {
+            Format::Json => json_values_at_most(doc),
+            Format::MessagePack => {
+                msgpack::values_at_most(doc, limits.max_values()).map_err(WireError::Malformed)?
+            }
+        };
         if values > limits.max_values() {
             return Err(WireError::TooLarge(format!(
-                "the body holds {values} JSON values; at most {} (a batch holds at most {} samples)",
+                "the body holds over {} {name} values (a batch holds at most {} samples)",
                 limits.max_values(),
                 limits.max_samples
             )));
         }
-        // Parsed without tracking the path (most of a parse's cost when it is tracked); a body
-        // that fails is parsed again with the path, to name the field.
-        let batch: Batch = match serde_json::from_slice(json) {
-            Ok(batch) => batch,
-            Err(_) => Batch::parse_naming_the_field(json)?,
+        let batch = match format {
+            // Parsed without tracking the path (most of a parse's cost when it is tracked); a
+            // body that fails is parsed again with the path, to name the field.
+            Format::Json => match serde_json::from_slice(doc) {
+                Ok(batch) => batch,
+                Err(_) => Batch::parse_naming_the_field(doc)?,
+            },
+            Format::MessagePack => msgpack::parse(doc)?,
         };
         if batch.v != VERSION {
             return Err(WireError::UnknownVersion(batch.v));

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use gpuledger_schema::trace::TraceReader;
-use gpuledger_schema::wire::{Batch, Limits, WireError};
+use gpuledger_schema::wire::{Batch, Format, Limits, WireError};
 
 /// A test case's failure: what broke.
 type Fail = String;
@@ -182,11 +182,15 @@ fn apply(mut bytes: Vec<u8>, edits: &[Edit]) -> Vec<u8> {
 const WIRE_FIELDS: &[&str] = &["body", "v", "batch_id", "node", "series", "shares"];
 
 fn check_wire(bytes: &[u8], gzip: bool) -> Result<(), Fail> {
+    check_wire_as(bytes, gzip, Format::Json)
+}
+
+fn check_wire_as(bytes: &[u8], gzip: bool, format: Format) -> Result<(), Fail> {
     let limits = Limits {
         max_samples: 2_000,
         max_series: 64,
     };
-    match Batch::decode_with(bytes, gzip, &limits) {
+    match Batch::decode_as(bytes, gzip, format, &limits) {
         Ok(batch) => {
             check!(batch.validate().is_ok(), "accepted an invalid batch");
             check!(
@@ -197,7 +201,7 @@ fn check_wire(bytes: &[u8], gzip: bool) -> Result<(), Fail> {
                 check!(s.validate().is_ok(), "accepted an invalid sample {s:?}");
             }
             // What was accepted survives the trip an exporter makes.
-            let again = Batch::decode_with(&batch.encode(), true, &limits);
+            let again = Batch::decode_as(&batch.encode_as(format), true, format, &limits);
             check!(
                 again.as_ref().ok() == Some(&batch),
                 "no round trip: {again:?}"
@@ -260,6 +264,30 @@ fn the_wire_decoder_names_a_field_or_accepts_only_valid_batches() {
             check_wire(&gzip(&bytes), true)
         } else {
             check_wire(&bytes, false)
+        };
+        result.map_err(|why| (why, edits, bytes))
+    });
+}
+
+/// The same seeds as MessagePack, damaged byte-wise: lengths that lie, markers that change type,
+/// documents cut short or run on.
+#[test]
+fn the_msgpack_decoder_names_a_field_or_accepts_only_valid_batches() {
+    let seeds: Vec<Vec<u8>> = corpus("wire")
+        .into_iter()
+        .map(|(_, json)| {
+            let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+            rmp_serde::to_vec_named(&value).unwrap()
+        })
+        .collect();
+    run("msgpack", |rng| {
+        let seed = &seeds[rng.below(seeds.len())];
+        let edits = edits(rng, 0, 6);
+        let bytes = apply(seed.clone(), &edits);
+        let result = if rng.below(2) == 0 {
+            check_wire_as(&gzip(&bytes), true, Format::MessagePack)
+        } else {
+            check_wire_as(&bytes, false, Format::MessagePack)
         };
         result.map_err(|why| (why, edits, bytes))
     });
