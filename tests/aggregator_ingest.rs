@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{ADMIN_TOKEN, Aggregator, Exporter, eventually, open_ledger, token_file};
-use gpuledger_schema::wire::Batch;
+use gpuledger_schema::wire::{Batch, Format, MSGPACK_CONTENT_TYPE as MSGPACK};
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
 const NODE_TOKEN: &str = "node-n1-token-abcdef0123";
@@ -65,9 +65,19 @@ async fn post_raw(
     body: Vec<u8>,
     gzip: bool,
 ) -> (u16, serde_json::Value) {
+    post_as(a, token, body, gzip, "application/json").await
+}
+
+async fn post_as(
+    a: &Aggregator,
+    token: Option<&str>,
+    body: Vec<u8>,
+    gzip: bool,
+    content_type: &str,
+) -> (u16, serde_json::Value) {
     let mut req = reqwest::Client::new()
         .post(format!("{}/api/v1/ingest", a.url()))
-        .header("content-type", "application/json")
+        .header("content-type", content_type)
         .body(body);
     if let Some(t) = token {
         req = req.bearer_auth(t);
@@ -184,6 +194,23 @@ async fn bad_requests_get_a_4xx_naming_the_field() {
     let (status, body) = post_raw(&a, Some(NODE_TOKEN), vec![b' '; 300_000], false).await;
     assert_eq!((status, field(&body)), (413, "body"));
 
+    // MessagePack names the field as JSON does; a media type that is neither is a 415.
+    let mut json: serde_json::Value = serde_json::to_value(&good).unwrap();
+    json["series"][0]["sm_active"][1] = serde_json::json!(1.5);
+    let packed = rmp_serde::to_vec_named(&json).unwrap();
+    let (status, body) = post_as(&a, Some(NODE_TOKEN), packed, false, MSGPACK).await;
+    assert_eq!(
+        (status, field(&body)),
+        (400, "series[0].sm_active[1]"),
+        "{body}"
+    );
+    let (status, body) = post_as(&a, Some(NODE_TOKEN), good.encode(), true, "text/csv").await;
+    assert_eq!((status, field(&body)), (415, "content-type"), "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains(MSGPACK),
+        "{body}"
+    );
+
     // Each refusal is counted by reason.
     assert_eq!(
         a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"unauthorized\"}")
@@ -203,7 +230,7 @@ async fn bad_requests_get_a_4xx_naming_the_field() {
     assert_eq!(
         a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"invalid\"}")
             .await,
-        Some(7.0)
+        Some(9.0)
     );
 }
 
@@ -218,8 +245,16 @@ async fn a_batch_or_second_sent_twice_is_stored_once_in_any_order() {
     let (status, body) = a.ingest(NODE_TOKEN, &first).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["stored"], 420);
-    // The same batch again (a lost acknowledgement): acknowledged, nothing stored.
-    let (status, body) = a.ingest(NODE_TOKEN, &first).await;
+    // The same batch again (a lost acknowledgement), even in the other encoding: acknowledged,
+    // nothing stored.
+    let (status, body) = post_as(
+        &a,
+        Some(NODE_TOKEN),
+        first.encode_as(Format::MessagePack),
+        true,
+        MSGPACK,
+    )
+    .await;
     assert_eq!(
         (
             status,
@@ -228,9 +263,11 @@ async fn a_batch_or_second_sent_twice_is_stored_once_in_any_order() {
         ),
         (200, Some(true), Some(0))
     );
-    // A new batch id overlapping the second half, sent before a batch for earlier seconds.
+    // A new batch id overlapping the second half (in MessagePack), sent before a batch for
+    // earlier seconds.
     let overlap = batch("n1", t + 30, 60);
-    let (_, body) = a.ingest(NODE_TOKEN, &overlap).await;
+    let packed = overlap.encode_as(Format::MessagePack);
+    let (_, body) = post_as(&a, Some(NODE_TOKEN), packed, true, MSGPACK).await;
     assert_eq!(
         (body["stored"].as_u64(), body["duplicate_samples"].as_u64()),
         (Some(210), Some(210))

@@ -95,7 +95,7 @@ pub enum RejectReason {
     Unauthorized,
     /// A token used for another node (403).
     Forbidden,
-    /// The batch breaks a rule (400).
+    /// The batch breaks a rule (400), or is not in a format the aggregator reads (415).
     Invalid,
     /// The body is over a limit (413).
     TooLarge,

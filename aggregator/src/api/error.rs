@@ -64,6 +64,15 @@ impl ApiError {
         )
     }
 
+    /// 415: the body's `Content-Type` is not one the endpoint reads; the field is the header.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Some("content-type".into()),
+            message.into(),
+        )
+    }
+
     /// 408: the request (its body) did not arrive in time; a retry will do.
     pub fn timeout(message: impl Into<String>) -> Self {
         ApiError::new(

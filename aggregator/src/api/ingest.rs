@@ -2,9 +2,10 @@
 //!
 //! Order of checks, cheapest first, so that nothing is read or parsed for a caller that may not
 //! ingest: the token (401) and that its role may ingest at all (403); a declared
-//! `Content-Length` over the limit (413); a fair slot ([`super::admission`]: 429 or 503 with
+//! `Content-Length` over the limit (413); a `Content-Type` that is neither JSON nor MessagePack
+//! (415; none at all is JSON); a fair slot ([`super::admission`]: 429 or 503 with
 //! Retry-After); the body, which must arrive within `body_read_timeout` (408) and the size limit
-//! (413); a decode slot, then gzip and JSON within the batch limits (413) and the sample rules
+//! (413); a decode slot, then gzip and JSON or MessagePack within the batch limits (413) and the sample rules
 //! (400 naming the field); the token's node for every series and share (403); the time window
 //! for every series and share (400); room in the writer queue (503 with Retry-After: the exporter
 //! keeps the batch and retries), where the request gives its slot back. A batch the store refuses whatever is retried (a per-node limit,
@@ -14,7 +15,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
-use gpuledger_schema::wire::{Batch, WireError};
+use gpuledger_schema::wire::{self, Batch, Format, WireError};
 use uuid::Uuid;
 
 use super::AppState;
@@ -127,6 +128,23 @@ pub async fn ingest(
     if declared_length(&headers).is_some_and(|n| n > limits.max_body_bytes as u64) {
         return Err(reject(RejectReason::TooLarge, None, too_large()));
     }
+    let content_type = headers.get(header::CONTENT_TYPE).map(|v| v.to_str());
+    let format = match content_type {
+        None => Format::of_content_type(None),
+        Some(Ok(v)) => Format::of_content_type(Some(v)),
+        Some(Err(_)) => None,
+    }
+    .ok_or_else(|| {
+        reject(
+            RejectReason::Invalid,
+            None,
+            ApiError::unsupported_media_type(format!(
+                "a batch is {} or {} (schema/WIRE.md)",
+                wire::CONTENT_TYPE,
+                wire::MSGPACK_CONTENT_TYPE
+            )),
+        )
+    })?;
     let slot = app.admission.enter(token).await.map_err(|refused| {
         reject(
             RejectReason::Throttled,
@@ -160,7 +178,7 @@ pub async fn ingest(
     let decoding = app.admission.decode_slot().await;
     let batch = tokio::task::spawn_blocking(move || {
         let _decoding = decoding;
-        Batch::decode_with(&bytes, gzip, &batch_limits)
+        Batch::decode_as(&bytes, gzip, format, &batch_limits)
     })
     .await
     .map_err(|e| ApiError::internal(&e))?
