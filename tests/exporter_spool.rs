@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::fake_aggregator::{FakeAggregator, Mode};
 use common::{Exporter, eventually, token_file};
 use gpuledger_exporter::source::sim::{Fleet, Simulator};
+use gpuledger_schema::wire::Format;
 
 const NODE: &str = "gpu-h100-01";
 
@@ -89,7 +90,10 @@ async fn outage_and_restart_lose_nothing_and_duplicate_only_by_batch_id() {
         !waiting.is_empty(),
         "batches wait in the spool across the restart"
     );
-    let exporter = Exporter::start(&args).await;
+    // It comes back sending JSON: the spool's MessagePack bodies still go as MessagePack.
+    let mut json_args = args.clone();
+    json_args.extend(["--wire-format", "json"]);
+    let exporter = Exporter::start(&json_args).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     fake.restart().await;
@@ -110,6 +114,22 @@ async fn outage_and_restart_lose_nothing_and_duplicate_only_by_batch_id() {
     assert!(
         waiting.is_subset(&delivered),
         "every spooled batch arrived after the restart"
+    );
+    let format_of = |id: &String| {
+        let d = deliveries.iter().find(|d| &d.batch_id.to_string() == id);
+        d.map(|d| d.format)
+    };
+    assert!(
+        waiting
+            .iter()
+            .all(|id| format_of(id) == Some(Format::MessagePack)),
+        "a batch spooled as MessagePack is sent as MessagePack"
+    );
+    assert!(
+        delivered
+            .iter()
+            .any(|id| !waiting.contains(id) && format_of(id) == Some(Format::Json)),
+        "after the restart new batches are JSON"
     );
     assert!(
         spooled_ids(&spool).is_empty(),

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use gpuledger_schema::SloClass;
 use gpuledger_schema::options::{self, duration, pair, pairs};
+use gpuledger_schema::wire;
 use serde::{Deserialize, Serialize};
 
 use crate::attribution::KubeletConfig;
@@ -61,6 +62,10 @@ pub struct ExporterOptions {
     /// Spool bound in bytes; when full, the oldest batch is dropped [default: 1073741824].
     #[arg(long)]
     pub spool_max_bytes: Option<u64>,
+    /// How batches are encoded for the aggregator: msgpack or json [default: msgpack]. An
+    /// aggregator that predates MessagePack bodies needs json (schema/WIRE.md).
+    #[arg(long)]
+    pub wire_format: Option<wire::Format>,
     /// How often samples are sealed into a batch and shipped [default: 5s].
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
@@ -256,6 +261,7 @@ impl ExporterOptions {
                     max_batch_samples: 50_000,
                     wait_when_full: false,
                     request_timeout: Duration::from_secs(30),
+                    format: self.wire_format.unwrap_or_default(),
                 })
             }
         };

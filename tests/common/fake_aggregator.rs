@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use gpuledger_schema::Sample;
-use gpuledger_schema::wire::Batch;
+use gpuledger_schema::wire::{Batch, Format, Limits};
 use uuid::Uuid;
 
 /// How the fake answers.
@@ -36,6 +36,8 @@ pub struct Delivery {
     pub samples: Vec<Sample>,
     /// The batch id had been stored before.
     pub duplicate: bool,
+    /// The body's encoding, from its `Content-Type`.
+    pub format: Format,
 }
 
 #[derive(Default)]
@@ -79,7 +81,16 @@ async fn ingest(
         );
     }
     let gzip = headers.get("content-encoding").is_some_and(|v| v == "gzip");
-    let batch = match Batch::decode(&body, gzip) {
+    let Some(format) =
+        Format::of_content_type(headers.get("content-type").and_then(|v| v.to_str().ok()))
+    else {
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            out,
+            r#"{"error":{"field":"content-type","message":"not a batch's"}}"#.into(),
+        );
+    };
+    let batch = match Batch::decode_as(&body, gzip, format, &Limits::default()) {
         Ok(b) => b,
         Err(e) => {
             return (
@@ -106,6 +117,7 @@ async fn ingest(
         node: batch.node.clone(),
         samples: batch.samples().collect(),
         duplicate,
+        format,
     });
     if mode == Mode::AckLost {
         out.insert("retry-after", "1".parse().unwrap());

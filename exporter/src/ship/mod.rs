@@ -52,6 +52,8 @@ pub struct ShipConfig {
     pub wait_when_full: bool,
     /// Per-request timeout.
     pub request_timeout: Duration,
+    /// How new batches are encoded (a spooled body is re-sent as it was encoded).
+    pub format: wire::Format,
 }
 
 /// How the sender should stop.
@@ -242,7 +244,7 @@ async fn seal(
     shares: Vec<ShareSample>,
 ) -> std::io::Result<()> {
     let batch = Batch::from_samples(&config.node, &samples).with_shares(&shares);
-    let body = batch.encode();
+    let body = batch.encode_as(config.format);
     if config.wait_when_full {
         while spool
             .lock()
@@ -299,7 +301,10 @@ async fn send(
     let response = client
         .post(url)
         .bearer_auth(&config.token)
-        .header(reqwest::header::CONTENT_TYPE, wire::CONTENT_TYPE)
+        .header(
+            reqwest::header::CONTENT_TYPE,
+            wire::Format::of_body(&body, true).content_type(),
+        )
         .header(reqwest::header::CONTENT_ENCODING, "gzip")
         .header("x-gpuledger-batch-id", entry.batch_id.to_string())
         .body(body)
