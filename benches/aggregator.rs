@@ -37,7 +37,7 @@ use gpuledger_aggregator::analytics::{
 };
 use gpuledger_aggregator::store::{self, Writer};
 use gpuledger_schema::Sample;
-use gpuledger_schema::wire::Batch;
+use gpuledger_schema::wire::{Batch, Format, Limits};
 
 const BARE_TABLE: &str = "CREATE TABLE t (ts BIGINT, instance_id INTEGER, holder_id INTEGER, sm_active DOUBLE, sm_occupancy DOUBLE, tensor_active DOUBLE, dram_active DOUBLE, fb_used_bytes UBIGINT, fb_total_bytes UBIGINT, nvlink_tx_bytes UBIGINT, nvlink_rx_bytes UBIGINT)";
 
@@ -176,41 +176,42 @@ fn live_rounds(nodes: usize, seconds: i64, t0: i64) -> (Vec<Batch>, Vec<Vec<Batc
     (warm, rounds)
 }
 
-/// Decodes every batch's body (gzip + JSON + validation) on one core, three times, and prints
-/// the best rate against `base`.
+/// Decodes every batch's body (gzip + JSON or MessagePack + validation) on one core, three
+/// times, and prints the best rate against `base`, for each wire format.
 fn decoding(batches: &[Batch], what: &str, base: f64) {
-    let bodies: Vec<Vec<u8>> = batches.iter().map(Batch::encode).collect();
-    decoding_bodies(&bodies, 0, what, base);
+    for format in Format::ALL {
+        let bodies: Vec<Vec<u8>> = batches.iter().map(|b| b.encode_as(format)).collect();
+        decoding_bodies(&bodies, 0, what, base);
+    }
 }
 
 /// [`decoding`] of bodies as they were sent, repeated within a pass to `at_least` samples.
 fn decoding_bodies(bodies: &[Vec<u8>], at_least: usize, what: &str, base: f64) {
-    let n: usize = bodies
-        .iter()
-        .map(|b| Batch::decode(b, true).unwrap().sample_count())
-        .sum();
+    let format = Format::of_body(&bodies[0], true);
+    let decode = |b: &[u8]| Batch::decode_as(b, true, format, &Limits::default()).unwrap();
+    let n: usize = bodies.iter().map(|b| decode(b).sample_count()).sum();
     let times = at_least.div_ceil(n.max(1)).max(1);
     let mut best = 0f64;
     for _ in 0..3 {
         let start = Instant::now();
         for _ in 0..times {
             for b in bodies {
-                std::hint::black_box(Batch::decode(b, true).unwrap());
+                std::hint::black_box(decode(b));
             }
         }
         best = best.max((n * times) as f64 / start.elapsed().as_secs_f64());
     }
     // A gzip member's last four bytes are its inflated length.
-    let json: usize = bodies
+    let inflated: usize = bodies
         .iter()
         .map(|b| u32::from_le_bytes(b[b.len() - 4..].try_into().unwrap()) as usize)
         .sum();
     eprintln!(
-        "  decoding {what} (gzip + JSON + validation), one core, best of 3: {best:.0} samples/s = {:.2}× the baseline; {:.1} bytes per sample on the wire, {:.1} of JSON; {:.0} bytes of JSON per body",
+        "  decoding {what} (gzip + {format} + validation), one core, best of 3: {best:.0} samples/s = {:.2}× the baseline; {:.1} bytes per sample on the wire, {:.1} of {format}; {:.0} bytes of {format} per body",
         best / base,
         bodies.iter().map(Vec::len).sum::<usize>() as f64 / n as f64,
-        json as f64 / n as f64,
-        json as f64 / bodies.len() as f64
+        inflated as f64 / n as f64,
+        inflated as f64 / bodies.len() as f64
     );
 }
 

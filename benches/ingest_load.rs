@@ -29,7 +29,8 @@
 //!
 //! Run: `cargo bench --bench ingest_load` (release), options after `--`: `--senders 1000`,
 //! `--seconds 60` (per node, throughput phase), `--paced-senders 1250`, `--paced-seconds 30`,
-//! `--flag ARG` (repeatable: passed to the aggregator), `--memory-trace`. `cargo test` runs it
+//! `--flag ARG` (repeatable: passed to the aggregator), `--memory-trace`, `--wire-format json`
+//! (the bodies' encoding; default msgpack, what the exporter sends). `cargo test` runs it
 //! only as a smoke check.
 
 #[path = "support/fleet.rs"]
@@ -41,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use fleet::{INSTANCES_PER_NODE, node_batches, node_name, quantile};
 use gpuledger_aggregator::store::writer::RawColumns;
-use gpuledger_schema::wire::Batch;
+use gpuledger_schema::wire::{Batch, Format};
 
 const BATCH_SECONDS: i64 = 5;
 
@@ -52,6 +53,7 @@ struct Args {
     paced_seconds: i64,
     flags: Vec<String>,
     memory_trace: bool,
+    format: Format,
 }
 
 /// Two values of the aggregator's `/metrics`, by their full names.
@@ -192,6 +194,7 @@ fn args() -> Args {
         paced_seconds: 30,
         flags: Vec::new(),
         memory_trace: false,
+        format: Format::default(),
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -203,6 +206,7 @@ fn args() -> Args {
             "--paced-senders" => a.paced_senders = value().parse().unwrap(),
             "--paced-seconds" => a.paced_seconds = value().parse().unwrap(),
             "--flag" => a.flags.push(value()),
+            "--wire-format" => a.format = value().parse().unwrap(),
             "--memory-trace" => {
                 a.memory_trace = true;
                 i += 1;
@@ -222,6 +226,7 @@ fn args() -> Args {
 struct Node {
     token: String,
     bodies: Vec<Vec<u8>>,
+    format: Format,
 }
 
 /// What one phase's requests measured.
@@ -254,7 +259,13 @@ impl Phase {
 }
 
 /// POSTs `body` until it is accepted; returns (stored samples, retries).
-async fn post(client: &reqwest::Client, url: &str, token: &str, body: &[u8]) -> (u64, u64) {
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    body: &[u8],
+    format: Format,
+) -> (u64, u64) {
     #[derive(serde::Deserialize)]
     struct Accepted {
         stored: u64,
@@ -265,7 +276,7 @@ async fn post(client: &reqwest::Client, url: &str, token: &str, body: &[u8]) -> 
             .post(url)
             .bearer_auth(token)
             .header("content-encoding", "gzip")
-            .header("content-type", "application/json")
+            .header("content-type", format.content_type())
             .body(body.to_vec())
             .send()
             .await
@@ -314,7 +325,7 @@ async fn run_phase(nodes: Vec<Node>, url: String, pace: Option<Duration>) -> Pha
                     tokio::time::sleep_until((first + p * b as u32).into()).await;
                 }
                 let sent = Instant::now();
-                let (s, r) = post(&client, &url, &node.token, body).await;
+                let (s, r) = post(&client, &url, &node.token, body, node.format).await;
                 latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
                 stored.fetch_add(s, Ordering::Relaxed);
                 retried += r;
@@ -380,7 +391,8 @@ fn main() {
         let (mid, tail) = rest.split_at((a.seconds / BATCH_SECONDS) as usize);
         let encode = |b: &[Batch]| Node {
             token: token(node),
-            bodies: b.iter().map(Batch::encode).collect(),
+            bodies: b.iter().map(|b| b.encode_as(a.format)).collect(),
+            format: a.format,
         };
         first.push(encode(head));
         if node < a.senders {
@@ -414,8 +426,9 @@ fn main() {
     let base = base_rows as f64 / base_secs;
     let wire: usize = bulk.iter().flat_map(|n| &n.bodies).map(Vec::len).sum();
     eprintln!(
-        "  baseline: DuckDB appender, Arrow path, the throughput phase's {base_rows} rows into a plain table (+ checkpoint): {base:.0} samples/s; {:.1} bytes per sample on the wire (gzip JSON)",
-        wire as f64 / base_rows as f64
+        "  baseline: DuckDB appender, Arrow path, the throughput phase's {base_rows} rows into a plain table (+ checkpoint): {base:.0} samples/s; {:.1} bytes per sample on the wire (gzip {})",
+        wire as f64 / base_rows as f64,
+        a.format
     );
 
     let db = dir.path().join("ledger.duckdb");
