@@ -11,7 +11,7 @@
 //! 6. (`-- writer-live`) the writer alone on live 5 s batches from 1,000 known nodes, on a fresh
 //!    ledger and on one that holds 10 M batch ids already;
 //! 7. (`-- import`) `gpuledger import` of a 2 h trace against DuckDB's `read_csv` of the file;
-//! 8. (`-- decode`) decoding alone (gzip, JSON, validation) on one core, of 100 s and live 5 s
+//! 8. (`-- decode`) decoding alone (gzip, JSON or MessagePack, validation) on one core, of 100 s and live 5 s
 //!    bodies; `-- decode --bodies DIR` adds the `.batch` files of an exporter's spool, the bodies
 //!    a real exporter sent;
 //! 9. (`-- evaluation-history`) the evaluation pass a live fleet pays after each new minute, with
@@ -227,11 +227,12 @@ fn spool_bodies(dir: &str) -> Vec<Vec<u8>> {
     files.iter().map(|p| std::fs::read(p).unwrap()).collect()
 }
 
-/// End to end: `clients` concurrent exporters POST pre-encoded bodies, each with its node's own
-/// `node:NAME` token; a 503 or 429 is retried after a pause, as the exporter does. Returns
-/// (samples/s, peak RSS KiB of the aggregator, ledger bytes after a clean stop).
+/// End to end: `clients` concurrent exporters POST pre-encoded bodies in `format`, each with its
+/// node's own `node:NAME` token; a 503 or 429 is retried after a pause, as the exporter does.
+/// Returns (samples/s, peak RSS KiB of the aggregator, ledger bytes after a clean stop).
 fn http_ingest(
     batches: Vec<Batch>,
+    format: Format,
     clients: usize,
     dir: &std::path::Path,
     name: &str,
@@ -249,7 +250,7 @@ fn http_ingest(
     let n: usize = batches.iter().map(Batch::sample_count).sum();
     let bodies: Vec<(String, Vec<u8>)> = batches
         .iter()
-        .map(|b| (token(&b.node), b.encode()))
+        .map(|b| (token(&b.node), b.encode_as(format)))
         .collect();
     drop(batches);
     let url = format!("http://127.0.0.1:{}/api/v1/ingest", server.port);
@@ -280,7 +281,7 @@ fn http_ingest(
                             .post(&url)
                             .bearer_auth(token)
                             .header("content-encoding", "gzip")
-                            .header("content-type", "application/json")
+                            .header("content-type", format.content_type())
                             .body(body.clone())
                             .send()
                             .await
@@ -996,13 +997,16 @@ fn main() {
         live / base
     );
     decoding(&big, "the bodies", base);
-    let (e2e, peak, bytes) = http_ingest(big, 40, dir.path(), "e2e-big");
-    eprintln!(
-        "  end to end over HTTP (40 clients, one per node): {e2e:.0} samples/s = {:.2}× the baseline; aggregator peak RSS {:.1} MiB; {:.1} bytes on disk per sample",
-        e2e / base,
-        peak as f64 / 1024.0,
-        bytes as f64 / n as f64
-    );
+    for format in Format::ALL {
+        let name = format!("e2e-big-{format}");
+        let (e2e, peak, bytes) = http_ingest(big.clone(), format, 40, dir.path(), &name);
+        eprintln!(
+            "  end to end over HTTP (40 clients, one per node, {format} bodies): {e2e:.0} samples/s = {:.2}× the baseline; aggregator peak RSS {:.1} MiB; {:.1} bytes on disk per sample",
+            e2e / base,
+            peak as f64 / 1024.0,
+            bytes as f64 / n as f64
+        );
+    }
     // Live batches (280 samples from 1,000 senders): `cargo bench --bench ingest_load`.
     month_showback(dir.path());
     hour_evaluation(dir.path());

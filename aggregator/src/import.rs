@@ -378,7 +378,7 @@ struct Posted {
     duplicate_samples: u64,
 }
 
-/// Sends one batch to a running aggregator, as an exporter does (gzip JSON, its batch id), and
+/// Sends one batch to a running aggregator, as an exporter does (gzip MessagePack, its batch id), and
 /// retries what the aggregator asks to be retried (408, 429, 503, or no answer) with jittered
 /// back-off, honouring `Retry-After`.
 async fn post(
@@ -388,7 +388,8 @@ async fn post(
     batch: &Batch,
 ) -> Result<Posted, ImportError> {
     use backon::{ExponentialBuilder, Retryable};
-    let body = batch.encode();
+    let format = gpuledger_schema::wire::Format::MessagePack;
+    let body = batch.encode_as(format);
     let url = format!(
         "{}{}",
         url.trim_end_matches('/'),
@@ -398,10 +399,7 @@ async fn post(
         let r = client
             .post(&url)
             .bearer_auth(token)
-            .header(
-                reqwest::header::CONTENT_TYPE,
-                gpuledger_schema::wire::CONTENT_TYPE,
-            )
+            .header(reqwest::header::CONTENT_TYPE, format.content_type())
             .header(reqwest::header::CONTENT_ENCODING, "gzip")
             .header("x-gpuledger-batch-id", batch.batch_id.to_string())
             .body(body.clone())
