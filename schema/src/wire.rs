@@ -585,9 +585,10 @@ impl Batch {
         let max_bytes = limits.max_decoded_bytes();
         let inflated;
         let doc = if gzip {
-            let mut out = Vec::with_capacity(inflated_size_hint(body).min(max_bytes + 1));
+            let mut out =
+                Vec::with_capacity(inflated_size_hint(body).min(max_bytes.saturating_add(1)));
             GzDecoder::new(body)
-                .take(max_bytes as u64 + 1)
+                .take((max_bytes as u64).saturating_add(1))
                 .read_to_end(&mut out)
                 .map_err(|e| WireError::Malformed(format!("not valid gzip: {e}")))?;
             inflated = out;
