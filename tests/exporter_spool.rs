@@ -246,3 +246,42 @@ async fn a_408_is_retried_not_rejected() {
     })
     .await;
 }
+
+/// Fake: an aggregator older than MessagePack bodies (it answers them 400, naming the body). The
+/// exporter sends MessagePack by default; once refused it re-sends that batch, and all after it,
+/// as JSON: nothing is set aside.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_aggregator_that_reads_only_json_gets_json_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(dir.path(), "node-token");
+    let spool = dir.path().join("spool");
+    let fake = FakeAggregator::start(0, "node-token").await;
+    fake.set_mode(Mode::JsonOnly);
+    let owned = shipping_args(&fake.url(), &token, &spool);
+    let args: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let exporter = Exporter::start(&args).await;
+    eventually("three batches", Duration::from_secs(30), async || {
+        (fake.deliveries().len() >= 3).then_some(())
+    })
+    .await;
+    assert!(exporter.terminate().success());
+    let deliveries = fake.deliveries();
+    assert!(deliveries.iter().all(|d| d.format == Format::Json));
+    // The first batch, refused as MessagePack, arrived as JSON under its own id: the deliveries
+    // cover every sealed second from the start.
+    let seconds: std::collections::BTreeSet<i64> = deliveries
+        .iter()
+        .flat_map(|d| d.samples.iter().map(|s| s.timestamp))
+        .collect();
+    let (first, last) = (*seconds.first().unwrap(), *seconds.last().unwrap());
+    assert_eq!(
+        seconds.len() as i64,
+        last - first + 1,
+        "a gap in {seconds:?}"
+    );
+    let rejected = spool.join("rejected");
+    assert!(
+        !rejected.exists() || std::fs::read_dir(&rejected).unwrap().next().is_none(),
+        "a batch was set aside"
+    );
+}

@@ -63,7 +63,7 @@ pub struct ExporterOptions {
     #[arg(long)]
     pub spool_max_bytes: Option<u64>,
     /// How batches are encoded for the aggregator: msgpack or json [default: msgpack]. An
-    /// aggregator that predates MessagePack bodies needs json (schema/WIRE.md).
+    /// aggregator that refuses MessagePack as unreadable gets JSON from then on (schema/WIRE.md).
     #[arg(long)]
     pub wire_format: Option<wire::Format>,
     /// How often samples are sealed into a batch and shipped [default: 5s].

@@ -26,6 +26,9 @@ pub enum Mode {
     AckLost,
     /// 408, store nothing: the aggregator gave up waiting for a body on a slow link.
     Timeout,
+    /// An aggregator older than MessagePack bodies: it reads every body as JSON, so a MessagePack
+    /// one is a 400 naming the body.
+    JsonOnly,
 }
 
 /// One POST that carried a valid batch.
@@ -90,6 +93,8 @@ async fn ingest(
             r#"{"error":{"field":"content-type","message":"not a batch's"}}"#.into(),
         );
     };
+    let json_only = s.inner.lock().unwrap().mode == Some(Mode::JsonOnly);
+    let format = if json_only { Format::Json } else { format };
     let batch = match Batch::decode_as(&body, gzip, format, &Limits::default()) {
         Ok(b) => b,
         Err(e) => {

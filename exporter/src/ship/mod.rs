@@ -184,6 +184,15 @@ pub async fn run(
         .map_err(|e| ShipError::Client(e.to_string()))?;
     // Set once the last batch is sealed: only then may a draining sender stop on an empty spool.
     let sealed_all = Arc::new(AtomicBool::new(false));
+    // Set once the aggregator has refused a MessagePack body as unreadable ([`Outcome::Unread`]).
+    let json_only = Arc::new(AtomicBool::new(false));
+    let format = || {
+        if json_only.load(Ordering::Relaxed) {
+            wire::Format::Json
+        } else {
+            config.format
+        }
+    };
     let sender = tokio::spawn(send_loop(
         config.clone(),
         client,
@@ -192,6 +201,7 @@ pub async fn run(
         metrics.clone(),
         finish,
         sealed_all.clone(),
+        json_only.clone(),
     ));
 
     let mut buffer: Vec<Sample> = Vec::new();
@@ -211,20 +221,20 @@ pub async fn run(
                     while buffer.len() + shares.len() >= max {
                         let these: Vec<ShareSample> = shares.drain(..shares.len().min(max)).collect();
                         let rest = buffer.split_off((max - these.len()).min(buffer.len()));
-                        seal(&config, &metrics, &spool, &notify, std::mem::replace(&mut buffer, rest), these).await.map_err(spool_err)?;
+                        seal(&config, format(), &metrics, &spool, &notify, std::mem::replace(&mut buffer, rest), these).await.map_err(spool_err)?;
                     }
                 }
                 None => break,
             },
             _ = tick.tick() => {
                 if !buffer.is_empty() || !shares.is_empty() {
-                    seal(&config, &metrics, &spool, &notify, std::mem::take(&mut buffer), std::mem::take(&mut shares)).await.map_err(spool_err)?;
+                    seal(&config, format(), &metrics, &spool, &notify, std::mem::take(&mut buffer), std::mem::take(&mut shares)).await.map_err(spool_err)?;
                 }
             }
         }
     }
     if !buffer.is_empty() || !shares.is_empty() {
-        seal(&config, &metrics, &spool, &notify, buffer, shares)
+        seal(&config, format(), &metrics, &spool, &notify, buffer, shares)
             .await
             .map_err(spool_err)?;
     }
@@ -237,6 +247,7 @@ pub async fn run(
 
 async fn seal(
     config: &ShipConfig,
+    format: wire::Format,
     metrics: &Metrics,
     spool: &Mutex<Spool>,
     notify: &Notify,
@@ -244,7 +255,7 @@ async fn seal(
     shares: Vec<ShareSample>,
 ) -> std::io::Result<()> {
     let batch = Batch::from_samples(&config.node, &samples).with_shares(&shares);
-    let body = batch.encode_as(config.format);
+    let body = batch.encode_as(format);
     if config.wait_when_full {
         while spool
             .lock()
@@ -285,6 +296,9 @@ enum Outcome {
         after: Option<Duration>,
     },
     Rejected(String),
+    /// A MessagePack body the aggregator did not read (415, or a 400 blaming the whole body): an
+    /// aggregator older than MessagePack bodies. The batch is sent again as JSON.
+    Unread(String),
 }
 
 async fn send(
@@ -298,13 +312,11 @@ async fn send(
         config.aggregator.trim_end_matches('/'),
         wire::INGEST_PATH
     );
+    let format = wire::Format::of_body(&body, true);
     let response = client
         .post(url)
         .bearer_auth(&config.token)
-        .header(
-            reqwest::header::CONTENT_TYPE,
-            wire::Format::of_body(&body, true).content_type(),
-        )
+        .header(reqwest::header::CONTENT_TYPE, format.content_type())
         .header(reqwest::header::CONTENT_ENCODING, "gzip")
         .header("x-gpuledger-batch-id", entry.batch_id.to_string())
         .body(body)
@@ -360,7 +372,41 @@ async fn send(
             detail,
             after,
         },
+        415 if format == wire::Format::MessagePack => Outcome::Unread(detail),
+        400 if format == wire::Format::MessagePack && blames_the_body(&text) => {
+            Outcome::Unread(detail)
+        }
         _ => Outcome::Rejected(detail),
+    }
+}
+
+/// Whether an error answer names the whole body as its field (schema/WIRE.md, "Response").
+fn blames_the_body(answer: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        error: Blame,
+    }
+    #[derive(serde::Deserialize)]
+    struct Blame {
+        field: Option<String>,
+    }
+    serde_json::from_str::<Answer>(answer).is_ok_and(|a| a.error.field.as_deref() == Some("body"))
+}
+
+/// `body` as JSON when it is MessagePack: the same batch, batch id and all. A body that does not
+/// decode is left as it is, for the aggregator to refuse.
+fn as_json(body: Vec<u8>) -> Vec<u8> {
+    if wire::Format::of_body(&body, true) == wire::Format::Json {
+        return body;
+    }
+    // The exporter's own batch, read back: bounds far past any it seals.
+    let limits = wire::Limits {
+        max_samples: 1 << 32,
+        max_series: 1 << 24,
+    };
+    match Batch::decode_as(&body, true, wire::Format::MessagePack, &limits) {
+        Ok(batch) => batch.encode_as(wire::Format::Json),
+        Err(_) => body,
     }
 }
 
@@ -397,6 +443,7 @@ async fn send_loop(
     metrics: Arc<Metrics>,
     mut finish: watch::Receiver<Finish>,
     sealed_all: Arc<AtomicBool>,
+    json_only: Arc<AtomicBool>,
 ) {
     const MAX_BACKOFF: Duration = Duration::from_secs(30);
     let mut backoff = backoff_policy();
@@ -438,7 +485,27 @@ async fn send_loop(
             }
         };
         tracing::debug!(batch_id = %entry.batch_id, "Sending a batch.");
-        let wait = match send(&client, &config, &entry, body).await {
+        let body = if json_only.load(Ordering::Relaxed) {
+            tokio::task::block_in_place(|| as_json(body))
+        } else {
+            body
+        };
+        let outcome = match send(&client, &config, &entry, body).await {
+            // A body still unread once the sender speaks JSON did not decode as MessagePack.
+            Outcome::Unread(detail) if json_only.swap(true, Ordering::Relaxed) => {
+                Outcome::Rejected(detail)
+            }
+            outcome => outcome,
+        };
+        let wait = match outcome {
+            Outcome::Unread(detail) => {
+                tracing::warn!(
+                    batch_id = %entry.batch_id,
+                    %detail,
+                    "The aggregator does not read MessagePack bodies (older than this exporter?); sending JSON from now on. Set --wire-format json to start that way."
+                );
+                continue;
+            }
             Outcome::Acked => {
                 tokio::task::block_in_place(|| {
                     let mut spool = spool.lock().expect("spool lock");
