@@ -103,13 +103,26 @@ fn pairs(n: usize) -> (usize, usize, usize) {
 /// The batch's own fields: where a path naming a field starts.
 const BATCH_FIELDS: [&str; 5] = ["v", "batch_id", "node", "series", "shares"];
 
+/// A body's maps and arrays nest fewer levels than this. A batch nests four deep (the batch,
+/// `series`, a series, its columns). An unknown field is skipped, not refused, so without a bound
+/// a body of a thousand nested one-element arrays, a thousand values, would be skipped by
+/// recursion as deep as rmp-serde's own default of 1,024 levels, on a blocking thread's 2 MiB
+/// stack. JSON's decoder stops at 128 levels.
+pub(super) const MAX_DEPTH: usize = 16;
+
+/// A decoder of `bytes` that refuses nesting deeper than [`MAX_DEPTH`].
+fn decoder(bytes: &[u8]) -> rmp_serde::Deserializer<rmp_serde::decode::ReadRefReader<'_, [u8]>> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
+    de.set_max_depth(MAX_DEPTH);
+    de
+}
+
 /// Decodes a batch; a body that does not decode is read again to name the field, as JSON's is.
 pub(super) fn parse(bytes: &[u8]) -> Result<Batch, WireError> {
-    if let Ok(batch) = rmp_serde::from_slice(bytes) {
+    if let Ok(batch) = Batch::deserialize(&mut decoder(bytes)) {
         return Ok(batch);
     }
-    let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
-    let e = match serde_path_to_error::deserialize::<_, Batch>(&mut de) {
+    let e = match serde_path_to_error::deserialize::<_, Batch>(&mut decoder(bytes)) {
         Ok(batch) => return Ok(batch),
         Err(e) => e,
     };
@@ -117,7 +130,7 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Batch, WireError> {
     struct VersionOnly {
         v: u32,
     }
-    Err(match rmp_serde::from_slice::<VersionOnly>(bytes) {
+    Err(match VersionOnly::deserialize(&mut decoder(bytes)) {
         Ok(VersionOnly { v }) if v != VERSION => WireError::UnknownVersion(v),
         // A path must start at a field of the batch: a map key that is no string (`?`), or one
         // that is a number, names no field, and is the body's fault.
@@ -336,5 +349,29 @@ mod tests {
             "body"
         );
         assert_eq!(decode(b"{\"v\": 1}").unwrap_err().field(), "body");
+    }
+
+    /// Regression: an unknown field nested a thousand arrays deep, a thousand values and well
+    /// inside every size limit, was skipped by recursion 1,024 levels deep (rmp-serde's default),
+    /// enough to overflow a blocking thread's stack and take the aggregator down.
+    #[test]
+    fn deep_nesting_is_refused_as_the_bodys_fault() {
+        let mut deep = serde_json::json!(0);
+        for _ in 0..1000 {
+            deep = serde_json::json!([deep]);
+        }
+        let b = batch();
+        let mut value = serde_json::to_value(&b).unwrap();
+        value["extra"] = deep;
+        let e = decode(&msgpack(&value)).unwrap_err();
+        assert_eq!(e.field(), "body", "{e}");
+        assert!(e.to_string().contains("depth"), "{e}");
+        // Nesting up to the bound is still read: an unknown field of a few levels is skipped.
+        let mut shallow = serde_json::json!(0);
+        for _ in 0..(MAX_DEPTH - 2) {
+            shallow = serde_json::json!([shallow]);
+        }
+        value["extra"] = shallow;
+        assert_eq!(decode(&msgpack(&value)).unwrap(), b);
     }
 }
