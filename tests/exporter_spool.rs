@@ -266,9 +266,14 @@ async fn an_aggregator_that_reads_only_json_gets_json_and_loses_nothing() {
     .await;
     assert!(exporter.terminate().success());
     let deliveries = fake.deliveries();
+    // Exactly one MessagePack body was refused, and everything stored came as JSON (the format
+    // recorded is the one the exporter sent).
+    let refused = fake.refused_msgpack();
+    assert_eq!(refused.len(), 1, "{refused:?}");
     assert!(deliveries.iter().all(|d| d.format == Format::Json));
-    // The first batch, refused as MessagePack, arrived as JSON under its own id: the deliveries
-    // cover every sealed second from the start.
+    // The refused batch arrived as JSON under its own id, first: nothing was re-sealed under a
+    // new id, and the deliveries cover every sealed second from the start.
+    assert_eq!(deliveries[0].batch_id, refused[0]);
     let seconds: std::collections::BTreeSet<i64> = deliveries
         .iter()
         .flat_map(|d| d.samples.iter().map(|s| s.timestamp))

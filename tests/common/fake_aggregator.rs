@@ -49,6 +49,8 @@ struct Inner {
     deliveries: Vec<Delivery>,
     stored_ids: HashSet<Uuid>,
     refused: u32,
+    /// `JsonOnly`: the ids of the MessagePack batches it answered 400.
+    refused_msgpack: Vec<Uuid>,
 }
 
 #[derive(Clone)]
@@ -94,8 +96,14 @@ async fn ingest(
         );
     };
     let json_only = s.inner.lock().unwrap().mode == Some(Mode::JsonOnly);
-    let format = if json_only { Format::Json } else { format };
-    let batch = match Batch::decode_as(&body, gzip, format, &Limits::default()) {
+    if json_only && format == Format::MessagePack {
+        // The fake still reads the body it refuses, so a test can tell which batch was refused.
+        if let Ok(b) = Batch::decode_as(&body, gzip, format, &Limits::default()) {
+            s.inner.lock().unwrap().refused_msgpack.push(b.batch_id);
+        }
+    }
+    let read_as = if json_only { Format::Json } else { format };
+    let batch = match Batch::decode_as(&body, gzip, read_as, &Limits::default()) {
         Ok(b) => b,
         Err(e) => {
             return (
@@ -206,6 +214,11 @@ impl FakeAggregator {
     }
 
     /// Requests refused (503 or 408) without storing.
+    /// `JsonOnly`: the ids of the MessagePack batches it refused, in order.
+    pub fn refused_msgpack(&self) -> Vec<Uuid> {
+        self.shared.inner.lock().unwrap().refused_msgpack.clone()
+    }
+
     pub fn refused(&self) -> u32 {
         self.shared.inner.lock().unwrap().refused
     }
