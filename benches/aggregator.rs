@@ -187,16 +187,27 @@ fn decoding(batches: &[Batch], what: &str, base: f64) {
 
 /// [`decoding`] of bodies as they were sent, repeated within a pass to `at_least` samples.
 fn decoding_bodies(bodies: &[Vec<u8>], at_least: usize, what: &str, base: f64) {
-    let format = Format::of_body(&bodies[0], true);
-    let decode = |b: &[u8]| Batch::decode_as(b, true, format, &Limits::default()).unwrap();
-    let n: usize = bodies.iter().map(|b| decode(b).sample_count()).sum();
+    assert!(!bodies.is_empty(), "no bodies to decode for {what}");
+    // Each body in its own format: a spool may hold both (schema/WIRE.md).
+    let formats: Vec<Format> = bodies.iter().map(|b| Format::of_body(b, true)).collect();
+    let format = if formats.iter().all(|f| *f == formats[0]) {
+        formats[0].to_string()
+    } else {
+        "JSON and MessagePack".to_owned()
+    };
+    let decode = |b: &[u8], f: Format| Batch::decode_as(b, true, f, &Limits::default()).unwrap();
+    let n: usize = bodies
+        .iter()
+        .zip(&formats)
+        .map(|(b, f)| decode(b, *f).sample_count())
+        .sum();
     let times = at_least.div_ceil(n.max(1)).max(1);
     let mut best = 0f64;
     for _ in 0..3 {
         let start = Instant::now();
         for _ in 0..times {
-            for b in bodies {
-                std::hint::black_box(decode(b));
+            for (b, f) in bodies.iter().zip(&formats) {
+                std::hint::black_box(decode(b, *f));
             }
         }
         best = best.max((n * times) as f64 / start.elapsed().as_secs_f64());

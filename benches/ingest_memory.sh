@@ -57,7 +57,7 @@ echo "idle                      peak RSS ${base} MiB  (baseline, 1.00x)"
 attack() { # name file token concurrency
   local name=$1 file=$2 token=$3 n=$4 codes
   codes=$(seq "$n" | xargs -P "$n" -I{} curl -s -o /dev/null -w '%{http_code}\n' \
-    -H "Authorization: Bearer $token" -H 'Content-Encoding: gzip' \
+    -H "Authorization: Bearer $token" -H 'Content-Encoding: gzip' -H 'Content-Type: application/json' \
     --data-binary "@$work/$file" "http://127.0.0.1:$port/api/v1/ingest" | sort | uniq -c | tr -s ' ' | tr '\n' ' ')
   local peak
   peak=$(hwm)
