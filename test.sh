@@ -42,5 +42,8 @@ if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
   python3 -m pip install -q --disable-pip-version-check kubernetes-validate
 fi
 
-shellcheck test.sh .ci/run deploy/slurm/*.sh benches/*.sh benches/prometheus/*.sh
+shellcheck test.sh .ci/run deploy/slurm/*.sh benches/*.sh benches/prometheus/*.sh benches/gpu/*.sh
+# The real-GPU check's tools run only where a GPU is (benches/gpu/): here they must still compile.
+cc -Wall -Werror -fsyntax-only benches/gpu/gpuload.c
+python3 -m py_compile benches/gpu/gpm_reference.py
 cargo test --workspace --all-targets --locked
