@@ -252,11 +252,23 @@ async fn a_408_is_retried_not_rejected() {
 /// as JSON: nothing is set aside.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_aggregator_that_reads_only_json_gets_json_and_loses_nothing() {
+    json_fallback(Mode::JsonOnly).await;
+}
+
+/// Fake: a receiver that answers a MessagePack `Content-Type` 415; the exporter falls back to
+/// JSON the same way.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_receiver_that_refuses_the_msgpack_media_type_gets_json_and_loses_nothing() {
+    json_fallback(Mode::JsonOnly415).await;
+}
+
+/// The exporter against a fake in `mode` (one that refuses MessagePack bodies).
+async fn json_fallback(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
     let token = token_file(dir.path(), "node-token");
     let spool = dir.path().join("spool");
     let fake = FakeAggregator::start(0, "node-token").await;
-    fake.set_mode(Mode::JsonOnly);
+    fake.set_mode(mode);
     let owned = shipping_args(&fake.url(), &token, &spool);
     let args: Vec<&str> = owned.iter().map(String::as_str).collect();
     let exporter = Exporter::start(&args).await;

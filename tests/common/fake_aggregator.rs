@@ -29,6 +29,9 @@ pub enum Mode {
     /// An aggregator older than MessagePack bodies: it reads every body as JSON, so a MessagePack
     /// one is a 400 naming the body.
     JsonOnly,
+    /// Reads JSON bodies only and answers a MessagePack `Content-Type` 415 before reading the
+    /// body, as a receiver (or a proxy in front of one) that refuses the media type does.
+    JsonOnly415,
 }
 
 /// One POST that carried a valid batch.
@@ -49,7 +52,7 @@ struct Inner {
     deliveries: Vec<Delivery>,
     stored_ids: HashSet<Uuid>,
     refused: u32,
-    /// `JsonOnly`: the ids of the MessagePack batches it answered 400.
+    /// `JsonOnly`, `JsonOnly415`: the ids of the MessagePack batches it refused.
     refused_msgpack: Vec<Uuid>,
 }
 
@@ -95,11 +98,19 @@ async fn ingest(
             r#"{"error":{"field":"content-type","message":"not a batch's"}}"#.into(),
         );
     };
-    let json_only = s.inner.lock().unwrap().mode == Some(Mode::JsonOnly);
+    let mode = s.inner.lock().unwrap().mode;
+    let json_only = matches!(mode, Some(Mode::JsonOnly | Mode::JsonOnly415));
     if json_only && format == Format::MessagePack {
         // The fake still reads the body it refuses, so a test can tell which batch was refused.
         if let Ok(b) = Batch::decode_as(&body, gzip, format, &Limits::default()) {
             s.inner.lock().unwrap().refused_msgpack.push(b.batch_id);
+        }
+        if mode == Some(Mode::JsonOnly415) {
+            return (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                out,
+                r#"{"error":{"field":"content-type","message":"not JSON"}}"#.into(),
+            );
         }
     }
     let read_as = if json_only { Format::Json } else { format };
@@ -214,7 +225,7 @@ impl FakeAggregator {
     }
 
     /// Requests refused (503 or 408) without storing.
-    /// `JsonOnly`: the ids of the MessagePack batches it refused, in order.
+    /// `JsonOnly`, `JsonOnly415`: the ids of the MessagePack batches it refused, in order.
     pub fn refused_msgpack(&self) -> Vec<Uuid> {
         self.shared.inner.lock().unwrap().refused_msgpack.clone()
     }
