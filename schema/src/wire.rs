@@ -29,6 +29,26 @@ pub const MSGPACK_CONTENT_TYPE: &str = "application/vnd.msgpack";
 /// The ingest path on the aggregator.
 pub const INGEST_PATH: &str = "/api/v1/ingest";
 
+/// Whether a receiver's answer to a MessagePack body means it cannot read MessagePack at all: a
+/// `415`, or a `400` whose error names the whole `body` (what an aggregator older than
+/// MessagePack answers). A sender then re-sends that batch as JSON under the same `batch_id`,
+/// and sends JSON from then on (`schema/WIRE.md`, "MessagePack bodies").
+pub fn msgpack_unread(status: u16, answer: &str) -> bool {
+    #[derive(Deserialize)]
+    struct Answer {
+        error: Blame,
+    }
+    #[derive(Deserialize)]
+    struct Blame {
+        field: Option<String>,
+    }
+    let blames_the_body = || {
+        serde_json::from_str::<Answer>(answer)
+            .is_ok_and(|a| a.error.field.as_deref() == Some("body"))
+    };
+    status == 415 || (status == 400 && blames_the_body())
+}
+
 /// Samples (and share seconds) one batch may hold by default: what an exporter's
 /// `max_batch_samples` is set to. Receivers may configure their own [`Limits`].
 pub const DEFAULT_MAX_BATCH_SAMPLES: usize = 50_000;
@@ -983,6 +1003,21 @@ impl Series {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_a_415_or_a_400_blaming_the_body_means_msgpack_is_unread() {
+        use super::msgpack_unread;
+        let body = r#"{"error":{"field":"body","message":"not JSON"}}"#;
+        let field = r#"{"error":{"field":"series[0].t[1]","message":"not a second"}}"#;
+        assert!(msgpack_unread(415, ""));
+        assert!(msgpack_unread(400, body));
+        assert!(
+            !msgpack_unread(400, field),
+            "a bad value is the batch's fault"
+        );
+        assert!(!msgpack_unread(400, "not json"));
+        assert!(!msgpack_unread(413, body));
+    }
+
     use super::*;
 
     fn sample(t: i64, gi: u32, tenant: Option<&str>, sm: Option<f64>) -> Sample {

@@ -372,25 +372,11 @@ async fn send(
             detail,
             after,
         },
-        415 if format == wire::Format::MessagePack => Outcome::Unread(detail),
-        400 if format == wire::Format::MessagePack && blames_the_body(&text) => {
+        code if format == wire::Format::MessagePack && wire::msgpack_unread(code, &text) => {
             Outcome::Unread(detail)
         }
         _ => Outcome::Rejected(detail),
     }
-}
-
-/// Whether an error answer names the whole body as its field (schema/WIRE.md, "Response").
-fn blames_the_body(answer: &str) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Answer {
-        error: Blame,
-    }
-    #[derive(serde::Deserialize)]
-    struct Blame {
-        field: Option<String>,
-    }
-    serde_json::from_str::<Answer>(answer).is_ok_and(|a| a.error.field.as_deref() == Some("body"))
 }
 
 /// `body` as JSON when it is MessagePack: the same batch, batch id and all. A body that does not
