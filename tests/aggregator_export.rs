@@ -8,6 +8,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::fake_aggregator::{FakeAggregator, Mode};
 use common::{ADMIN_TOKEN, Aggregator, gpuledger, open_ledger, simulate, token_file};
 
 fn replay(
@@ -499,4 +500,43 @@ async fn import_into_a_running_aggregator_is_checked_first_and_idempotent() {
     );
     assert!(a.terminate().success());
     assert_eq!(totals(&open_ledger(&db), "rollup_1h").0, rows);
+}
+
+/// Fake: an aggregator older than MessagePack bodies. `gpuledger import --aggregator` posts
+/// MessagePack; refused, it sends that batch again as JSON under the same id, and JSON after it:
+/// every sample arrives once and the import succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn import_into_an_aggregator_that_reads_only_json_sends_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let start = (chrono::Utc::now().timestamp() / 3600 - 5) * 3600;
+    simulate(&trace, "gpu-a100-01", &start.to_string(), "20m");
+    let rows = std::fs::read_to_string(&trace).unwrap().lines().count() - 1;
+    let fake = FakeAggregator::start(0, ADMIN_TOKEN).await;
+    fake.set_mode(Mode::JsonOnly);
+    let admin = token_file(dir.path(), ADMIN_TOKEN);
+    let out = gpuledger()
+        .args(["import", "--aggregator", &fake.url(), "--token-file"])
+        .arg(&admin)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{rows} samples: {rows} stored, 0 already")),
+        "{stderr}"
+    );
+    let refused = fake.refused_msgpack();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    let deliveries = fake.deliveries();
+    assert_eq!(deliveries[0].batch_id, refused[0]);
+    assert!(
+        deliveries
+            .iter()
+            .all(|d| d.format == gpuledger_schema::wire::Format::Json)
+    );
+    let samples: usize = deliveries.iter().map(|d| d.samples.len()).sum();
+    assert_eq!(samples, rows);
+    assert!(deliveries.iter().all(|d| !d.duplicate));
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use gpuledger_schema::Sample;
 use gpuledger_schema::trace::{Parts, TraceError, TraceReader};
-use gpuledger_schema::wire::Batch;
+use gpuledger_schema::wire::{Batch, Format};
 
 use crate::store::{self, Retention, StoreError, Writer};
 
@@ -219,6 +219,8 @@ enum Dest {
         client: reqwest::Client,
         url: String,
         token: String,
+        /// MessagePack, until the aggregator answers that it cannot read it.
+        format: Format,
     },
 }
 
@@ -234,9 +236,24 @@ struct Sink {
 
 impl Sink {
     async fn send(&mut self, batch: Batch) -> Result<(), ImportError> {
-        match &self.dest {
-            Dest::Aggregator { client, url, token } => {
-                let o = post(client, url, token, &batch).await?;
+        match &mut self.dest {
+            Dest::Aggregator {
+                client,
+                url,
+                token,
+                format,
+            } => {
+                let o = match post(client, url, token, &batch, *format).await {
+                    Err(Refused::Unread(message)) => {
+                        // An aggregator older than MessagePack bodies: this batch again, and
+                        // the rest, as JSON (the same batch ids).
+                        tracing::warn!(answer = %message, "The aggregator cannot read MessagePack bodies; sending JSON.");
+                        *format = Format::Json;
+                        post(client, url, token, &batch, *format).await
+                    }
+                    other => other,
+                }
+                .map_err(|e| ImportError::Store(StoreError::Io(e.into_message())))?;
                 self.report
                     .add(o.samples, o.stored, o.duplicate_samples, &self.bar);
             }
@@ -311,6 +328,7 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
                 client: reqwest::Client::new(),
                 url: url.clone(),
                 token: token.clone(),
+                format: Format::MessagePack,
             },
             None,
         ),
@@ -378,17 +396,34 @@ struct Posted {
     duplicate_samples: u64,
 }
 
-/// Sends one batch to a running aggregator, as an exporter does (gzip MessagePack, its batch id), and
-/// retries what the aggregator asks to be retried (408, 429, 503, or no answer) with jittered
-/// back-off, honouring `Retry-After`.
+/// Why the aggregator did not store a batch.
+#[derive(Debug)]
+enum Refused {
+    /// It cannot read this body's format at all (`wire::msgpack_unread`).
+    Unread(String),
+    /// Anything else, retried as far as it could be.
+    Failed(String),
+}
+
+impl Refused {
+    fn into_message(self) -> String {
+        match self {
+            Refused::Unread(m) | Refused::Failed(m) => m,
+        }
+    }
+}
+
+/// Sends one batch to a running aggregator, as an exporter does (gzip, its batch id), in
+/// `format`, and retries what the aggregator asks to be retried (408, 429, 503, or no answer)
+/// with jittered back-off, honouring `Retry-After`.
 async fn post(
     client: &reqwest::Client,
     url: &str,
     token: &str,
     batch: &Batch,
-) -> Result<Posted, ImportError> {
+    format: Format,
+) -> Result<Posted, Refused> {
     use backon::{ExponentialBuilder, Retryable};
-    let format = gpuledger_schema::wire::Format::MessagePack;
     let body = batch.encode_as(format);
     let url = format!(
         "{}{}",
@@ -405,7 +440,7 @@ async fn post(
             .body(body.clone())
             .send()
             .await
-            .map_err(|e| (true, format!("{url}: {}", e.without_url())))?;
+            .map_err(|e| (true, Refused::Failed(format!("{url}: {}", e.without_url()))))?;
         let status = r.status();
         let after = r
             .headers()
@@ -413,14 +448,24 @@ async fn post(
             .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
         let text = r.text().await.unwrap_or_default();
         if status.is_success() {
-            return serde_json::from_str::<Posted>(&text)
-                .map_err(|e| (false, format!("the aggregator's answer: {e}: {text}")));
+            return serde_json::from_str::<Posted>(&text).map_err(|e| {
+                (
+                    false,
+                    Refused::Failed(format!("the aggregator's answer: {e}: {text}")),
+                )
+            });
+        }
+        let message = format!("the aggregator answered {status}: {text}");
+        if format == Format::MessagePack
+            && gpuledger_schema::wire::msgpack_unread(status.as_u16(), &text)
+        {
+            return Err((false, Refused::Unread(message)));
         }
         let retry = matches!(status.as_u16(), 408 | 429 | 503);
         if retry && let Some(secs) = after {
             tokio::time::sleep(std::time::Duration::from_secs(secs.min(30))).await;
         }
-        Err((retry, format!("the aggregator answered {status}: {text}")))
+        Err((retry, Refused::Failed(message)))
     };
     attempt
         .retry(
@@ -432,5 +477,5 @@ async fn post(
         .sleep(tokio::time::sleep)
         .when(|(retry, _)| *retry)
         .await
-        .map_err(|(_, message)| ImportError::Store(StoreError::Io(message)))
+        .map_err(|(_, refused)| refused)
 }

@@ -150,10 +150,15 @@ async fn ingest(
     (
         StatusCode::OK,
         out,
-        format!(
-            r#"{{"accepted":{},"duplicate":{duplicate}}}"#,
-            batch.sample_count()
-        ),
+        // The counts `gpuledger import --aggregator` reads, as the aggregator's answer has them.
+        {
+            let n = batch.sample_count();
+            let stored = if duplicate { 0 } else { n };
+            format!(
+                r#"{{"accepted":{n},"duplicate":{duplicate},"samples":{n},"stored":{stored},"duplicate_samples":{}}}"#,
+                n - stored
+            )
+        },
     )
 }
 
