@@ -229,12 +229,12 @@ impl FakeAggregator {
         self.shared.inner.lock().unwrap().deliveries.clone()
     }
 
-    /// Requests refused (503 or 408) without storing.
     /// `JsonOnly`, `JsonOnly415`: the ids of the MessagePack batches it refused, in order.
     pub fn refused_msgpack(&self) -> Vec<Uuid> {
         self.shared.inner.lock().unwrap().refused_msgpack.clone()
     }
 
+    /// Requests refused (503 or 408) without storing.
     pub fn refused(&self) -> u32 {
         self.shared.inner.lock().unwrap().refused
     }
