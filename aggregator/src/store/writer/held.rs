@@ -26,8 +26,8 @@ use duckdb::{Connection, params};
 
 use super::WriteError;
 use super::rollups::{
-    GPU_ROLLUP, Map, MinuteDelta, add_gpu_counts, fold_gpu_deltas, fold_minute_deltas,
-    rollup_statements,
+    GPU_ROLLUP, Map, MinuteDelta, add_gpu_counts, fold_delta_rows, fold_gpu_deltas,
+    fold_minute_deltas, rollup_statements,
 };
 
 /// Samples waiting behind a group from which the writer counts as behind, and holds for up to
@@ -185,22 +185,42 @@ impl Held {
 
     /// Folds what is held together with a group's deltas in `tx`, and clears the record. `self`
     /// is unchanged: call [`Held::folded`] once `tx` has committed.
+    ///
+    /// The two sets of minute deltas are folded as one set of rows without merging them into a
+    /// map: what is held can be 250,000 rows, and growing the group's map to take them was a
+    /// tenth of the writer's time under load (BENCHMARKS.md, "Folding what is held").
     pub(super) fn fold_with(
         &self,
         tx: &Connection,
-        mut deltas: Map<(i32, i32, i64), MinuteDelta>,
+        deltas: Map<(i32, i32, i64), MinuteDelta>,
         mut gpu: Map<(i32, i64), (i64, i64)>,
     ) -> Result<(), WriteError> {
-        if !self.is_empty() {
-            for (&key, d) in &self.deltas {
-                merge(deltas.entry(key).or_default(), d)?;
-            }
-            for (&key, &counts) in &self.gpu {
-                add_gpu_counts(&mut gpu, key, counts);
-            }
-            tx.execute("UPDATE fold_pending SET from_ts = NULL WHERE id = 0", [])?;
+        if self.is_empty() {
+            fold_minute_deltas(tx, &deltas)?;
+            fold_gpu_deltas(tx, &gpu)?;
+            return Ok(());
         }
-        fold_minute_deltas(tx, &deltas)?;
+        tx.execute("UPDATE fold_pending SET from_ts = NULL WHERE id = 0", [])?;
+        // The group's rows, each merged with what is held for the same key; then the held rows
+        // the group has no key for.
+        let mut group = Vec::with_capacity(deltas.len());
+        for (&key, d) in &deltas {
+            let mut row = *d;
+            if let Some(h) = self.deltas.get(&key) {
+                merge(&mut row, h)?;
+            }
+            group.push((key, row));
+        }
+        let only_held = self
+            .deltas
+            .iter()
+            .filter(|(key, _)| !deltas.contains_key(*key))
+            .map(|(&key, &d)| (key, d));
+        let n = group.len() + self.deltas.len();
+        fold_delta_rows(tx, n, group.into_iter().chain(only_held))?;
+        for (&key, &counts) in &self.gpu {
+            add_gpu_counts(&mut gpu, key, counts);
+        }
         fold_gpu_deltas(tx, &gpu)?;
         Ok(())
     }
