@@ -262,6 +262,123 @@ async fn a_receiver_that_refuses_the_msgpack_media_type_gets_json_and_loses_noth
     json_fallback(Mode::JsonOnly415).await;
 }
 
+/// Regression: one damaged MessagePack body in the spool (gzip intact, MessagePack cut short)
+/// drew a 400 naming `body`, which turned the exporter to JSON until it restarted. The exporter
+/// now reads the refused body back: it does not decode, so it is rejected, and every other batch
+/// still goes as MessagePack.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_body_is_rejected_and_the_exporter_stays_on_messagepack() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(dir.path(), "node-token");
+    let spool = dir.path().join("spool");
+    std::fs::create_dir_all(&spool).unwrap();
+    let damaged = uuid::Uuid::now_v7();
+    let mut body = Vec::new();
+    {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(&mut body, flate2::Compression::fast());
+        gz.write_all(&[0x85, 0xa1, b'v', 0x01, 0xa8]).unwrap();
+        gz.finish().unwrap();
+    }
+    std::fs::write(spool.join(format!("{:020}-5-{damaged}.batch", 1)), &body).unwrap();
+    let fake = FakeAggregator::start(0, "node-token").await;
+    let owned = shipping_args(&fake.url(), &token, &spool);
+    let args: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let exporter = Exporter::start(&args).await;
+    eventually("three batches", Duration::from_secs(30), async || {
+        (fake.deliveries().len() >= 3).then_some(())
+    })
+    .await;
+    let fallback = exporter
+        .value("gpuledger_exporter_wire_json_fallback")
+        .await;
+    let dropped = exporter
+        .value("gpuledger_exporter_batches_dropped_total{reason=\"rejected\"}")
+        .await;
+    assert!(exporter.terminate().success());
+    assert_eq!(fallback, Some(0.0));
+    assert_eq!(dropped, Some(1.0));
+    let deliveries = fake.deliveries();
+    assert!(
+        deliveries.iter().all(|d| d.format == Format::MessagePack),
+        "{:?}",
+        deliveries.iter().map(|d| d.format).collect::<Vec<_>>()
+    );
+    assert!(deliveries.iter().all(|d| d.batch_id != damaged));
+    let set_aside: Vec<String> = std::fs::read_dir(spool.join("rejected"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(set_aside.len(), 1, "{set_aside:?}");
+    assert!(set_aside[0].contains(&damaged.to_string()), "{set_aside:?}");
+}
+
+/// Fake: an aggregator that reads JSON only, upgraded while the exporter runs. After
+/// `--msgpack-retry` the exporter tries MessagePack again, and keeps it once it is read.
+#[tokio::test(flavor = "multi_thread")]
+async fn messagepack_is_tried_again_after_a_fallback_and_kept_once_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(dir.path(), "node-token");
+    let spool = dir.path().join("spool");
+    let fake = FakeAggregator::start(0, "node-token").await;
+    fake.set_mode(Mode::JsonOnly);
+    let mut owned = shipping_args(&fake.url(), &token, &spool);
+    owned.extend(["--msgpack-retry".to_owned(), "2s".to_owned()]);
+    let args: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let exporter = Exporter::start(&args).await;
+    eventually("a JSON delivery", Duration::from_secs(30), async || {
+        (!fake.deliveries().is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(
+        exporter
+            .value("gpuledger_exporter_wire_json_fallback")
+            .await,
+        Some(1.0)
+    );
+    fake.set_mode(Mode::Accept);
+    eventually(
+        "a MessagePack delivery",
+        Duration::from_secs(30),
+        async || {
+            fake.deliveries()
+                .iter()
+                .any(|d| d.format == Format::MessagePack)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        exporter
+            .value("gpuledger_exporter_wire_json_fallback")
+            .await,
+        Some(0.0)
+    );
+    assert!(exporter.terminate().success());
+    let deliveries = fake.deliveries();
+    let first_msgpack = deliveries
+        .iter()
+        .position(|d| d.format == Format::MessagePack)
+        .unwrap();
+    assert!(
+        deliveries[first_msgpack..]
+            .iter()
+            .all(|d| d.format == Format::MessagePack),
+        "back to JSON after MessagePack was read"
+    );
+    // Nothing lost across both switches: every sealed second arrived.
+    let seconds: std::collections::BTreeSet<i64> = deliveries
+        .iter()
+        .flat_map(|d| d.samples.iter().map(|s| s.timestamp))
+        .collect();
+    let (first, last) = (*seconds.first().unwrap(), *seconds.last().unwrap());
+    assert_eq!(
+        seconds.len() as i64,
+        last - first + 1,
+        "a gap in {seconds:?}"
+    );
+}
+
 /// The exporter against a fake in `mode` (one that refuses MessagePack bodies).
 async fn json_fallback(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();

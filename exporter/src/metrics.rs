@@ -363,6 +363,8 @@ pub struct ExporterMetrics {
     pub spool_batches: Gauge,
     /// Bytes waiting in the spool.
     pub spool_bytes: Gauge,
+    /// 1 while batches go as JSON because the aggregator refused MessagePack as unreadable.
+    pub wire_json_fallback: Gauge,
     /// Devices the attributors' schedulers name, by attributor and state (`assigned`,
     /// `allocatable`, `unmatched`).
     pub attribution_devices: Family<DeviceLabels, Gauge>,
@@ -399,6 +401,7 @@ impl ExporterMetrics {
             ship_failures: Family::default(),
             spool_batches: Gauge::default(),
             spool_bytes: Gauge::default(),
+            wire_json_fallback: Gauge::default(),
             attribution_devices: Family::default(),
             registry: Registry::default(),
         };
@@ -449,6 +452,7 @@ impl ExporterMetrics {
             Unit::Bytes,
             m.spool_bytes.clone(),
         );
+        r.register("gpuledger_exporter_wire_json_fallback", "1 while batches are sent as JSON because the aggregator refused a readable MessagePack body (an aggregator older than the exporter); MessagePack is tried again after --msgpack-retry", m.wire_json_fallback.clone());
         r.register("gpuledger_exporter_attribution_devices", "GPU devices an attributor's scheduler names: assigned to workloads, allocatable (kubelet GetAllocatableResources), or unmatched (no instance on this node has that id, so its holder is not charged)", m.attribution_devices.clone());
         ExporterMetrics { registry: r, ..m }
     }

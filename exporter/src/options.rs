@@ -66,6 +66,11 @@ pub struct ExporterOptions {
     /// aggregator that refuses MessagePack as unreadable gets JSON from then on (schema/WIRE.md).
     #[arg(long)]
     pub wire_format: Option<wire::Format>,
+    /// After the aggregator refused a MessagePack body as unreadable, how long batches go as
+    /// JSON before MessagePack is tried again [default: 1h].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    #[serde(with = "duration")]
+    pub msgpack_retry: Option<Duration>,
     /// How often samples are sealed into a batch and shipped [default: 5s].
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
@@ -262,6 +267,7 @@ impl ExporterOptions {
                     wait_when_full: false,
                     request_timeout: Duration::from_secs(30),
                     format: self.wire_format.unwrap_or_default(),
+                    msgpack_retry: self.msgpack_retry.unwrap_or(Duration::from_secs(3600)),
                 })
             }
         };

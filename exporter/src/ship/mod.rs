@@ -15,6 +15,7 @@
 //! When it is full, a live source drops the oldest batch (counted, ERROR); a recorded source
 //! (replay) waits for room instead, since it can.
 
+mod fallback;
 pub mod spool;
 
 use std::collections::HashSet;
@@ -29,6 +30,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, ReasonLabels};
+use fallback::{Body, Fallback};
 use spool::Spool;
 
 /// Where and how to ship.
@@ -54,6 +56,9 @@ pub struct ShipConfig {
     pub request_timeout: Duration,
     /// How new batches are encoded (a spooled body is re-sent as it was encoded).
     pub format: wire::Format,
+    /// How long JSON is sent after the aggregator refused MessagePack as unreadable, before
+    /// MessagePack is tried again ([`fallback`]).
+    pub msgpack_retry: Duration,
 }
 
 /// How the sender should stop.
@@ -184,15 +189,12 @@ pub async fn run(
         .map_err(|e| ShipError::Client(e.to_string()))?;
     // Set once the last batch is sealed: only then may a draining sender stop on an empty spool.
     let sealed_all = Arc::new(AtomicBool::new(false));
-    // Set once the aggregator has refused a MessagePack body as unreadable ([`Outcome::Unread`]).
-    let json_only = Arc::new(AtomicBool::new(false));
-    let format = || {
-        if json_only.load(Ordering::Relaxed) {
-            wire::Format::Json
-        } else {
-            config.format
-        }
-    };
+    // JSON while the aggregator cannot read MessagePack ([`Outcome::Unread`]).
+    let fallback = Arc::new(Fallback::new(
+        config.msgpack_retry,
+        metrics.exporter.wire_json_fallback.clone(),
+    ));
+    let format = || fallback.format(config.format);
     let sender = tokio::spawn(send_loop(
         config.clone(),
         client,
@@ -201,7 +203,7 @@ pub async fn run(
         metrics.clone(),
         finish,
         sealed_all.clone(),
-        json_only.clone(),
+        fallback.clone(),
     ));
 
     let mut buffer: Vec<Sample> = Vec::new();
@@ -379,23 +381,6 @@ async fn send(
     }
 }
 
-/// `body` as JSON when it is MessagePack: the same batch, batch id and all. A body that does not
-/// decode is left as it is, for the aggregator to refuse.
-fn as_json(body: Vec<u8>) -> Vec<u8> {
-    if wire::Format::of_body(&body, true) == wire::Format::Json {
-        return body;
-    }
-    // The exporter's own batch, read back: bounds far past any it seals.
-    let limits = wire::Limits {
-        max_samples: 1 << 32,
-        max_series: 1 << 24,
-    };
-    match Batch::decode_as(&body, true, wire::Format::MessagePack, &limits) {
-        Ok(batch) => batch.encode_as(wire::Format::Json),
-        Err(_) => body,
-    }
-}
-
 /// The waits between retries of one batch: 1 s doubling to 15 s, each stretched by a random
 /// 0–100 % (so 1–2 s, 2–4 s, … 15–30 s).
 fn backoff_policy() -> backon::ExponentialBackoff {
@@ -429,7 +414,7 @@ async fn send_loop(
     metrics: Arc<Metrics>,
     mut finish: watch::Receiver<Finish>,
     sealed_all: Arc<AtomicBool>,
-    json_only: Arc<AtomicBool>,
+    fallback: Arc<Fallback>,
 ) {
     const MAX_BACKOFF: Duration = Duration::from_secs(30);
     let mut backoff = backoff_policy();
@@ -471,25 +456,24 @@ async fn send_loop(
             }
         };
         tracing::debug!(batch_id = %entry.batch_id, "Sending a batch.");
-        let body = if json_only.load(Ordering::Relaxed) {
-            tokio::task::block_in_place(|| as_json(body))
-        } else {
-            body
-        };
-        let outcome = match send(&client, &config, &entry, body).await {
-            // A body still unread once the sender speaks JSON did not decode as MessagePack.
-            Outcome::Unread(detail) if json_only.swap(true, Ordering::Relaxed) => {
-                Outcome::Rejected(detail)
-            }
-            outcome => outcome,
+        let outcome = match tokio::task::block_in_place(|| fallback.body(entry.seq, body)) {
+            Body::Send(body) => match send(&client, &config, &entry, body).await {
+                // Only a MessagePack body is unread, and during a fallback a readable one goes
+                // as JSON: this one was refused twice over.
+                Outcome::Unread(detail) if fallback.sending_json() => Outcome::Rejected(detail),
+                outcome => outcome,
+            },
+            Body::Damaged(why) => Outcome::Rejected(why),
         };
         let wait = match outcome {
             Outcome::Unread(detail) => {
                 tracing::warn!(
                     batch_id = %entry.batch_id,
                     %detail,
-                    "The aggregator does not read MessagePack bodies (older than this exporter?); sending JSON from now on. Set --wire-format json to start that way."
+                    retry_s = config.msgpack_retry.as_secs(),
+                    "The aggregator does not read this MessagePack body (older than this exporter?); re-sending it as JSON, and JSON until --msgpack-retry has passed. Set --wire-format json to start that way."
                 );
+                fallback.refused(entry.seq, detail);
                 continue;
             }
             Outcome::Acked => {
