@@ -187,8 +187,8 @@ impl Held {
     /// is unchanged: call [`Held::folded`] once `tx` has committed.
     ///
     /// The two sets of minute deltas are folded as one set of rows without merging them into a
-    /// map: what is held can be 250,000 rows, and growing the group's map to take them was a
-    /// tenth of the writer's time under load (BENCHMARKS.md, "Folding what is held").
+    /// map: what is held can be 250,000 rows, and growing the group's map to take them cost
+    /// 1.35 % of the writer's time under the live load (BENCHMARKS.md, "Folding what is held").
     pub(super) fn fold_with(
         &self,
         tx: &Connection,
