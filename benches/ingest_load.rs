@@ -28,7 +28,7 @@
 //! `samples_raw`'s blocks are counted before and after.
 //!
 //! Run: `cargo bench --bench ingest_load` (release), options after `--`: `--senders 1000`,
-//! `--seconds 60` (per node, throughput phase), `--paced-senders 1250`, `--paced-seconds 30`,
+//! `--seconds 60` (per node, throughput phase; 0 skips it), `--paced-senders 1250`, `--paced-seconds 30`,
 //! `--flag ARG` (repeatable: passed to the aggregator), `--memory-trace`, `--wire-format json`
 //! (the bodies' encoding; default msgpack, what the exporter sends). `cargo test` runs it
 //! only as a smoke check.
@@ -425,11 +425,13 @@ fn main() {
     drop(base_conn);
     let base = base_rows as f64 / base_secs;
     let wire: usize = bulk.iter().flat_map(|n| &n.bodies).map(Vec::len).sum();
-    eprintln!(
-        "  baseline: DuckDB appender, Arrow path, the throughput phase's {base_rows} rows into a plain table (+ checkpoint): {base:.0} samples/s; {:.1} bytes per sample on the wire (gzip {})",
-        wire as f64 / base_rows as f64,
-        a.format
-    );
+    if base_rows > 0 {
+        eprintln!(
+            "  baseline: DuckDB appender, Arrow path, the throughput phase's {base_rows} rows into a plain table (+ checkpoint): {base:.0} samples/s; {:.1} bytes per sample on the wire (gzip {})",
+            wire as f64 / base_rows as f64,
+            a.format
+        );
+    }
 
     let db = dir.path().join("ledger.duckdb");
     let token_file = dir.path().join("tokens");
@@ -500,15 +502,19 @@ fn main() {
         None,
         None,
     );
-    run(
-        &format!(
-            "throughput, {} senders back to back, 280-sample gzip batches",
-            a.senders
-        ),
-        bulk,
-        None,
-        Some(base),
-    );
+    // `--seconds 0`: no throughput phase, so that the paced phase starts on a writer with no
+    // backlog (a fleet's own pace, measured alone).
+    if a.seconds > 0 {
+        run(
+            &format!(
+                "throughput, {} senders back to back, 280-sample gzip batches",
+                a.senders
+            ),
+            bulk,
+            None,
+            Some(base),
+        );
+    }
     run(
         &format!(
             "paced, {} senders × one batch per 5 s ({:.0} samples/s offered)",
