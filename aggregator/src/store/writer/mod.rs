@@ -350,6 +350,18 @@ impl Writer {
         raw_cutoff: i64,
         reservation: Reservation,
     ) -> Result<IngestOutcome, StoreError> {
+        self.submit(batch, raw_cutoff, reservation)?.await
+    }
+
+    /// Queues `batch` at once, so that batches submitted one after another are written in that
+    /// order, and answers the future of its outcome ([`Writer::ingest`] awaits it).
+    pub fn submit(
+        &self,
+        batch: Batch,
+        raw_cutoff: i64,
+        reservation: Reservation,
+    ) -> Result<impl Future<Output = Result<IngestOutcome, StoreError>> + Send + 'static, StoreError>
+    {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job::Ingest(IngestJob {
@@ -359,8 +371,9 @@ impl Writer {
                 permit: reservation.0,
             }))
             .map_err(|_| StoreError::WriterStopped)?;
-        // The batch and its queue places are dropped here, on the request's thread.
-        rx.await.map_err(|_| StoreError::WriterStopped)?.result
+        // The batch and its queue places are dropped where this is awaited: on the request's
+        // thread.
+        Ok(async move { rx.await.map_err(|_| StoreError::WriterStopped)?.result })
     }
 
     /// Runs `write` in one transaction on the writer's connection, between ingest groups.
