@@ -336,6 +336,44 @@ fn import_is_all_or_nothing_and_importing_twice_stores_nothing_new() {
     assert_eq!(totals(&conn, "rollup_1h").0, rows);
 }
 
+/// Regression: an import wrote its raw rows in file order (every instance's seconds side by
+/// side), then rewrote each hour in instance order, which left the old copies as free blocks: a
+/// third of a 2 h trace's file (BENCHMARKS.md, "Storage"). A file small enough to keep is now
+/// sent in instance order at once: one run of rows per instance, none rewritten.
+#[test]
+fn a_kept_import_is_written_in_instance_order_with_no_free_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let start = (chrono::Utc::now().timestamp() / 3600 - 5) * 3600;
+    simulate(&trace, "gpu-h100-02", &start.to_string(), "2h");
+    let db = dir.path().join("ledger.duckdb");
+    let (ok, stderr) = import(&db, &[&trace]);
+    assert!(ok, "{stderr}");
+    let conn = open_ledger(&db);
+    let (changes, backwards, instances): (i64, i64, i64) = conn
+        .query_row(
+            "WITH r AS (
+                SELECT instance_id, ts, lag(instance_id) OVER (ORDER BY rowid) AS pi,
+                       lag(ts) OVER (ORDER BY rowid) AS pt
+                FROM samples_raw)
+             SELECT count(*) FILTER (WHERE pi <> instance_id),
+                    count(*) FILTER (WHERE pi = instance_id AND ts <= pt),
+                    count(DISTINCT instance_id)
+             FROM r",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert!(instances > 1);
+    assert_eq!((changes, backwards), (instances - 1, 0));
+    let free: i64 = conn
+        .query_row("SELECT free_blocks FROM pragma_database_size()", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(free, 0, "blocks left free by the import");
+}
+
 /// Files of 8 MiB or more are checked in parts, one thread per core (`trace::Parts`): a bad row
 /// is named by its line in the whole file, and a good file is stored whole, once.
 #[test]
