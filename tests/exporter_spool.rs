@@ -323,7 +323,7 @@ async fn messagepack_is_tried_again_after_a_fallback_and_kept_once_read() {
     let fake = FakeAggregator::start(0, "node-token").await;
     fake.set_mode(Mode::JsonOnly);
     let mut owned = shipping_args(&fake.url(), &token, &spool);
-    owned.extend(["--msgpack-retry".to_owned(), "2s".to_owned()]);
+    owned.extend(["--msgpack-retry".to_owned(), "6s".to_owned()]);
     let args: Vec<&str> = owned.iter().map(String::as_str).collect();
     let exporter = Exporter::start(&args).await;
     eventually("a JSON delivery", Duration::from_secs(30), async || {

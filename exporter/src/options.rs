@@ -63,7 +63,8 @@ pub struct ExporterOptions {
     #[arg(long)]
     pub spool_max_bytes: Option<u64>,
     /// How batches are encoded for the aggregator: msgpack or json [default: msgpack]. An
-    /// aggregator that refuses MessagePack as unreadable gets JSON from then on (schema/WIRE.md).
+    /// aggregator that refuses a readable MessagePack body gets JSON for --msgpack-retry
+    /// (schema/WIRE.md).
     #[arg(long)]
     pub wire_format: Option<wire::Format>,
     /// After the aggregator refused a MessagePack body as unreadable, how long batches go as

@@ -33,8 +33,9 @@ pub const INGEST_PATH: &str = "/api/v1/ingest";
 
 /// Whether a receiver's answer to a MessagePack body means it cannot read MessagePack at all: a
 /// `415`, or a `400` whose error names the whole `body` (what an aggregator older than
-/// MessagePack answers). A sender then re-sends that batch as JSON under the same `batch_id`,
-/// and sends JSON from then on (`schema/WIRE.md`, "MessagePack bodies").
+/// MessagePack answers), or that this body is damaged: a sender that can decode the body itself
+/// re-sends that batch as JSON under the same `batch_id`, and sends JSON for a while
+/// (`schema/WIRE.md`, "MessagePack bodies").
 pub fn msgpack_unread(status: u16, answer: &str) -> bool {
     #[derive(Deserialize)]
     struct Answer {

@@ -30,7 +30,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, ReasonLabels};
-use fallback::{Body, Fallback};
+use fallback::{Body, Fallback, Refusal};
 use spool::Spool;
 
 /// Where and how to ship.
@@ -298,8 +298,8 @@ enum Outcome {
         after: Option<Duration>,
     },
     Rejected(String),
-    /// A MessagePack body the aggregator did not read (415, or a 400 blaming the whole body): an
-    /// aggregator older than MessagePack bodies. The batch is sent again as JSON.
+    /// A MessagePack body the aggregator did not read (415, or a 400 blaming the whole body):
+    /// an aggregator older than MessagePack bodies, or a damaged body ([`fallback`] tells which).
     Unread(String),
 }
 
@@ -457,12 +457,22 @@ async fn send_loop(
         };
         tracing::debug!(batch_id = %entry.batch_id, "Sending a batch.");
         let outcome = match tokio::task::block_in_place(|| fallback.body(entry.seq, body)) {
-            Body::Send(body) => match send(&client, &config, &entry, body).await {
-                // Only a MessagePack body is unread, and during a fallback a readable one goes
-                // as JSON: this one was refused twice over.
-                Outcome::Unread(detail) if fallback.sending_json() => Outcome::Rejected(detail),
-                outcome => outcome,
-            },
+            Body::Send(body) => {
+                // Kept to be read back if the aggregator says it cannot read it.
+                let msgpack = (wire::Format::of_body(&body, true) == wire::Format::MessagePack)
+                    .then(|| body.clone());
+                match (send(&client, &config, &entry, body).await, msgpack) {
+                    (Outcome::Unread(detail), Some(sent)) => {
+                        match tokio::task::block_in_place(|| fallback.refused(entry.seq, &sent)) {
+                            Refusal::FallBack => Outcome::Unread(detail),
+                            Refusal::Damaged(why) => Outcome::Rejected(format!(
+                                "the aggregator refused it ({detail}) and {why}"
+                            )),
+                        }
+                    }
+                    (outcome, _) => outcome,
+                }
+            }
             Body::Damaged(why) => Outcome::Rejected(why),
         };
         let wait = match outcome {
@@ -473,7 +483,6 @@ async fn send_loop(
                     retry_s = config.msgpack_retry.as_secs(),
                     "The aggregator does not read this MessagePack body (older than this exporter?); re-sending it as JSON, and JSON until --msgpack-retry has passed. Set --wire-format json to start that way."
                 );
-                fallback.refused(entry.seq, detail);
                 continue;
             }
             Outcome::Acked => {
