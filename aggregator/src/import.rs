@@ -124,13 +124,17 @@ fn in_instance_order(batches: Vec<Batch>) -> Vec<Batch> {
     if batches.iter().any(|b| !b.shares.is_empty()) {
         return batches;
     }
+    let batches_series = batches.iter().map(|b| b.series.len()).max().unwrap_or(0);
     let mut series: Vec<_> = batches.into_iter().flat_map(|b| b.series).collect();
     series.sort_by(|a, b| instance_order(a).cmp(&instance_order(b)));
+    // No batch holds more series than one of the file's own did: pieces of many short-lived
+    // instances side by side must not pass the receiver's series limit.
+    let most_series = batches_series.max(1);
     let mut out = Vec::new();
     let mut chunk: Vec<wire::Series> = Vec::new();
     let mut samples = 0;
     for s in series {
-        if samples + s.t.len() > CHUNK && !chunk.is_empty() {
+        if (samples + s.t.len() > CHUNK || chunk.len() == most_series) && !chunk.is_empty() {
             out.push(batch_of(std::mem::take(&mut chunk)));
             samples = 0;
         }
@@ -544,15 +548,13 @@ mod tests {
 
     use super::*;
 
-    /// Time-major batches (every instance's seconds side by side, as a trace lies) come back with
-    /// each instance's series together, seconds rising, every sample once, within [`CHUNK`].
-    #[test]
-    fn kept_batches_come_back_in_instance_order() {
-        let sample = |gpu: usize, t: i64| Sample {
+    /// One second of whole GPU `gpu` (on one of three nodes).
+    fn sample(gpu: usize, t: i64) -> Sample {
+        Sample {
             timestamp: t,
             instance: Instance {
                 node: format!("n{}", gpu % 3),
-                gpu_uuid: format!("GPU-{gpu:02}"),
+                gpu_uuid: format!("GPU-{gpu:03}"),
                 gpu_model: "NVIDIA H100 80GB HBM3".into(),
                 mig_profile: None,
                 gpu_instance_id: None,
@@ -564,16 +566,24 @@ mod tests {
                 sm_active: Some(0.5),
                 ..Counters::default()
             },
-        };
-        let mut chunker = Chunker::default();
-        let mut batches = Vec::new();
-        let (gpus, seconds) = (40usize, 3_000i64);
-        for t in 0..seconds {
-            for gpu in (0..gpus).rev() {
-                batches.extend(chunker.push(sample(gpu, t)));
-            }
         }
+    }
+
+    /// `samples` cut into batches as a kept file's are.
+    fn chunked(samples: impl Iterator<Item = Sample>) -> Vec<Batch> {
+        let mut chunker = Chunker::default();
+        let mut batches: Vec<Batch> = samples.filter_map(|s| chunker.push(s)).collect();
         batches.extend(chunker.finish());
+        batches
+    }
+
+    /// Time-major batches (every instance's seconds side by side, as a trace lies) come back with
+    /// each instance's series together, seconds rising, every sample once, within [`CHUNK`].
+    #[test]
+    fn kept_batches_come_back_in_instance_order() {
+        let (gpus, seconds) = (40usize, 3_000i64);
+        let batches =
+            chunked((0..seconds).flat_map(|t| (0..gpus).rev().map(move |gpu| sample(gpu, t))));
         assert!(batches.len() > 2);
 
         let ordered = in_instance_order(batches);
@@ -587,5 +597,27 @@ mod tests {
         let mut sorted = rows.clone();
         sorted.sort();
         assert_eq!(rows, sorted);
+    }
+
+    /// Regression (review): ten GPUs every second and a hundred seen once in a while gave
+    /// batches of 110 series; sorted, the hundred's short pieces came out side by side, 400
+    /// series in one batch, past what a receiver's series limit was sized for. A reordered
+    /// batch holds no more series than the file's own.
+    #[test]
+    fn reordered_batches_hold_no_more_series_than_the_files_own() {
+        let samples = (0..20_000i64).flat_map(|t| {
+            let short = if t % 1_000 == 0 { 100..200 } else { 0..0 };
+            (0..10).chain(short).map(move |gpu| sample(gpu, t))
+        });
+        let batches = chunked(samples);
+        let most = batches.iter().map(|b| b.series.len()).max().unwrap();
+        assert_eq!(most, 110);
+        let total: usize = batches.iter().map(Batch::sample_count).sum();
+        let ordered = in_instance_order(batches);
+        assert!(ordered.iter().all(|b| b.series.len() <= most));
+        assert_eq!(
+            ordered.iter().map(Batch::sample_count).sum::<usize>(),
+            total
+        );
     }
 }
