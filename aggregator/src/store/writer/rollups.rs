@@ -369,8 +369,9 @@ pub(super) fn fold_minute_deltas(
     fold_delta_rows(tx, deltas.len(), deltas.iter().map(|(&k, &d)| (k, d)))
 }
 
-/// [`fold_minute_deltas`] of `n` rows given one by one, each (instance, holder, minute) once: a
-/// caller holding deltas in two maps folds them without building a third.
+/// [`fold_minute_deltas`] of rows given one by one, each (instance, holder, minute) once, at most
+/// `n` of them (the columns are sized for `n`): a caller holding deltas in two maps folds them
+/// without building a third.
 pub(super) fn fold_delta_rows(
     tx: &Connection,
     n: usize,
