@@ -457,22 +457,24 @@ async fn send_loop(
         };
         tracing::debug!(batch_id = %entry.batch_id, "Sending a batch.");
         let outcome = match tokio::task::block_in_place(|| fallback.body(entry.seq, body)) {
-            Body::Send(body) => {
-                // Kept to be read back if the aggregator says it cannot read it.
-                let msgpack = (wire::Format::of_body(&body, true) == wire::Format::MessagePack)
-                    .then(|| body.clone());
-                match (send(&client, &config, &entry, body).await, msgpack) {
-                    (Outcome::Unread(detail), Some(sent)) => {
-                        match tokio::task::block_in_place(|| fallback.refused(entry.seq, &sent)) {
-                            Refusal::FallBack => Outcome::Unread(detail),
-                            Refusal::Damaged(why) => Outcome::Rejected(format!(
-                                "the aggregator refused it ({detail}) and {why}"
-                            )),
-                        }
+            Body::Send(body) => match send(&client, &config, &entry, body).await {
+                // Only a MessagePack body is unread: read back from its file (the rare case pays,
+                // not every send), it tells whether the body or the aggregator is at fault.
+                Outcome::Unread(detail) => {
+                    let Ok(sent) = tokio::task::block_in_place(|| std::fs::read(&entry.path))
+                    else {
+                        // Dropped from a full spool meanwhile: nothing is left to decide.
+                        continue;
+                    };
+                    match tokio::task::block_in_place(|| fallback.refused(entry.seq, &sent)) {
+                        Refusal::FallBack => Outcome::Unread(detail),
+                        Refusal::Damaged(why) => Outcome::Rejected(format!(
+                            "the aggregator refused it ({detail}) and {why}"
+                        )),
                     }
-                    (outcome, _) => outcome,
                 }
-            }
+                outcome => outcome,
+            },
             Body::Damaged(why) => Outcome::Rejected(why),
         };
         let wait = match outcome {
