@@ -32,16 +32,40 @@ pub use config::{Config, Limits};
 pub use server::{Prepare, Startup, run, run_with};
 
 /// glibc's allocator, set before any thread starts, for the long-lived processes that hold a
-/// ledger (`gpuledger aggregator` and `demo`): at most four malloc arenas, unless the
-/// environment sets `MALLOC_ARENA_MAX` (glibc reads it itself). By default glibc gives threads
-/// their own arenas, up to 8 per core, and the pages freed in each stay resident. Under the live
-/// load generator the cap cut the aggregator's peak RSS from 1,680 to 1,109 MiB (BENCHMARKS.md,
-/// "Peak RSS under the live load"). Fixing the mmap threshold at 128 KiB as well cut it to
-/// 878 MiB but cost the backfill path about 14 % of its throughput, so that is not done.
+/// ledger (`gpuledger aggregator` and `demo`): at most [`malloc_arenas`] malloc arenas (two per
+/// core, at least four), unless the environment sets `MALLOC_ARENA_MAX` (glibc reads it itself).
+/// By default glibc gives threads their own arenas, up to 8 per core, and the pages freed in each
+/// stay resident. Under the live load generator a cap of 4 cut the aggregator's peak RSS on two
+/// cores from 1,680 to 1,109 MiB (BENCHMARKS.md, "Peak RSS under the live load"). On 16 cores a
+/// fixed 4 made tokio's 16 workers queue on the arenas' locks: 5.6 µs of their CPU a sample
+/// instead of 1.4 ("Many cores: malloc arenas"). Fixing the mmap threshold at 128 KiB as well cut
+/// the two-core peak to 878 MiB but cost the backfill path about 14 % of its throughput, so that
+/// is not done.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let arenas = i32::try_from(malloc_arenas(cores)).unwrap_or(i32::MAX);
         // SAFETY: mallopt only changes the allocator's parameters.
-        unsafe { libc::mallopt(libc::M_ARENA_MAX, 4) };
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
+    }
+}
+
+/// The malloc arenas [`tune_allocator`] allows on `cores` cores: two per core, and at least four
+/// (the two-core figure the memory bound was measured with).
+pub fn malloc_arenas(cores: usize) -> usize {
+    cores.saturating_mul(2).max(4)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn malloc_arenas_are_two_per_core_and_at_least_four() {
+        // Two cores keep the cap the memory bound was measured with; 16 cores get the 32 arenas
+        // measured there (BENCHMARKS.md, "Many cores: malloc arenas").
+        assert_eq!(super::malloc_arenas(1), 4);
+        assert_eq!(super::malloc_arenas(2), 4);
+        assert_eq!(super::malloc_arenas(16), 32);
+        assert_eq!(super::malloc_arenas(usize::MAX), usize::MAX);
     }
 }
