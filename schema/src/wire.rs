@@ -606,20 +606,54 @@ impl Batch {
         format: Format,
         limits: &Limits,
     ) -> Result<Batch, WireError> {
+        Batch::decode_within(body, gzip, format, limits, usize::MAX)
+            .expect("no bound on the decoded bytes but the batch's own")
+    }
+
+    /// [`Batch::decode_as`], or `None` when the decoded document would be over `max_doc` bytes
+    /// (a gzip body that says, in its trailer, or shows, while it inflates, that it is larger),
+    /// without going past `max_doc` bytes of work. For a caller that decodes small bodies where
+    /// it stands and hands the rest to another thread: a small body that inflates far (a gzip
+    /// bomb) is handed on after `max_doc` bytes, not decoded in place up to the batch's limit.
+    pub fn decode_within(
+        body: &[u8],
+        gzip: bool,
+        format: Format,
+        limits: &Limits,
+        max_doc: usize,
+    ) -> Option<Result<Batch, WireError>> {
         let max_bytes = limits.max_decoded_bytes();
         let inflated;
         let doc = if gzip {
-            let mut out =
-                Vec::with_capacity(inflated_size_hint(body).min(max_bytes.saturating_add(1)));
-            GzDecoder::new(body)
-                .take((max_bytes as u64).saturating_add(1))
+            let hint = inflated_size_hint(body);
+            if hint > max_doc {
+                return None;
+            }
+            // Past `max_doc` (when it is the lower bound) the caller decodes the body again.
+            let stop = max_bytes.min(max_doc);
+            let mut out = Vec::with_capacity(hint.min(stop.saturating_add(1)));
+            if let Err(e) = GzDecoder::new(body)
+                .take((stop as u64).saturating_add(1))
                 .read_to_end(&mut out)
-                .map_err(|e| WireError::Malformed(format!("not valid gzip: {e}")))?;
+            {
+                return Some(Err(WireError::Malformed(format!("not valid gzip: {e}"))));
+            }
+            if out.len() > max_doc {
+                return None;
+            }
             inflated = out;
             &inflated[..]
+        } else if body.len() > max_doc {
+            return None;
         } else {
             body
         };
+        Some(Batch::decode_document(doc, format, limits))
+    }
+
+    /// Decodes and validates an inflated document.
+    fn decode_document(doc: &[u8], format: Format, limits: &Limits) -> Result<Batch, WireError> {
+        let max_bytes = limits.max_decoded_bytes();
         let name = match format {
             Format::Json => "JSON",
             Format::MessagePack => "MessagePack",
@@ -1193,6 +1227,47 @@ mod tests {
         assert!(e.to_string().contains("JSON values"), "{e}");
         // Commas inside strings are not values.
         assert_eq!(json_values_at_most(br#"["a,b,\",c", 1]"#), 2);
+    }
+
+    /// `decode_within` decodes what fits its document bound as `decode_as` does, and hands back
+    /// (`None`) a body whose document would not, whether its gzip trailer says so or lies.
+    #[test]
+    fn a_body_past_the_document_bound_is_handed_back_undecoded() {
+        use std::io::Write;
+        let limits = Limits::default();
+        let batch = Batch::from_samples("n1", &[sample(1_700_000_000, 1, Some("a"), Some(0.5))]);
+        let json = serde_json::to_vec(&batch).unwrap();
+        let gz = |doc: &[u8]| {
+            let mut gz = GzEncoder::new(Vec::new(), Compression::best());
+            gz.write_all(doc).unwrap();
+            gz.finish().unwrap()
+        };
+        let within = |body: &[u8], gzip: bool| {
+            Batch::decode_within(body, gzip, Format::Json, &limits, 64 << 10)
+        };
+        // Fits: the same batch as `decode_as`.
+        assert_eq!(within(&gz(&json), true).unwrap().unwrap(), batch);
+        assert_eq!(within(&json, false).unwrap().unwrap(), batch);
+        assert!(matches!(
+            within(b"not gzip", true),
+            Some(Err(WireError::Malformed(_)))
+        ));
+        // 1 MiB of JSON (trailing spaces), a few KiB of gzip.
+        let mut padded = json.clone();
+        padded.resize(1 << 20, b' ');
+        let big = gz(&padded);
+        assert!(big.len() < 8 << 10, "{} bytes", big.len());
+        assert!(within(&big, true).is_none(), "the trailer says 1 MiB");
+        let mut lying = big.clone();
+        let at = lying.len() - 4;
+        lying[at..].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(within(&lying, true).is_none(), "inflating shows it");
+        assert!(within(&padded, false).is_none());
+        // Handed on, the body decodes within the batch's own bound.
+        assert_eq!(
+            Batch::decode_as(&big, true, Format::Json, &limits).unwrap(),
+            batch
+        );
     }
 
     /// The block-wise count equals the byte-by-byte one, for texts with strings, escaped quotes
