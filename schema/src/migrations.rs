@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "gpu_hours_changed",
         sql: include_str!("../migrations/0009_gpu_hours_changed.sql"),
     },
+    Migration {
+        version: 10,
+        name: "single_row_tables_without_keys",
+        sql: include_str!("../migrations/0010_single_row_tables_without_keys.sql"),
+    },
 ];
 
 /// The schema version this build writes.

@@ -104,7 +104,9 @@ impl Failure {
     }
 }
 
-const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)";
+/// One row per migration applied, inserted once, in the migration's transaction. No primary key:
+/// DuckDB gives every index a 256 KiB block of its own (migration 0010).
+const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)";
 
 /// Opens (creating) the ledger at `path` (`:memory:` for tests) and applies missing migrations,
 /// each in its own transaction. Returns the connection and the schema version found before.
@@ -176,6 +178,54 @@ mod tests {
         drop(conn);
         let (_, before) = open(&path).unwrap();
         assert_eq!(before, LATEST, "reopening applies nothing");
+    }
+
+    /// Only the dimension tables keep a primary key: every index costs a 256 KiB block. A file
+    /// written before migration 0010 (keys on the single-row tables and on `schema_version`)
+    /// loses those keys and keeps its rows.
+    #[test]
+    fn only_the_dimension_tables_keep_a_key_in_new_and_upgraded_files() {
+        let keys = |conn: &Connection| -> Vec<String> {
+            let mut stmt = conn
+                .prepare("SELECT table_name FROM duckdb_constraints() WHERE constraint_type = 'PRIMARY KEY' ORDER BY 1")
+                .unwrap();
+            stmt.query_map([], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (conn, _) = open(&dir.path().join("new.duckdb")).unwrap();
+        assert_eq!(keys(&conn), ["holders", "instances"]);
+
+        let old = dir.path().join("old.duckdb");
+        {
+            let conn = Connection::open(&old).unwrap();
+            conn.execute_batch("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)")
+                .unwrap();
+            for m in MIGRATIONS.iter().filter(|m| m.version < 10) {
+                conn.execute_batch(m.sql).unwrap();
+                conn.execute(
+                    "INSERT INTO schema_version (version, name) VALUES (?, ?)",
+                    params![m.version, m.name],
+                )
+                .unwrap();
+            }
+            conn.execute_batch("UPDATE writer_probe SET checked_at = 7; UPDATE fold_pending SET from_ts = 9")
+                .unwrap();
+            assert_eq!(keys(&conn).len(), 5);
+        }
+        let (conn, before) = open(&old).unwrap();
+        assert_eq!(before, 9);
+        assert_eq!(keys(&conn), ["holders", "instances"]);
+        let kept: (i64, i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT checked_at FROM writer_probe WHERE id = 0), (SELECT from_ts FROM fold_pending WHERE id = 0), (SELECT count(DISTINCT version) FROM schema_version)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!(kept, (7, 9, i64::from(LATEST)));
     }
 
     #[test]
