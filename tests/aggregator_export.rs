@@ -349,8 +349,21 @@ fn a_kept_import_is_written_in_instance_order_with_no_free_blocks() {
     let db = dir.path().join("ledger.duckdb");
     let (ok, stderr) = import(&db, &[&trace]);
     assert!(ok, "{stderr}");
-    let conn = open_ledger(&db);
-    let (changes, backwards, instances): (i64, i64, i64) = conn
+    let (changes, backwards, instances) = raw_order(&db);
+    assert!(instances > 1);
+    assert_eq!((changes, backwards), (instances - 1, 0));
+    let free: i64 = open_ledger(&db)
+        .query_row("SELECT free_blocks FROM pragma_database_size()", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(free, 0, "blocks left free by the import");
+}
+
+/// Instance changes, and steps back in time within an instance, in the raw rows' stored order,
+/// and the instances.
+fn raw_order(db: &std::path::Path) -> (i64, i64, i64) {
+    open_ledger(db)
         .query_row(
             "WITH r AS (
                 SELECT instance_id, ts, lag(instance_id) OVER (ORDER BY rowid) AS pi,
@@ -363,15 +376,31 @@ fn a_kept_import_is_written_in_instance_order_with_no_free_blocks() {
             [],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
-        .unwrap();
-    assert!(instances > 1);
-    assert_eq!((changes, backwards), (instances - 1, 0));
-    let free: i64 = conn
-        .query_row("SELECT free_blocks FROM pragma_database_size()", [], |r| {
-            r.get(0)
-        })
-        .unwrap();
-    assert_eq!(free, 0, "blocks left free by the import");
+        .unwrap()
+}
+
+/// Kept files skip the raw rows' rewrite only while nothing else shares their hours: two halves
+/// of one hour, in one import or in two, end in instance order as one file would.
+#[test]
+fn kept_files_that_share_an_hour_are_rewritten_in_instance_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let hour = (chrono::Utc::now().timestamp() / 3600 - 5) * 3600;
+    let (a, b) = (dir.path().join("a.csv"), dir.path().join("b.csv"));
+    simulate(&a, "gpu-h100-02", &hour.to_string(), "30m");
+    simulate(&b, "gpu-h100-02", &(hour + 1800).to_string(), "30m");
+    let together = dir.path().join("together.duckdb");
+    let (ok, stderr) = import(&together, &[&a, &b]);
+    assert!(ok, "{stderr}");
+    let apart = dir.path().join("apart.duckdb");
+    for f in [&a, &b] {
+        let (ok, stderr) = import(&apart, &[f]);
+        assert!(ok, "{stderr}");
+    }
+    for db in [&together, &apart] {
+        let (changes, backwards, instances) = raw_order(db);
+        assert!(instances > 1);
+        assert_eq!((changes, backwards), (instances - 1, 0), "{}", db.display());
+    }
 }
 
 /// Files of 8 MiB or more are checked in parts, one thread per core (`trace::Parts`): a bad row

@@ -375,9 +375,16 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         .iter()
         .filter_map(|c| c.span)
         .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)));
+    // Kept files are sent each in instance order, so their raw rows need no rewrite, unless
+    // other rows share an hour with them: rows the ledger holds already, or another file's.
+    let mut rewrite = kept_files_share_an_hour(&checked);
     let (dest, thread) = match &opts.target {
         Target::Ledger(db) => {
             let (conn, _) = tokio::task::block_in_place(|| store::open(db))?;
+            if let Some(span) = span {
+                rewrite |= tokio::task::block_in_place(|| raw_rows_in_hours_of(&conn, span))
+                    .map_err(StoreError::from_db)?;
+            }
             let (writer, thread) = Writer::spawn(conn, 4 * CHUNK, Arc::new(()))?;
             (Dest::Writer(writer), Some(thread))
         }
@@ -438,7 +445,9 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     sink.bar.finish_and_clear();
     // The imported seconds' raw rows in instance order, as the aggregator leaves a closed hour
     // (kept files were sent in that order already).
-    if let (Dest::Writer(writer), Some((first, last)), true) = (&sink.dest, span, streamed) {
+    if let (Dest::Writer(writer), Some((first, last)), true) =
+        (&sink.dest, span, streamed || rewrite)
+    {
         writer.compact_raw(first.max(raw_cutoff), last + 1).await?;
     }
     drop(sink.dest);
@@ -448,6 +457,35 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         });
     }
     Ok(sink.report)
+}
+
+/// Whether two kept files have seconds in one hour: each is sent in instance order, but the
+/// second's rows follow the first's, so that hour's raw rows are not in instance order.
+fn kept_files_share_an_hour(checked: &[Checked]) -> bool {
+    let mut hours: Vec<(i64, i64)> = checked
+        .iter()
+        .filter(|c| c.kept.is_some())
+        .filter_map(|c| c.span)
+        .map(|(a, b)| (a.div_euclid(3600), b.div_euclid(3600)))
+        .collect();
+    hours.sort_unstable();
+    let mut last = i64::MIN;
+    hours.into_iter().any(|(a, b)| {
+        let shared = a <= last;
+        last = last.max(b);
+        shared
+    })
+}
+
+/// Whether the ledger holds raw rows in the hours of `(first, last)`: the import's rows would
+/// follow them, out of instance order.
+fn raw_rows_in_hours_of(conn: &duckdb::Connection, (first, last): (i64, i64)) -> duckdb::Result<bool> {
+    let (from, to) = (first - first.rem_euclid(3600), last - last.rem_euclid(3600) + 3600);
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM samples_raw WHERE ts >= ? AND ts < ?)",
+        duckdb::params![from, to],
+        |r| r.get(0),
+    )
 }
 
 /// What the aggregator says of a batch (`api::ingest::IngestResponse`'s counts).
@@ -575,6 +613,26 @@ mod tests {
         let mut batches: Vec<Batch> = samples.filter_map(|s| chunker.push(s)).collect();
         batches.extend(chunker.finish());
         batches
+    }
+
+    /// Kept files are rewritten when two of them have seconds in one hour, however they nest.
+    #[test]
+    fn kept_files_share_an_hour_when_their_hours_meet() {
+        let file = |span: Option<(i64, i64)>, kept: bool| Checked {
+            samples: 1,
+            span,
+            kept: kept.then(Vec::new),
+        };
+        let h = 3600;
+        let share = |files: &[Checked]| kept_files_share_an_hour(files);
+        assert!(!share(&[file(Some((0, h - 1)), true), file(Some((h, 2 * h)), true)]));
+        assert!(share(&[file(Some((h, 2 * h)), true), file(Some((0, h)), true)]));
+        assert!(share(&[file(Some((0, 5 * h)), true), file(Some((2 * h, 2 * h + 9)), true)]));
+        assert!(
+            !share(&[file(Some((0, h)), true), file(Some((0, h)), false)]),
+            "a streamed file is rewritten anyway"
+        );
+        assert!(!share(&[file(Some((0, h)), true), file(None, true)]));
     }
 
     /// Time-major batches (every instance's seconds side by side, as a trace lies) come back with
