@@ -479,8 +479,14 @@ fn kept_files_share_an_hour(checked: &[Checked]) -> bool {
 
 /// Whether the ledger holds raw rows in the hours of `(first, last)`: the import's rows would
 /// follow them, out of instance order.
-fn raw_rows_in_hours_of(conn: &duckdb::Connection, (first, last): (i64, i64)) -> duckdb::Result<bool> {
-    let (from, to) = (first - first.rem_euclid(3600), last - last.rem_euclid(3600) + 3600);
+fn raw_rows_in_hours_of(
+    conn: &duckdb::Connection,
+    (first, last): (i64, i64),
+) -> duckdb::Result<bool> {
+    let (from, to) = (
+        first - first.rem_euclid(3600),
+        last - last.rem_euclid(3600) + 3600,
+    );
     conn.query_row(
         "SELECT EXISTS (SELECT 1 FROM samples_raw WHERE ts >= ? AND ts < ?)",
         duckdb::params![from, to],
@@ -625,9 +631,18 @@ mod tests {
         };
         let h = 3600;
         let share = |files: &[Checked]| kept_files_share_an_hour(files);
-        assert!(!share(&[file(Some((0, h - 1)), true), file(Some((h, 2 * h)), true)]));
-        assert!(share(&[file(Some((h, 2 * h)), true), file(Some((0, h)), true)]));
-        assert!(share(&[file(Some((0, 5 * h)), true), file(Some((2 * h, 2 * h + 9)), true)]));
+        assert!(!share(&[
+            file(Some((0, h - 1)), true),
+            file(Some((h, 2 * h)), true)
+        ]));
+        assert!(share(&[
+            file(Some((h, 2 * h)), true),
+            file(Some((0, h)), true)
+        ]));
+        assert!(share(&[
+            file(Some((0, 5 * h)), true),
+            file(Some((2 * h, 2 * h + 9)), true)
+        ]));
         assert!(
             !share(&[file(Some((0, h)), true), file(Some((0, h)), false)]),
             "a streamed file is rewritten anyway"

@@ -211,8 +211,10 @@ mod tests {
                 )
                 .unwrap();
             }
-            conn.execute_batch("UPDATE writer_probe SET checked_at = 7; UPDATE fold_pending SET from_ts = 9")
-                .unwrap();
+            conn.execute_batch(
+                "UPDATE writer_probe SET checked_at = 7; UPDATE fold_pending SET from_ts = 9",
+            )
+            .unwrap();
             assert_eq!(keys(&conn).len(), 5);
         }
         let (conn, before) = open(&old).unwrap();
