@@ -33,6 +33,22 @@ fn shipping_args(url: &str, token: &std::path::Path, spool: &std::path::Path) ->
     args
 }
 
+/// An exporter shipping to `fake`, once `fake` has three of its deliveries.
+async fn shipping_until_three_batches(
+    fake: &FakeAggregator,
+    token: &std::path::Path,
+    spool: &std::path::Path,
+) -> Exporter {
+    let owned = shipping_args(&fake.url(), token, spool);
+    let args: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let exporter = Exporter::start(&args).await;
+    eventually("three batches", Duration::from_secs(30), async || {
+        (fake.deliveries().len() >= 3).then_some(())
+    })
+    .await;
+    exporter
+}
+
 fn spooled_ids(dir: &std::path::Path) -> HashSet<String> {
     std::fs::read_dir(dir)
         .unwrap()
@@ -282,13 +298,7 @@ async fn a_damaged_body_is_rejected_and_the_exporter_stays_on_messagepack() {
     }
     std::fs::write(spool.join(format!("{:020}-5-{damaged}.batch", 1)), &body).unwrap();
     let fake = FakeAggregator::start(0, "node-token").await;
-    let owned = shipping_args(&fake.url(), &token, &spool);
-    let args: Vec<&str> = owned.iter().map(String::as_str).collect();
-    let exporter = Exporter::start(&args).await;
-    eventually("three batches", Duration::from_secs(30), async || {
-        (fake.deliveries().len() >= 3).then_some(())
-    })
-    .await;
+    let exporter = shipping_until_three_batches(&fake, &token, &spool).await;
     let fallback = exporter
         .value("gpuledger_exporter_wire_json_fallback")
         .await;
@@ -391,13 +401,7 @@ async fn json_fallback(mode: Mode) {
     let spool = dir.path().join("spool");
     let fake = FakeAggregator::start(0, "node-token").await;
     fake.set_mode(mode);
-    let owned = shipping_args(&fake.url(), &token, &spool);
-    let args: Vec<&str> = owned.iter().map(String::as_str).collect();
-    let exporter = Exporter::start(&args).await;
-    eventually("three batches", Duration::from_secs(30), async || {
-        (fake.deliveries().len() >= 3).then_some(())
-    })
-    .await;
+    let exporter = shipping_until_three_batches(&fake, &token, &spool).await;
     assert!(exporter.terminate().success());
     let deliveries = fake.deliveries();
     // Exactly one MessagePack body was refused, and everything stored came as JSON (the format
