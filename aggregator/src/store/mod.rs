@@ -134,6 +134,8 @@ pub fn open_with(path: &Path, memory_limit: Option<&str>) -> Result<(Connection,
     // The writer paces DuckDB's checkpoints by its rate (`writer/checkpoints.rs`); a store opens
     // with the threshold for a fleet's own pace.
     writer::set_checkpoint_threshold(&conn, writer::CHECKPOINT_THRESHOLD).map_err(db)?;
+    // Row groups are merged only when the writer compacts (`writer/checkpoints.rs`).
+    writer::without_merges(&conn).map_err(db)?;
     conn.execute_batch(VERSION_TABLE).map_err(db)?;
     let found: u32 = conn
         .query_row(

@@ -15,6 +15,17 @@
 //!
 //! The first commit after a busy spell may pay for the WAL gathered during it. Retention
 //! checkpoints on its own interval whatever the pace.
+//!
+//! **Row groups are merged only when the writer compacts.** Each commit that appends a group's raw
+//! rows leaves a partial row group behind its full ones, and by default every checkpoint "vacuums":
+//! it reads and recompresses runs of adjacent row groups to merge them. Live, that rewrote rows the
+//! hourly compaction (`compact.rs`) rewrites again anyway, cost about a tenth of the writer's time
+//! under a burst, and, at the end of an import, left the merged groups' old blocks free inside the
+//! file (BENCHMARKS.md, "Row-group merges only when compacting"). So the store opens with DuckDB's
+//! `max_vacuum_tasks` at 0, and only [`compacting_checkpoint`] (after a compaction, after
+//! retention) merges. Rows deleted from a row group that keeps live rows stay in it, invisible,
+//! until that checkpoint or until the rest of the group is deleted too (DuckDB drops emptied row
+//! groups whatever the setting).
 
 use std::time::{Duration, Instant};
 
@@ -79,6 +90,24 @@ pub(crate) fn set_threshold(conn: &Connection, threshold: &str) -> duckdb::Resul
     conn.execute_batch(&format!("SET checkpoint_threshold = '{threshold}'"))
 }
 
+/// Row-group merges a [`compacting_checkpoint`] may run: DuckDB's own default.
+const VACUUM_TASKS: u32 = 100;
+
+/// Turns DuckDB's row-group merging off for the checkpoints commits trigger (database-wide; what
+/// the store opens with).
+pub(crate) fn without_merges(conn: &Connection) -> duckdb::Result<()> {
+    conn.execute_batch("SET max_vacuum_tasks = 0")
+}
+
+/// A checkpoint that merges row groups, for the writer's maintenance. Merging is off again
+/// afterwards, whether or not the checkpoint succeeded.
+pub(crate) fn compacting_checkpoint(conn: &Connection) -> duckdb::Result<()> {
+    conn.execute_batch(&format!("SET max_vacuum_tasks = {VACUUM_TASKS}"))?;
+    let checkpoint = conn.execute_batch("CHECKPOINT");
+    let off = without_merges(conn);
+    checkpoint.and(off)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +147,58 @@ mod tests {
         let mib = |s: &str| s.split(' ').next().unwrap().parse::<f64>().unwrap();
         assert_eq!(mib(&steady).round(), 31.0, "{steady}");
         assert_eq!(mib(&busy).round(), 244.0, "{busy}");
+    }
+
+    fn row_groups(conn: &Connection) -> i64 {
+        conn.query_row(
+            "SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('t')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_compacting_checkpoint_merges_row_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let (conn, _) = crate::store::open(&dir.path().join("l.duckdb")).unwrap();
+        let merges = |conn: &Connection| -> String {
+            conn.query_row(
+                "SELECT current_setting('max_vacuum_tasks')::VARCHAR",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        assert_eq!(merges(&conn), "0", "the store opens without merges");
+        conn.execute_batch("CREATE TABLE t (v BIGINT)").unwrap();
+        // Three commits of a row group and a bit: a partial row group behind each full one.
+        for i in 0..3 {
+            conn.execute_batch(&format!(
+                "INSERT INTO t SELECT {i} * 1000000 + range FROM range(130000)"
+            ))
+            .unwrap();
+        }
+        conn.execute_batch("CHECKPOINT").unwrap();
+        let unmerged = row_groups(&conn);
+        assert!(
+            unmerged >= 4,
+            "{unmerged} row groups for 390,000 rows in three commits"
+        );
+        // Deletes thin every row group out; a checkpoint commits trigger keeps them apart.
+        conn.execute_batch("DELETE FROM t WHERE v % 2 = 0; CHECKPOINT")
+            .unwrap();
+        assert_eq!(row_groups(&conn), unmerged, "merged without compacting");
+        // A checkpoint writes only the tables changed since the last: the maintenance that calls
+        // a compacting one has just deleted or rewritten rows.
+        conn.execute_batch("DELETE FROM t WHERE v % 3 = 0").unwrap();
+        compacting_checkpoint(&conn).unwrap();
+        let merged = row_groups(&conn);
+        assert!(merged < unmerged, "{merged} row groups, {unmerged} before");
+        assert_eq!(merges(&conn), "0", "merging is off again");
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 130_000, "the rows no delete took");
     }
 }

@@ -39,9 +39,7 @@ impl WriterThread {
             if this_hour > 0 {
                 // Frees the old copies' blocks now, so that the next hour's rewrite reuses them
                 // instead of growing the file by a copy of every hour.
-                self.conn
-                    .execute_batch("CHECKPOINT")
-                    .map_err(StoreError::from_db)?;
+                super::compacting_checkpoint(&self.conn).map_err(StoreError::from_db)?;
             }
             rewritten += this_hour;
             hour += 3600;

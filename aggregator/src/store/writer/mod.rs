@@ -46,8 +46,9 @@ mod retention;
 mod rollups;
 
 use checkpoints::Checkpoints;
+use checkpoints::compacting_checkpoint;
 pub(crate) use checkpoints::{
-    STEADY as CHECKPOINT_THRESHOLD, set_threshold as set_checkpoint_threshold,
+    STEADY as CHECKPOINT_THRESHOLD, set_threshold as set_checkpoint_threshold, without_merges,
 };
 use dims::Dims;
 pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};

@@ -150,10 +150,8 @@ impl WriterThread {
             // The mirror must forget the ids too (and their per-node counts).
             self.reload_dims();
         }
-        // Lets DuckDB reuse the freed blocks.
-        self.conn
-            .execute_batch("CHECKPOINT")
-            .map_err(StoreError::from_db)?;
+        // Lets DuckDB reuse the freed blocks, and merges the row groups the deletes thinned.
+        super::compacting_checkpoint(&self.conn).map_err(StoreError::from_db)?;
         Ok(report)
     }
 }
