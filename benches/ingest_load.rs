@@ -219,6 +219,17 @@ fn args() -> Args {
         }
         i += 2;
     }
+    // A phase sends whole 5 s batches and counts them as such: a shorter last one would be
+    // counted as sent in full and fail the stored = sent check.
+    for (name, secs) in [
+        ("--seconds", a.seconds),
+        ("--paced-seconds", a.paced_seconds),
+    ] {
+        assert!(
+            secs >= 0 && secs % BATCH_SECONDS == 0,
+            "{name} {secs}: must be a multiple of {BATCH_SECONDS} (one batch)"
+        );
+    }
     a
 }
 
