@@ -19,9 +19,10 @@
 //! **Row groups are merged only when the writer compacts.** Each commit that appends a group's raw
 //! rows leaves a partial row group behind its full ones, and by default every checkpoint "vacuums":
 //! it reads and recompresses runs of adjacent row groups to merge them. Live, that rewrote rows the
-//! hourly compaction (`compact.rs`) rewrites again anyway, cost about a tenth of the writer's time
-//! under a burst, and, at the end of an import, left the merged groups' old blocks free inside the
-//! file (BENCHMARKS.md, "Row-group merges only when compacting"). So the store opens with DuckDB's
+//! hourly compaction (`compact.rs`) rewrites again anyway: a tenth of the writer thread's profile
+//! under a burst, a checkpoint after it that stalled the next seconds' requests, and the merged
+//! groups' old blocks left free inside the file, at the end of an import too (BENCHMARKS.md,
+//! "Row groups merged only when the writer compacts"). So the store opens with DuckDB's
 //! `max_vacuum_tasks` at 0, and only [`compacting_checkpoint`] (after a compaction, after
 //! retention) merges. Rows deleted from a row group that keeps live rows stay in it, invisible,
 //! until that checkpoint or until the rest of the group is deleted too (DuckDB drops emptied row
