@@ -360,6 +360,48 @@ fn a_kept_import_is_written_in_instance_order_with_no_free_blocks() {
     assert_eq!(free, 0, "blocks left free by the import");
 }
 
+/// Regression: a file too large to keep (over a million samples) was written in file order, then
+/// each hour rewritten in instance order at the end, so the file grew by every hour's first copy
+/// and kept them free: 63 of 126 blocks for this 4 h trace, 165 of 462 for 24 h. Each hour is now
+/// rewritten as soon as the file has moved past it, and the next hour reuses its blocks.
+#[test]
+fn a_streamed_import_rewrites_each_hour_on_the_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let start = (chrono::Utc::now().timestamp() / 3600 - 5) * 3600;
+    // The whole simulated fleet, 89 instances: 1,281,600 samples in 4 h.
+    let status = gpuledger()
+        .args(["simulate", "--seed", "7", "--duration", "4h", "--start"])
+        .arg(start.to_string())
+        .arg("--out")
+        .arg(&trace)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let db = dir.path().join("ledger.duckdb");
+    let (ok, stderr) = import(&db, &[&trace]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("1281600 samples: 1281600 stored"),
+        "{stderr}"
+    );
+    let (changes, backwards, instances) = raw_order(&db);
+    assert_eq!(instances, 89);
+    assert_eq!(
+        (changes, backwards),
+        (4 * instances - 1, 0),
+        "one run per instance and hour"
+    );
+    let (used, free): (i64, i64) = open_ledger(&db)
+        .query_row(
+            "SELECT used_blocks, free_blocks FROM pragma_database_size()",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(2 * free < used, "{free} blocks free beside {used} used");
+}
+
 /// Instance changes, and steps back in time within an instance, in the raw rows' stored order,
 /// and the instances.
 fn raw_order(db: &std::path::Path) -> (i64, i64, i64) {

@@ -7,6 +7,14 @@
 //! nothing the second time. The checking pass reads a large file in parts, one thread per core,
 //! and keeps what it read, as batches, for imports of up to [`KEEP_SAMPLES`] samples, so that
 //! those files are read once.
+//!
+//! Raw rows end in instance order, as the aggregator leaves a closed hour (`writer/compact.rs`):
+//! a kept file is sent that way, and a larger one, read as it lies, has each hour rewritten as
+//! soon as the file has moved past it and no later file reaches into it ([`Rewritten`]). The
+//! rewrite frees the hour's rows in file order, and the next hour's rows reuse those blocks; when
+//! every hour waited for the end, the file grew by all of them and kept them free (a third of a
+//! 24 h import's bytes, BENCHMARKS.md). An hour the file comes back to is rewritten again at the
+//! end.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,6 +112,11 @@ impl Chunker {
 
     /// The last, partial batch.
     fn finish(mut self) -> Option<Batch> {
+        self.flush()
+    }
+
+    /// What is gathered so far, as a partial batch.
+    fn flush(&mut self) -> Option<Batch> {
         (!self.0.is_empty()).then(|| self.take())
     }
 
@@ -288,6 +301,8 @@ struct Sink {
     raw_cutoff: i64,
     /// Batches handed to the writer, in order.
     pending: Vec<tokio::task::JoinHandle<Result<store::IngestOutcome, StoreError>>>,
+    /// Hours' rewrites queued on the way, in order.
+    rewrites: Vec<tokio::task::JoinHandle<Result<u64, StoreError>>>,
     report: ImportReport,
     bar: indicatif::ProgressBar,
 }
@@ -350,6 +365,78 @@ impl Sink {
             self.collect(h).await?;
         }
         Ok(())
+    }
+
+    /// Queues the rewrite of the hour starting at `hour` in instance order, if no `later` file
+    /// reaches into it (into a ledger only; an aggregator rewrites its closed hours itself). The
+    /// writer takes its jobs in order, so the rewrite comes after every batch sent before it;
+    /// reading goes on meanwhile. [`Sink::rewrites_done`] collects the answers.
+    fn rewrite_hour(&mut self, hour: i64, later: &[(i64, i64)], rewritten: &mut Rewritten) {
+        let Dest::Writer(writer) = &self.dest else {
+            return;
+        };
+        if !Rewritten::may_rewrite(hour, later) {
+            return;
+        }
+        if hour + HOUR > self.raw_cutoff {
+            let (writer, from) = (writer.clone(), hour.max(self.raw_cutoff));
+            self.rewrites.push(tokio::spawn(async move {
+                writer.compact_raw(from, hour + HOUR).await
+            }));
+        }
+        rewritten.0.insert(hour);
+    }
+
+    /// Waits for the rewrites queued on the way.
+    async fn rewrites_done(&mut self) -> Result<(), ImportError> {
+        for h in std::mem::take(&mut self.rewrites) {
+            h.await.map_err(|e| StoreError::Io(e.to_string()))??;
+        }
+        Ok(())
+    }
+}
+
+const HOUR: i64 = 3600;
+
+fn hour_of(t: i64) -> i64 {
+    t - t.rem_euclid(HOUR)
+}
+
+/// The hours whose raw rows a streamed file's import has rewritten in instance order on its way
+/// (module doc).
+#[derive(Debug, Default)]
+struct Rewritten(std::collections::BTreeSet<i64>);
+
+impl Rewritten {
+    /// The hour starting at `hour` may be rewritten now: the file being read has moved past it,
+    /// and no file after it (`later`, their first and last seconds) has a second in it.
+    fn may_rewrite(hour: i64, later: &[(i64, i64)]) -> bool {
+        later
+            .iter()
+            .all(|&(first, last)| hour_of(last) < hour || hour_of(first) > hour)
+    }
+
+    /// The stream came back to `t`'s hour: it must be rewritten again.
+    fn reopened(&mut self, t: i64) {
+        self.0.remove(&hour_of(t));
+    }
+
+    /// The ranges of `[from, to)` left to rewrite at the end: runs of hours not rewritten yet,
+    /// cut to `[from, to)`.
+    fn left(&self, from: i64, to: i64) -> Vec<(i64, i64)> {
+        let mut ranges: Vec<(i64, i64)> = Vec::new();
+        let mut hour = hour_of(from);
+        while hour < to {
+            if !self.0.contains(&hour) {
+                let (a, b) = (hour.max(from), (hour + HOUR).min(to));
+                match ranges.last_mut() {
+                    Some(last) if last.1 == a => last.1 = b,
+                    _ => ranges.push((a, b)),
+                }
+            }
+            hour += HOUR;
+        }
+        ranges
     }
 }
 
@@ -414,6 +501,7 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         dest,
         raw_cutoff,
         pending: Vec::new(),
+        rewrites: Vec::new(),
         report: ImportReport {
             files: opts.files.len(),
             ..ImportReport::default()
@@ -422,7 +510,13 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     };
     // Whether any file was read as it lies (too large to keep), its raw rows in file order.
     let mut streamed = false;
+    let mut rewritten = Rewritten::default();
+    let spans: Vec<(i64, i64)> = checked.iter().filter_map(|c| c.span).collect();
+    let mut spans_before = 0;
     for (f, c) in opts.files.iter().zip(checked) {
+        // The spans of the files after this one.
+        spans_before += usize::from(c.span.is_some());
+        let later = &spans[spans_before..];
         if let Some(batches) = c.kept {
             for batch in in_instance_order(batches) {
                 sink.send(batch).await?;
@@ -432,8 +526,24 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         streamed = true;
         let mut reader = TraceReader::open(f)?;
         let mut chunker = Chunker::default();
+        // The hour the file is in.
+        let mut open: Option<i64> = None;
         while let Some(s) = tokio::task::block_in_place(|| reader.next_sample()) {
-            if let Some(batch) = chunker.push(s?) {
+            let s = s?;
+            let hour = hour_of(s.timestamp);
+            match open {
+                Some(o) if hour > o => {
+                    if let Some(batch) = chunker.flush() {
+                        sink.send(batch).await?;
+                    }
+                    sink.rewrite_hour(o, later, &mut rewritten);
+                    open = Some(hour);
+                }
+                Some(o) if hour < o => rewritten.reopened(s.timestamp),
+                Some(_) => {}
+                None => open = Some(hour),
+            }
+            if let Some(batch) = chunker.push(s) {
                 sink.send(batch).await?;
             }
         }
@@ -442,13 +552,16 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         }
     }
     sink.drain().await?;
+    sink.rewrites_done().await?;
     sink.bar.finish_and_clear();
     // The imported seconds' raw rows in instance order, as the aggregator leaves a closed hour
-    // (kept files were sent in that order already).
+    // (kept files were sent in that order already), but for the hours rewritten on the way.
     if let (Dest::Writer(writer), Some((first, last)), true) =
         (&sink.dest, span, streamed || rewrite)
     {
-        writer.compact_raw(first.max(raw_cutoff), last + 1).await?;
+        for (from, to) in rewritten.left(first.max(raw_cutoff), last + 1) {
+            writer.compact_raw(from, to).await?;
+        }
     }
     drop(sink.dest);
     if let Some(thread) = thread {
@@ -652,6 +765,38 @@ mod tests {
 
     /// Time-major batches (every instance's seconds side by side, as a trace lies) come back with
     /// each instance's series together, seconds rising, every sample once, within [`CHUNK`].
+    #[test]
+    fn hours_are_rewritten_on_the_way_unless_a_later_file_or_the_stream_comes_back() {
+        let h = 1_795_658_400; // an hour's first second
+        assert_eq!(hour_of(h + 3599), h);
+        assert_eq!(hour_of(h - 1), h - HOUR);
+        // A later file from the hour's last second on, or up to its first: not yet.
+        assert!(!Rewritten::may_rewrite(h, &[(h + 3599, h + 9000)]));
+        assert!(!Rewritten::may_rewrite(h, &[(h - 9000, h)]));
+        assert!(Rewritten::may_rewrite(
+            h,
+            &[(h + HOUR, h + 9000), (h - 9000, h - 1)]
+        ));
+        assert!(Rewritten::may_rewrite(h, &[]));
+        let mut done = Rewritten::default();
+        // Nothing rewritten: the whole span, cut to its seconds, in one range.
+        assert_eq!(
+            done.left(h + 10, h + 3 * HOUR + 5),
+            vec![(h + 10, h + 3 * HOUR + 5)]
+        );
+        done.0.extend([h, h + HOUR, h + 3 * HOUR]);
+        assert_eq!(
+            done.left(h + 10, h + 4 * HOUR),
+            vec![(h + 2 * HOUR, h + 3 * HOUR)]
+        );
+        done.reopened(h + HOUR + 59);
+        assert_eq!(
+            done.left(h + 10, h + 4 * HOUR),
+            vec![(h + HOUR, h + 3 * HOUR)]
+        );
+        assert_eq!(done.left(h, h + HOUR), vec![]);
+    }
+
     #[test]
     fn kept_batches_come_back_in_instance_order() {
         let (gpus, seconds) = (40usize, 3_000i64);
