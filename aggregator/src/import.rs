@@ -11,7 +11,8 @@
 //! Raw rows end in instance order, as the aggregator leaves a closed hour (`writer/compact.rs`):
 //! a kept file is sent that way, and a larger one, read as it lies, has each hour rewritten as
 //! soon as the file has moved past it and no later file reaches into it ([`Rewritten`]). The
-//! rewrite frees the hour's rows in file order, and the next hour's rows reuse those blocks; when
+//! rewrite frees the hour's rows in file order, and the next hour's rows reuse those blocks (and
+//! those rows skip DuckDB's optimistic writes, so most reach the file only sorted); when
 //! every hour waited for the end, the file grew by all of them and kept them free (a third of a
 //! 24 h import's bytes, BENCHMARKS.md). An hour the file comes back to is rewritten again at the
 //! end.
@@ -468,6 +469,13 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     let (dest, thread) = match &opts.target {
         Target::Ledger(db) => {
             let (conn, _) = tokio::task::block_in_place(|| store::open(db))?;
+            if checked.iter().any(|c| c.kept.is_none()) {
+                // Rows read as they lie are rewritten an hour later: kept out of the file until
+                // then (DuckDB's optimistic writes would put them there at once), most never
+                // reach it in file order, and the file does not grow by their blocks.
+                conn.execute_batch("SET enable_optimistic_write = false")
+                    .map_err(StoreError::from_db)?;
+            }
             if let Some(span) = span {
                 rewrite |= tokio::task::block_in_place(|| raw_rows_in_hours_of(&conn, span))
                     .map_err(StoreError::from_db)?;

@@ -37,13 +37,21 @@ impl WriterThread {
         // The rewrite's rows go to disk at its checkpoint, packed with the table's other new row
         // groups, not at the insert: DuckDB's optimistic writes flush each insert's row groups
         // on their own, and their last blocks stay part-filled (module doc).
+        let before: bool = self
+            .conn
+            .query_row(
+                "SELECT current_setting('enable_optimistic_write')",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(StoreError::from_db)?;
         self.conn
             .execute_batch("SET enable_optimistic_write = false")
             .map_err(StoreError::from_db)?;
         let result = self.compact_hours(from, to);
         let restored = self
             .conn
-            .execute_batch("RESET enable_optimistic_write")
+            .execute_batch(&format!("SET enable_optimistic_write = {before}"))
             .map_err(StoreError::from_db);
         let rewritten = result?;
         restored?;
