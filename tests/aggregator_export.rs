@@ -386,10 +386,17 @@ fn a_streamed_import_rewrites_each_hour_on_the_way() {
         "{stderr}"
     );
     let (changes, backwards, instances) = raw_order(&db);
-    assert_eq!(instances, 89);
+    assert!(instances > 1);
+    let runs: i64 = open_ledger(&db)
+        .query_row(
+            "SELECT count(DISTINCT (ts // 3600, instance_id)) FROM samples_raw",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
     assert_eq!(
         (changes, backwards),
-        (4 * instances - 1, 0),
+        (runs - 1, 0),
         "one run per instance and hour"
     );
     let (used, free): (i64, i64) = open_ledger(&db)
