@@ -771,8 +771,8 @@ mod tests {
         assert!(!share(&[file(Some((0, h)), true), file(None, true)]));
     }
 
-    /// Time-major batches (every instance's seconds side by side, as a trace lies) come back with
-    /// each instance's series together, seconds rising, every sample once, within [`CHUNK`].
+    /// An hour is rewritten on the way once no later file reaches into it; what is left for the
+    /// end is every other hour of the span, and any hour the stream came back to.
     #[test]
     fn hours_are_rewritten_on_the_way_unless_a_later_file_or_the_stream_comes_back() {
         let h = 1_795_658_400; // an hour's first second
@@ -805,6 +805,8 @@ mod tests {
         assert_eq!(done.left(h, h + HOUR), vec![]);
     }
 
+    /// Time-major batches (every instance's seconds side by side, as a trace lies) come back with
+    /// each instance's series together, seconds rising, every sample once, within [`CHUNK`].
     #[test]
     fn kept_batches_come_back_in_instance_order() {
         let (gpus, seconds) = (40usize, 3_000i64);
