@@ -604,10 +604,7 @@ fn raw_rows_in_hours_of(
     conn: &duckdb::Connection,
     (first, last): (i64, i64),
 ) -> duckdb::Result<bool> {
-    let (from, to) = (
-        first - first.rem_euclid(3600),
-        last - last.rem_euclid(3600) + 3600,
-    );
+    let (from, to) = (hour_of(first), hour_of(last) + HOUR);
     conn.query_row(
         "SELECT EXISTS (SELECT 1 FROM samples_raw WHERE ts >= ? AND ts < ?)",
         duckdb::params![from, to],
