@@ -94,6 +94,8 @@ pub async fn run_with(
         (path.as_os_str() != ":memory:").then(|| path.clone()),
     )?;
     let metrics = Arc::new(AggregatorMetrics::new());
+    // Closed hours are rewritten beside the writer, on a connection of their own.
+    let compactor = store::Compactor::new(&conn)?;
     let (writer, thread) = Writer::spawn_limited(
         conn,
         config.limits.queue_samples,
@@ -135,7 +137,7 @@ pub async fn run_with(
     };
     let prepared =
         prepare.map(|prepare| tokio::spawn(prepare_then_evaluate(state.clone(), prepare)));
-    let retention = tokio::spawn(retention_loop(state.clone()));
+    let retention = tokio::spawn(retention_loop(state.clone(), compactor));
     let analytics = tokio::spawn(analytics_loop(state.clone()));
     let client = reqwest::Client::builder()
         .user_agent(concat!("gpuledger/", env!("CARGO_PKG_VERSION")))
@@ -273,7 +275,7 @@ async fn alertmanager_loop(
 /// ships late still arrive in it (they are stored either way; later ones stay in arrival order).
 const COMPACT_AFTER: i64 = 10 * 60;
 
-async fn retention_loop(app: AppState) {
+async fn retention_loop(app: AppState, compactor: store::Compactor) {
     let mut tick = tokio::time::interval(app.config.retention_interval);
     // Hours before this process started are left as they are (a restart does not rewrite the
     // whole raw window again).
@@ -285,8 +287,15 @@ async fn retention_loop(app: AppState) {
         tick.tick().await;
         let now = chrono::Utc::now().timestamp();
         let closed = (now - COMPACT_AFTER) - (now - COMPACT_AFTER).rem_euclid(3600);
+        // An hour that retention has begun to delete is left to it (the two would delete the
+        // same rows).
+        let expiring = now - app.config.retention.raw_secs;
+        compacted_until = compacted_until.max(expiring - expiring.rem_euclid(3600) + 3600);
         if closed > compacted_until {
-            match app.writer.compact_raw(compacted_until, closed).await {
+            match compactor
+                .compact(&app.writer, compacted_until, closed)
+                .await
+            {
                 Ok(rows) => {
                     compacted_until = closed;
                     tracing::info!(

@@ -11,7 +11,9 @@ use std::path::Path;
 use duckdb::{Config, Connection, params};
 use gpuledger_schema::migrations::{LATEST, MIGRATIONS};
 
-pub use writer::{IngestOutcome, QueueError, Reservation, Retention, RetentionReport, Writer};
+pub use writer::{
+    Compactor, IngestOutcome, QueueError, Reservation, Retention, RetentionReport, Writer,
+};
 
 /// Why the ledger cannot be opened.
 #[derive(Debug, thiserror::Error)]

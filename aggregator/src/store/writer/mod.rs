@@ -50,6 +50,7 @@ use checkpoints::compacting_checkpoint;
 pub(crate) use checkpoints::{
     STEADY as CHECKPOINT_THRESHOLD, set_threshold as set_checkpoint_threshold, without_merges,
 };
+pub use compact::Compactor;
 use dims::Dims;
 pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
 pub use raw::RawColumns;
@@ -116,6 +117,9 @@ enum Job {
         from: i64,
         to: i64,
         reply: oneshot::Sender<Result<u64, StoreError>>,
+    },
+    CompactingCheckpoint {
+        reply: oneshot::Sender<Result<(), StoreError>>,
     },
     Minutes {
         batch: MinuteBatch,
@@ -432,6 +436,16 @@ impl Writer {
         rx.await.map_err(|_| StoreError::WriterStopped)?
     }
 
+    /// A checkpoint that merges row groups and frees the blocks of deleted rows, between groups
+    /// (what a [`Compactor`] asks for after each hour it rewrote).
+    pub async fn compacting_checkpoint(&self) -> Result<(), StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job::CompactingCheckpoint { reply })
+            .map_err(|_| StoreError::WriterStopped)?;
+        rx.await.map_err(|_| StoreError::WriterStopped)?
+    }
+
     /// Deletes what is older than `retention` allows, as of `now` (Unix seconds).
     pub async fn apply_retention(
         &self,
@@ -548,6 +562,10 @@ impl WriterThread {
                 }
                 Job::CompactRaw { from, to, reply } => {
                     let _ = reply.send(self.compact_raw(from, to));
+                }
+                Job::CompactingCheckpoint { reply } => {
+                    let _ =
+                        reply.send(compacting_checkpoint(&self.conn).map_err(StoreError::from_db));
                 }
                 Job::Probe { reply } => {
                     let result = self.conn.transaction().and_then(|tx| {
