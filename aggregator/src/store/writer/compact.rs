@@ -14,11 +14,15 @@
 //! blocks, which the next hour's rewrite reuses (with one checkpoint at the end, a day's import
 //! left the file a third larger, its old blocks free inside it).
 //!
-//! The rewrite's inserts skip DuckDB's optimistic writes: those write each insert's full row
-//! groups at once, and every insert's last blocks stay part-filled; an hour at a time, that was
-//! a sixth of the raw rows' bytes (8.56 against 7.33 B a row for the same rows, BENCHMARKS.md, "A
-//! streamed import"). The slice's rows wait in DuckDB's buffer pool until the commit instead
-//! (within its memory limit), and the hour's checkpoint packs them.
+//! **Optimistic writes.** DuckDB's optimistic writes put an insert's full row groups on disk at
+//! once, and leave every insert's last blocks part-filled: an hour at a time, that was a sixth of
+//! the raw rows' bytes (8.56 against 7.33 B a row for the same rows, BENCHMARKS.md, "A streamed
+//! import"). So an import's rewrite turns them off: the slice's rows wait in DuckDB's buffer pool
+//! until the commit (within its memory limit), and the hour's checkpoint packs them. The
+//! [`Compactor`] keeps them on. Beside a busy writer its commits cannot checkpoint, so an hour's
+//! rows held back for the hour's checkpoint made that checkpoint, which runs on the writer, hold
+//! every batch back for seconds (2.4 s for 20 M rows); and a live hour's slices are large, so
+//! their part-filled tails cost little (BENCHMARKS.md, "The hourly rewrite beside the writer").
 //!
 //! Nothing reads raw rows to deduplicate (the minute masks in `rollup_1m` are the record), so the
 //! rewrite changes no answer and is safe to repeat; rows that arrive for an hour after it was
@@ -39,10 +43,12 @@ impl WriterThread {
     /// `to`, ordered by instance and second, on the writer's own connection (an import's
     /// rewrites must come in order with its batches); answers the rows rewritten.
     pub(super) fn compact_raw(&mut self, from: i64, to: i64) -> Result<u64, StoreError> {
-        rewrite_hours(&mut self.conn, from, to, SLICE_ROWS, |conn| {
-            // Frees the old copies' blocks now, so that the next hour's rewrite reuses them
-            // instead of growing the file by a copy of every hour.
-            super::compacting_checkpoint(conn)
+        without_optimistic_writes(&mut self.conn, |conn| {
+            rewrite_hours(conn, from, to, SLICE_ROWS, |conn| {
+                // Frees the old copies' blocks now, so that the next hour's rewrite reuses them
+                // instead of growing the file by a copy of every hour.
+                super::compacting_checkpoint(conn)
+            })
         })
     }
 }
@@ -51,8 +57,8 @@ impl WriterThread {
 /// waits for a rewrite.
 ///
 /// On the writer's thread, one hour of a 10,000-GPU fleet (70,000 instances, 252 M raw rows)
-/// held back every batch for 84 s on 2 cores: 64 slices of 1.3 s each (BENCHMARKS.md, "The
-/// hourly rewrite beside the writer"). DuckDB lets the two work at once: a slice only appends
+/// held back every batch for over a minute on 2 cores (BENCHMARKS.md, "The hourly rewrite
+/// beside the writer"). DuckDB lets the two work at once: a slice only appends
 /// rows and deletes rows of a closed hour, and the writer only appends raw rows, so no row is
 /// changed by both (a conflict would roll the slice back, and the next run redo it). Each slice
 /// reads one snapshot, so a batch the writer commits meanwhile (a late one, for the same hour)
@@ -108,10 +114,7 @@ impl Compactor {
 }
 
 /// Rewrites each hour of `[from, to)` slice by slice on `conn`, and calls `hour_done` after each
-/// hour that had rows. The rewrite's rows go to disk at a checkpoint, packed with the table's
-/// other new row groups, not at the insert: DuckDB's optimistic writes flush each insert's row
-/// groups on their own, and their last blocks stay part-filled (module doc). The setting is
-/// restored afterwards.
+/// hour that had rows.
 fn rewrite_hours(
     conn: &mut Connection,
     from: i64,
@@ -119,6 +122,31 @@ fn rewrite_hours(
     slice_rows: i64,
     mut hour_done: impl FnMut(&Connection) -> duckdb::Result<()>,
 ) -> Result<u64, StoreError> {
+    let db = StoreError::from_db;
+    let mut rewritten = 0;
+    let mut hour = from - from.rem_euclid(3600);
+    while hour < to {
+        let end = (hour + 3600).min(to);
+        let mut this_hour = 0;
+        for (lo, hi) in slices(conn, hour, end, slice_rows).map_err(db)? {
+            let tx = conn.transaction().map_err(db)?;
+            this_hour += rewrite_slice(&tx, hour, end, lo, hi)?;
+            tx.commit().map_err(db)?;
+        }
+        if this_hour > 0 {
+            hour_done(conn).map_err(db)?;
+        }
+        rewritten += this_hour;
+        hour += 3600;
+    }
+    Ok(rewritten)
+}
+
+/// Runs `f` with DuckDB's optimistic writes off (database-wide), and restores the setting found.
+fn without_optimistic_writes<T>(
+    conn: &mut Connection,
+    f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
     let db = StoreError::from_db;
     let before: bool = conn
         .query_row(
@@ -129,32 +157,13 @@ fn rewrite_hours(
         .map_err(db)?;
     conn.execute_batch("SET enable_optimistic_write = false")
         .map_err(db)?;
-    let mut each_hour = || -> Result<u64, StoreError> {
-        let mut rewritten = 0;
-        let mut hour = from - from.rem_euclid(3600);
-        while hour < to {
-            let end = (hour + 3600).min(to);
-            let mut this_hour = 0;
-            for (lo, hi) in slices(conn, hour, end, slice_rows).map_err(db)? {
-                let tx = conn.transaction().map_err(db)?;
-                this_hour += rewrite_slice(&tx, hour, end, lo, hi)?;
-                tx.commit().map_err(db)?;
-            }
-            if this_hour > 0 {
-                hour_done(conn).map_err(db)?;
-            }
-            rewritten += this_hour;
-            hour += 3600;
-        }
-        Ok(rewritten)
-    };
-    let result = each_hour();
+    let result = f(conn);
     let restored = conn
         .execute_batch(&format!("SET enable_optimistic_write = {before}"))
         .map_err(db);
-    let rewritten = result?;
+    let value = result?;
     restored?;
-    Ok(rewritten)
+    Ok(value)
 }
 
 /// Ranges of instance ids whose raw rows in `[from, to)` number at most `slice_rows` (or one
