@@ -137,7 +137,7 @@ pub async fn run_with(
     };
     let prepared =
         prepare.map(|prepare| tokio::spawn(prepare_then_evaluate(state.clone(), prepare)));
-    let retention = tokio::spawn(retention_loop(state.clone(), compactor));
+    let retention = tokio::spawn(retention_loop(state.clone(), compactor.clone()));
     let analytics = tokio::spawn(analytics_loop(state.clone()));
     let client = reqwest::Client::builder()
         .user_agent(concat!("gpuledger/", env!("CARGO_PKG_VERSION")))
@@ -163,6 +163,9 @@ pub async fn run_with(
     let served = axum::serve(listener, crate::router::router(state.clone()))
         .with_graceful_shutdown(shutdown)
         .await;
+    // A rewrite in progress ends after its slice (its blocking thread is not aborted with the
+    // loop that started it).
+    compactor.stop();
     retention.abort();
     analytics.abort();
     if let Some(p) = prepared {

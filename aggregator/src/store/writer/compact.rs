@@ -28,6 +28,7 @@
 //! rewrite changes no answer and is safe to repeat; rows that arrive for an hour after it was
 //! rewritten are appended as they come.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use duckdb::{Connection, Transaction, params};
@@ -44,11 +45,18 @@ impl WriterThread {
     /// rewrites must come in order with its batches); answers the rows rewritten.
     pub(super) fn compact_raw(&mut self, from: i64, to: i64) -> Result<u64, StoreError> {
         without_optimistic_writes(&mut self.conn, |conn| {
-            rewrite_hours(conn, from, to, SLICE_ROWS, |conn| {
-                // Frees the old copies' blocks now, so that the next hour's rewrite reuses them
-                // instead of growing the file by a copy of every hour.
-                super::compacting_checkpoint(conn)
-            })
+            rewrite_hours(
+                conn,
+                from,
+                to,
+                SLICE_ROWS,
+                &AtomicBool::new(false),
+                |conn| {
+                    // Frees the old copies' blocks now, so that the next hour's rewrite reuses them
+                    // instead of growing the file by a copy of every hour.
+                    super::compacting_checkpoint(conn)
+                },
+            )
         })
     }
 }
@@ -65,10 +73,14 @@ impl WriterThread {
 /// is neither copied nor deleted by it. The checkpoint that frees an hour's old copies needs no
 /// other write transaction open, so the writer runs it between its groups
 /// ([`Writer::compacting_checkpoint`]).
+///
+/// A stop ([`Compactor::stop`]) ends the rewrite after the slice in progress: the process need
+/// not wait for the rest of the hour, whose rows stay as they are.
 #[derive(Clone)]
 pub struct Compactor {
     conn: Arc<Mutex<Connection>>,
     slice_rows: i64,
+    stopping: Arc<AtomicBool>,
 }
 
 impl Compactor {
@@ -78,7 +90,13 @@ impl Compactor {
         Ok(Compactor {
             conn: Arc::new(Mutex::new(conn.try_clone().map_err(StoreError::from_db)?)),
             slice_rows: SLICE_ROWS,
+            stopping: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Ends a rewrite in progress after its current slice, and any later one before it starts.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
     }
 
     /// At most `rows` raw rows per slice (tests make many slices of few rows).
@@ -97,9 +115,10 @@ impl Compactor {
         while hour < to {
             let end = (hour + 3600).min(to);
             let (conn, slice_rows) = (self.conn.clone(), self.slice_rows);
+            let stopping = self.stopping.clone();
             let this_hour = tokio::task::spawn_blocking(move || {
                 let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
-                rewrite_hours(&mut conn, hour, end, slice_rows, |_| Ok(()))
+                rewrite_hours(&mut conn, hour, end, slice_rows, &stopping, |_| Ok(()))
             })
             .await
             .map_err(|e| StoreError::Io(format!("the compaction task failed: {e}")))??;
@@ -114,12 +133,13 @@ impl Compactor {
 }
 
 /// Rewrites each hour of `[from, to)` slice by slice on `conn`, and calls `hour_done` after each
-/// hour that had rows.
+/// hour that had rows. Once `stopping` is set no further slice starts.
 fn rewrite_hours(
     conn: &mut Connection,
     from: i64,
     to: i64,
     slice_rows: i64,
+    stopping: &AtomicBool,
     mut hour_done: impl FnMut(&Connection) -> duckdb::Result<()>,
 ) -> Result<u64, StoreError> {
     let db = StoreError::from_db;
@@ -129,6 +149,9 @@ fn rewrite_hours(
         let end = (hour + 3600).min(to);
         let mut this_hour = 0;
         for (lo, hi) in slices(conn, hour, end, slice_rows).map_err(db)? {
+            if stopping.load(Ordering::SeqCst) {
+                return Ok(rewritten + this_hour);
+            }
             let tx = conn.transaction().map_err(db)?;
             this_hour += rewrite_slice(&tx, hour, end, lo, hi)?;
             tx.commit().map_err(db)?;
@@ -452,6 +475,7 @@ mod tests {
         let (conn, _) = store::open(&path).unwrap();
         // One instance a slice: many transactions, each beside the writer's.
         let compactor = super::Compactor::new(&conn).unwrap().with_slice_rows(3600);
+        let stopped = super::Compactor::new(&conn).unwrap();
         let (writer, thread) = Writer::spawn(conn, 1_000_000, Arc::new(())).unwrap();
         let ingest = |batches: Vec<Batch>| {
             let writer = writer.clone();
@@ -478,6 +502,12 @@ mod tests {
             })
             .unwrap()
         };
+        // A stopped compactor starts no slice.
+        stopped.stop();
+        assert_eq!(
+            stopped.compact(&writer, hour, hour + 7200).await.unwrap(),
+            0
+        );
         let late = tokio::spawn(ingest(node_batches("n2", 3, hour + 1000, hour + 6000)));
         let rewritten = compactor.compact(&writer, hour, hour + 7200).await.unwrap();
         assert_eq!(late.await.unwrap(), 3 * 5000);
