@@ -19,7 +19,9 @@
 //!    24 hours after 30 and 365 days of GPU-hours evaluated before;
 //! 10. (`-- demand-mix`) the demand mix's week of observed allocations over the month ledger;
 //! 11. (`-- evaluation-minute`) the same live pass early and late in the hour, for 10,003 and
-//!     70,000 instances, with the memory it takes.
+//!     70,000 instances, with the memory it takes;
+//! 12. (`-- rewrite [--instances N] [--beside-only]`) the hourly rewrite of a closed hour's raw rows while a
+//!     fleet's nodes send live batches: as a writer job, and beside the writer.
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
@@ -604,6 +606,193 @@ struct HistoryPass {
     live_peak_mib: f64,
 }
 
+/// One closed hour of `instances` instances' raw rows, written with SQL in the order live ingest
+/// appends them (5 s of every instance, then the next 5 s), counters that change slowly as real
+/// ones do.
+fn live_order_hour(conn: &duckdb::Connection, hour: i64, instances: i64) {
+    for part in (0..3600).step_by(300) {
+        conn.execute(
+            "INSERT INTO samples_raw
+             SELECT ?1 + b5 * 5 + s, i + 1, i % 97 + 1,
+                    round(((i * 37 + (b5 * 5 + s) // 60) % 100) / 100.0 + ((b5 * 5 + s) % 7) / 1000.0, 4),
+                    round(((i * 11 + (b5 * 5 + s) // 60) % 100) / 250.0, 4), 0.05, 0.1,
+                    ((i % 8 + 1) * 1073741824)::UBIGINT, 10737418240::UBIGINT, NULL, NULL
+             FROM range(?2, ?3) r(b5), range(5) q(s), range(?4) k(i)
+             ORDER BY b5, i, s",
+            duckdb::params![hour, part / 5, (part + 300) / 5, instances],
+        )
+        .unwrap();
+    }
+}
+
+/// The 256 KiB blocks that hold the row groups of `samples_raw` whose rows all lie in the hour
+/// from `hour` (a block shared with another hour's row groups counts whole), per row of the hour.
+fn raw_bytes_per_row_in_hour(path: &std::path::Path, hour: i64) -> f64 {
+    let conn = duckdb::Connection::open(path).unwrap();
+    conn.query_row(
+        "WITH info AS (SELECT * FROM pragma_storage_info('samples_raw') WHERE persistent),
+              ts AS (SELECT row_group_id,
+                            regexp_extract(stats, 'Min: (-?[0-9]+)', 1)::BIGINT AS lo,
+                            regexp_extract(stats, 'Max: (-?[0-9]+)', 1)::BIGINT AS hi
+                     FROM info WHERE column_name = 'ts' AND segment_type = 'BIGINT'),
+              groups AS (SELECT row_group_id FROM ts GROUP BY 1 HAVING min(lo) >= ?1 AND max(hi) < ?1 + 3600),
+              blocks AS (SELECT block_id AS b FROM info JOIN groups USING (row_group_id) WHERE block_id >= 0
+                         UNION SELECT unnest(additional_block_ids) FROM info JOIN groups USING (row_group_id))
+         SELECT (SELECT count(DISTINCT b) FROM blocks) * 262144.0
+                / (SELECT count(*) FROM samples_raw WHERE ts >= ?1 AND ts < ?1 + 3600)",
+        [hour],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
+/// What a fleet's batches met while an hour was rewritten.
+struct DuringRewrite {
+    rewrite_s: f64,
+    rows: u64,
+    batches: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    peak_mib: f64,
+}
+
+/// The hourly rewrite of raw rows against a fleet's live batches: one closed hour of `instances`
+/// instances is rewritten while `instances / 56` nodes send their 5 s batches at their own pace
+/// (1,250 nodes: a 10,000-GPU fleet, 70,000 samples/s), once as a job of the writer (how the
+/// aggregator did it before `Compactor`) and once by a [`store::Compactor`] beside it. Each
+/// batch's latency is taken from when it was due to when the writer answered; the figures count
+/// the batches due from the rewrite's start to two rounds (10 s) after its end, so that what the
+/// writer pays once the rewrite is over (the WAL it could not checkpoint meanwhile) counts too.
+fn hourly_rewrite(dir: &std::path::Path, instances: i64) {
+    let nodes = (instances as usize).div_ceil(fleet::INSTANCES_PER_NODE);
+    let instances = (nodes * fleet::INSTANCES_PER_NODE) as i64;
+    let path = dir.join("rewrite.duckdb");
+    let now = chrono::Utc::now().timestamp();
+    let (on_writer, beside) = (now - now % 3600 - 4 * 3600, now - now % 3600 - 3 * 3600);
+    let built = Instant::now();
+    {
+        let (conn, _) = store::open_with(&path, Some("1GB")).unwrap();
+        live_order_hour(&conn, on_writer, instances);
+        live_order_hour(&conn, beside, instances);
+        conn.execute_batch("CHECKPOINT").unwrap();
+    }
+    eprintln!(
+        "  two closed hours of {instances} instances in live order ({} rows each) written in {:.0} s; {nodes} nodes send 5 s batches",
+        instances * 3600,
+        built.elapsed().as_secs_f64()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut t0 = now - 60;
+    let ways: &[bool] = if std::env::args().any(|a| a == "--beside-only") {
+        &[true]
+    } else {
+        &[false, true]
+    };
+    for &beside_the_writer in ways {
+        let (conn, _) = store::open_with(&path, Some("1GB")).unwrap();
+        let compactor = store::Compactor::new(&conn).unwrap();
+        let (writer, thread) = Writer::spawn(conn, 2_000_000, Arc::new(())).unwrap();
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        let during = rt.block_on(async {
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let fleet_writer = writer.clone();
+            let fleet_done = done.clone();
+            let from = t0;
+            // The fleet: each node's batch due at its own offset in every 5 s round.
+            let fleet = tokio::spawn(async move {
+                let start = tokio::time::Instant::now();
+                let mut answers = Vec::new();
+                let mut round = 0i64;
+                let mut tail_rounds = None;
+                loop {
+                    for n in 0..nodes {
+                        let due = start
+                            + Duration::from_secs(5 * round as u64)
+                            + Duration::from_secs(5) * n as u32 / nodes as u32;
+                        tokio::time::sleep_until(due).await;
+                        let b =
+                            fleet::node_batches(n, 5, 5, from + 5 * round, 7 + n as u64).remove(0);
+                        let w = fleet_writer.clone();
+                        answers.push(tokio::spawn(async move {
+                            let r = w.reserve(b.sample_count()).await.unwrap();
+                            w.ingest(b, 0, r).await.unwrap();
+                            (due, tokio::time::Instant::now())
+                        }));
+                    }
+                    round += 1;
+                    // Two rounds after the rewrite ended.
+                    match tail_rounds {
+                        None if fleet_done.load(std::sync::atomic::Ordering::SeqCst) => {
+                            tail_rounds = Some(2)
+                        }
+                        Some(0) => break,
+                        Some(k) => tail_rounds = Some(k - 1),
+                        None => {}
+                    }
+                }
+                let mut out = Vec::new();
+                for a in answers {
+                    out.push(a.await.unwrap());
+                }
+                (out, round)
+            });
+            // Two rounds to settle, then the rewrite.
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let began = tokio::time::Instant::now();
+            let hour = if beside_the_writer { beside } else { on_writer };
+            let rows = if beside_the_writer {
+                compactor.compact(&writer, hour, hour + 3600).await.unwrap()
+            } else {
+                writer.compact_raw(hour, hour + 3600).await.unwrap()
+            };
+            let ended = tokio::time::Instant::now();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            let (answers, rounds) = fleet.await.unwrap();
+            t0 += 5 * rounds;
+            let mut lat: Vec<f64> = answers
+                .iter()
+                .filter(|(due, _)| *due >= began)
+                .map(|(due, answered)| (*answered - *due).as_secs_f64() * 1000.0)
+                .collect();
+            lat.sort_by(f64::total_cmp);
+            let at = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
+            DuringRewrite {
+                rewrite_s: (ended - began).as_secs_f64(),
+                rows,
+                batches: lat.len(),
+                p50_ms: at(0.5),
+                p99_ms: at(0.99),
+                max_ms: at(1.0),
+                peak_mib: rss_and_peak_mib().1,
+            }
+        });
+        drop(writer);
+        thread.join().unwrap();
+        drop(compactor);
+        let hour = if beside_the_writer { beside } else { on_writer };
+        eprintln!(
+            "  rewrite {}: {} rows in {:.1} s, then {:.2} B per row on disk; the fleet's {} batches due meanwhile and 10 s after: latency p50 / p99 / max {:.0} / {:.0} / {:.0} ms; peak RSS {:.1} MiB",
+            if beside_the_writer {
+                "beside the writer (Compactor)"
+            } else {
+                "as a writer job (before)"
+            },
+            during.rows,
+            during.rewrite_s,
+            raw_bytes_per_row_in_hour(&path, hour),
+            during.batches,
+            during.p50_ms,
+            during.p99_ms,
+            during.max_ms,
+            during.peak_mib,
+        );
+    }
+}
+
 /// `VmRSS` and `VmHWM` of this process, in MiB.
 fn rss_and_peak_mib() -> (f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -882,6 +1071,17 @@ fn main() {
     }
     if std::env::args().any(|a| a == "pages") {
         month_pages(dir.path());
+        return;
+    }
+    if std::env::args().any(|a| a == "rewrite") {
+        // `-- rewrite --instances N` (default 70,000: a 10,000-GPU fleet's MIG instances).
+        let args: Vec<String> = std::env::args().collect();
+        let instances = args
+            .iter()
+            .position(|a| a == "--instances")
+            .and_then(|i| args.get(i + 1))
+            .map_or(70_000, |v| v.parse().expect("--instances N"));
+        hourly_rewrite(dir.path(), instances);
         return;
     }
     if std::env::args().any(|a| a == "import") {
