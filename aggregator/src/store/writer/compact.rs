@@ -50,19 +50,23 @@ impl WriterThread {
     /// rewrites must come in order with its batches); answers the rows rewritten.
     pub(super) fn compact_raw(&mut self, from: i64, to: i64) -> Result<u64, StoreError> {
         without_optimistic_writes(&mut self.conn, |conn| {
-            rewrite_hours(
-                conn,
-                from,
-                to,
-                SLICE_ROWS,
-                Duration::ZERO,
-                &AtomicBool::new(false),
-                |conn| {
-                    // Frees the old copies' blocks now, so that the next hour's rewrite reuses them
-                    // instead of growing the file by a copy of every hour.
-                    super::compacting_checkpoint(conn)
-                },
-            )
+            let mut rewritten = 0;
+            for hour in hours(from, to) {
+                let n = rewrite_hour(
+                    conn,
+                    hour,
+                    SLICE_ROWS,
+                    Duration::ZERO,
+                    &AtomicBool::new(false),
+                )?;
+                if n > 0 {
+                    // Frees the old copies' blocks now, so that the next hour's rewrite reuses
+                    // them instead of growing the file by a copy of every hour.
+                    super::compacting_checkpoint(conn).map_err(StoreError::from_db)?;
+                }
+                rewritten += n;
+            }
+            Ok(rewritten)
         })
     }
 }
@@ -125,16 +129,12 @@ impl Compactor {
     /// rewritten.
     pub async fn compact(&self, writer: &Writer, from: i64, to: i64) -> Result<u64, StoreError> {
         let mut rewritten = 0;
-        let mut hour = from - from.rem_euclid(3600);
-        while hour < to {
-            let end = (hour + 3600).min(to);
+        for hour in hours(from, to) {
             let (conn, slice_rows, pause) = (self.conn.clone(), self.slice_rows, self.pause);
             let stopping = self.stopping.clone();
             let this_hour = tokio::task::spawn_blocking(move || {
                 let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
-                rewrite_hours(&mut conn, hour, end, slice_rows, pause, &stopping, |_| {
-                    Ok(())
-                })
+                rewrite_hour(&mut conn, hour, slice_rows, pause, &stopping)
             })
             .await
             .map_err(|e| StoreError::Io(format!("the compaction task failed: {e}")))??;
@@ -142,44 +142,39 @@ impl Compactor {
                 writer.compacting_checkpoint().await?;
             }
             rewritten += this_hour;
-            hour += 3600;
         }
         Ok(rewritten)
     }
 }
 
-/// Rewrites each hour of `[from, to)` slice by slice on `conn`, and calls `hour_done` after each
-/// hour that had rows, waiting `pause` after each slice. Once `stopping` is set no further slice
-/// starts.
-fn rewrite_hours(
+/// The hours from the one holding `from` up to (not including) `to`, as `[start, end)` with the
+/// last one cut at `to`.
+fn hours(from: i64, to: i64) -> impl Iterator<Item = (i64, i64)> {
+    let first = from - from.rem_euclid(3600);
+    (first..to)
+        .step_by(3600)
+        .map(move |hour| (hour, (hour + 3600).min(to)))
+}
+
+/// Rewrites the hour `[hour, end)` slice by slice on `conn`, waiting `pause` after each slice;
+/// answers the rows rewritten. Once `stopping` is set no further slice starts.
+fn rewrite_hour(
     conn: &mut Connection,
-    from: i64,
-    to: i64,
+    (hour, end): (i64, i64),
     slice_rows: i64,
     pause: Duration,
     stopping: &AtomicBool,
-    mut hour_done: impl FnMut(&Connection) -> duckdb::Result<()>,
 ) -> Result<u64, StoreError> {
     let db = StoreError::from_db;
     let mut rewritten = 0;
-    let mut hour = from - from.rem_euclid(3600);
-    while hour < to {
-        let end = (hour + 3600).min(to);
-        let mut this_hour = 0;
-        for (lo, hi) in slices(conn, hour, end, slice_rows).map_err(db)? {
-            if stopping.load(Ordering::SeqCst) {
-                return Ok(rewritten + this_hour);
-            }
-            let tx = conn.transaction().map_err(db)?;
-            this_hour += rewrite_slice(&tx, hour, end, lo, hi)?;
-            tx.commit().map_err(db)?;
-            std::thread::sleep(pause);
+    for (lo, hi) in slices(conn, hour, end, slice_rows).map_err(db)? {
+        if stopping.load(Ordering::SeqCst) {
+            break;
         }
-        if this_hour > 0 {
-            hour_done(conn).map_err(db)?;
-        }
-        rewritten += this_hour;
-        hour += 3600;
+        let tx = conn.transaction().map_err(db)?;
+        rewritten += rewrite_slice(&tx, hour, end, lo, hi)?;
+        tx.commit().map_err(db)?;
+        std::thread::sleep(pause);
     }
     Ok(rewritten)
 }
