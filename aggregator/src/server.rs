@@ -278,29 +278,38 @@ async fn alertmanager_loop(
 /// ships late still arrive in it (they are stored either way; later ones stay in arrival order).
 const COMPACT_AFTER: i64 = 10 * 60;
 
+/// The hours the retention tick rewrites at `now` (`[from, to)`, whole hours), or `None` when
+/// none is due: from where the ledger's record says the last rewrite ended (`done`; `None`, a
+/// new ledger: its whole raw window), up to the last hour that ended [`COMPACT_AFTER`] ago. An
+/// hour that retention has begun to delete is left to it (the two would delete the same rows).
+fn compaction_due(now: i64, done: Option<i64>, raw_secs: i64) -> Option<(i64, i64)> {
+    let hour = |t: i64| t - t.rem_euclid(3600);
+    let closed = hour(now - COMPACT_AFTER);
+    let from = done.unwrap_or(i64::MIN).max(hour(now - raw_secs) + 3600);
+    (closed > from).then_some((from, closed))
+}
+
 async fn retention_loop(app: AppState, compactor: store::Compactor) {
     let mut tick = tokio::time::interval(app.config.retention_interval);
-    // Hours before this process started are left as they are (a restart does not rewrite the
-    // whole raw window again).
-    let mut compacted_until = {
+    // Where the rewrite stopped before this start: the hours that closed since are rewritten
+    // too (a restart left them in arrival order before migration 0011).
+    let reading = compactor.clone();
+    let read = tokio::task::spawn_blocking(move || reading.compacted_until())
+        .await
+        .map_err(|e| store::StoreError::Io(format!("the task failed: {e}")))
+        .and_then(|read| read);
+    let mut done = read.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "Reading where the raw rewrite stopped failed; hours before this start are left as they are.");
         let now = chrono::Utc::now().timestamp();
-        now - now.rem_euclid(3600)
-    };
+        Some(now - now.rem_euclid(3600))
+    });
     loop {
         tick.tick().await;
         let now = chrono::Utc::now().timestamp();
-        let closed = (now - COMPACT_AFTER) - (now - COMPACT_AFTER).rem_euclid(3600);
-        // An hour that retention has begun to delete is left to it (the two would delete the
-        // same rows).
-        let expiring = now - app.config.retention.raw_secs;
-        compacted_until = compacted_until.max(expiring - expiring.rem_euclid(3600) + 3600);
-        if closed > compacted_until {
-            match compactor
-                .compact(&app.writer, compacted_until, closed)
-                .await
-            {
+        if let Some((from, closed)) = compaction_due(now, done, app.config.retention.raw_secs) {
+            match compactor.compact(&app.writer, from, closed).await {
                 Ok(rows) => {
-                    compacted_until = closed;
+                    done = Some(closed);
                     tracing::info!(
                         rows,
                         until = closed,
@@ -330,5 +339,39 @@ async fn retention_loop(app: AppState, compactor: store::Compactor) {
                 tracing::error!(error = %e, "Retention failed; expired rows stay until the next run.")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{COMPACT_AFTER, compaction_due};
+
+    const H: i64 = 3600;
+
+    #[test]
+    fn the_rewrite_resumes_where_the_ledger_says_it_stopped() {
+        let raw = 48 * H;
+        let now = 1_000 * H + 20 * 60;
+        // Steady state: the hour that ended 20 minutes ago is due, once.
+        assert_eq!(
+            compaction_due(now, Some(999 * H), raw),
+            Some((999 * H, 1_000 * H))
+        );
+        assert_eq!(compaction_due(now, Some(1_000 * H), raw), None);
+        // Not before it has been over for COMPACT_AFTER.
+        assert_eq!(
+            compaction_due(1_000 * H + COMPACT_AFTER - 1, Some(999 * H), raw),
+            None
+        );
+        // After a restart five hours on, the hours that closed meanwhile.
+        assert_eq!(
+            compaction_due(now, Some(995 * H), raw),
+            Some((995 * H, 1_000 * H))
+        );
+        // A new ledger: its raw window, less the hour retention has begun to delete; and a
+        // record older than the window gives the same.
+        let window = Some((1_000 * H - raw + H, 1_000 * H));
+        assert_eq!(compaction_due(now, None, raw), window);
+        assert_eq!(compaction_due(now, Some(10 * H), raw), window);
     }
 }

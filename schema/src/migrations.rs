@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "single_row_tables_without_keys",
         sql: include_str!("../migrations/0010_single_row_tables_without_keys.sql"),
     },
+    Migration {
+        version: 11,
+        name: "raw_compacted",
+        sql: include_str!("../migrations/0011_raw_compacted.sql"),
+    },
 ];
 
 /// The schema version this build writes.

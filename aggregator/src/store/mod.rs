@@ -234,6 +234,46 @@ mod tests {
         assert_eq!(kept, (7, 9, i64::from(LATEST)));
     }
 
+    /// Migration 0011: a ledger that already holds raw rows records the hour of its newest one
+    /// as where the raw rewrite stopped (the hours before were left as they came, and stay so);
+    /// an empty one records nothing, so its whole raw window is rewritten.
+    #[test]
+    fn an_upgraded_ledger_with_raw_rows_leaves_its_earlier_hours_as_they_came() {
+        let dir = tempfile::tempdir().unwrap();
+        let recorded = |name: &str, raw_rows: &[i64]| -> Vec<i64> {
+            let path = dir.path().join(name);
+            {
+                let conn = Connection::open(&path).unwrap();
+                conn.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)")
+                    .unwrap();
+                for m in MIGRATIONS.iter().filter(|m| m.version <= 10) {
+                    conn.execute_batch(m.sql).unwrap();
+                    conn.execute(
+                        "INSERT INTO schema_version (version, name) VALUES (?, ?)",
+                        params![m.version, m.name],
+                    )
+                    .unwrap();
+                }
+                for ts in raw_rows {
+                    conn.execute(
+                        "INSERT INTO samples_raw (ts, instance_id, holder_id) VALUES (?, 1, 1)",
+                        params![ts],
+                    )
+                    .unwrap();
+                }
+            }
+            let (conn, before) = open(&path).unwrap();
+            assert_eq!(before, 10);
+            let mut stmt = conn.prepare("SELECT until_ts FROM raw_compacted").unwrap();
+            stmt.query_map([], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        assert_eq!(recorded("rows.duckdb", &[7_205, 10_799, 3_600]), [7_200]);
+        assert_eq!(recorded("empty.duckdb", &[]), Vec::<i64>::new());
+    }
+
     #[test]
     fn an_older_binary_refuses_a_newer_database() {
         let dir = tempfile::tempdir().unwrap();

@@ -58,7 +58,8 @@ impl WriterThread {
                     SLICE_ROWS,
                     Duration::ZERO,
                     &AtomicBool::new(false),
-                )?;
+                )?
+                .rows;
                 if n > 0 {
                     // Frees the old copies' blocks now, so that the next hour's rewrite reuses
                     // them instead of growing the file by a copy of every hour.
@@ -126,7 +127,9 @@ impl Compactor {
     /// Rewrites the raw rows of the hours from the one holding `from` up to (not including)
     /// `to` in instance order, an hour at a time, each hour's slices on a blocking thread, then
     /// asks `writer` for the checkpoint that frees the hour's old copies; resolves to the rows
-    /// rewritten.
+    /// rewritten. Each hour rewritten to its end is recorded in `raw_compacted`
+    /// ([`Compactor::compacted_until`]); an hour a stop cut short is not, and the rest are not
+    /// started.
     pub async fn compact(&self, writer: &Writer, from: i64, to: i64) -> Result<u64, StoreError> {
         let mut rewritten = 0;
         for hour in hours(from, to) {
@@ -134,17 +137,52 @@ impl Compactor {
             let stopping = self.stopping.clone();
             let this_hour = tokio::task::spawn_blocking(move || {
                 let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
-                rewrite_hour(&mut conn, hour, slice_rows, pause, &stopping)
+                let done = rewrite_hour(&mut conn, hour, slice_rows, pause, &stopping)?;
+                if done.whole {
+                    record_compacted(&mut conn, hour.1)?;
+                }
+                Ok::<_, StoreError>(done)
             })
             .await
             .map_err(|e| StoreError::Io(format!("the compaction task failed: {e}")))??;
-            if this_hour > 0 {
+            if this_hour.rows > 0 {
                 writer.compacting_checkpoint().await?;
             }
-            rewritten += this_hour;
+            rewritten += this_hour.rows;
+            if !this_hour.whole {
+                break;
+            }
         }
         Ok(rewritten)
     }
+
+    /// Where the last rewrite ended, as recorded in `raw_compacted`: every hour ending at or
+    /// before it is done (or, in a ledger an older build wrote, was left as it came). `None`
+    /// when nothing is recorded: a new ledger, or one that only `gpuledger import` wrote (it
+    /// rewrites its own hours).
+    pub fn compacted_until(&self) -> Result<Option<i64>, StoreError> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        conn.query_row("SELECT max(until_ts) FROM raw_compacted", [], |r| r.get(0))
+            .map_err(StoreError::from_db)
+    }
+}
+
+/// Records in `raw_compacted` that the hours up to `until` are rewritten (one row, replaced).
+fn record_compacted(conn: &mut Connection, until: i64) -> Result<(), StoreError> {
+    let db = StoreError::from_db;
+    let tx = conn.transaction().map_err(db)?;
+    tx.execute("DELETE FROM raw_compacted", []).map_err(db)?;
+    tx.execute("INSERT INTO raw_compacted VALUES (?)", params![until])
+        .map_err(db)?;
+    tx.commit().map_err(db)
+}
+
+/// What [`rewrite_hour`] did.
+struct HourRewritten {
+    /// The raw rows rewritten.
+    rows: u64,
+    /// Every slice was rewritten (a stop did not cut the hour short).
+    whole: bool,
 }
 
 /// The hours from the one holding `from` up to (not including) `to`, as `[start, end)` with the
@@ -156,27 +194,31 @@ fn hours(from: i64, to: i64) -> impl Iterator<Item = (i64, i64)> {
         .map(move |hour| (hour, (hour + 3600).min(to)))
 }
 
-/// Rewrites the hour `[hour, end)` slice by slice on `conn`, waiting `pause` after each slice;
-/// answers the rows rewritten. Once `stopping` is set no further slice starts.
+/// Rewrites the hour `[hour, end)` slice by slice on `conn`, waiting `pause` after each slice.
+/// Once `stopping` is set no further slice starts.
 fn rewrite_hour(
     conn: &mut Connection,
     (hour, end): (i64, i64),
     slice_rows: i64,
     pause: Duration,
     stopping: &AtomicBool,
-) -> Result<u64, StoreError> {
+) -> Result<HourRewritten, StoreError> {
     let db = StoreError::from_db;
-    let mut rewritten = 0;
+    let mut done = HourRewritten {
+        rows: 0,
+        whole: true,
+    };
     for (lo, hi) in slices(conn, hour, end, slice_rows).map_err(db)? {
         if stopping.load(Ordering::SeqCst) {
+            done.whole = false;
             break;
         }
         let tx = conn.transaction().map_err(db)?;
-        rewritten += rewrite_slice(&tx, hour, end, lo, hi)?;
+        done.rows += rewrite_slice(&tx, hour, end, lo, hi)?;
         tx.commit().map_err(db)?;
         std::thread::sleep(pause);
     }
-    Ok(rewritten)
+    Ok(done)
 }
 
 /// Runs `f` with DuckDB's optimistic writes off (database-wide), and restores the setting found.
@@ -476,6 +518,62 @@ mod tests {
         let mut sorted = ids.clone();
         sorted.sort_unstable_by(|a, b| b.cmp(a));
         assert_eq!(ids, sorted, "the rewritten hour is in instance order");
+    }
+
+    /// Where the rewrite ended is in the ledger, so a restart resumes there: a new ledger has no
+    /// record, an hour a stop cut short is not recorded, and a compactor on the reopened file
+    /// reads the last hour done.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn where_the_rewrite_ended_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.duckdb");
+        let hour = (chrono::Utc::now().timestamp() / 3600 - 4) * 3600;
+        let (conn, _) = store::open(&path).unwrap();
+        // One instance a slice, so that a stop can cut an hour short.
+        let compactor = super::Compactor::new(&conn).unwrap().with_slice_rows(3600);
+        let stopped = super::Compactor::new(&conn).unwrap().with_slice_rows(3600);
+        assert_eq!(compactor.compacted_until().unwrap(), None);
+        let (writer, thread) = Writer::spawn(conn, 1_000_000, Arc::new(())).unwrap();
+        for b in live_batches(2, hour, hour + 7200) {
+            let r = writer.try_reserve(b.sample_count()).unwrap();
+            writer.ingest(b, 0, r).await.unwrap();
+        }
+        stopped.stop();
+        assert_eq!(
+            stopped.compact(&writer, hour, hour + 7200).await.unwrap(),
+            0
+        );
+        assert_eq!(
+            compactor.compacted_until().unwrap(),
+            None,
+            "a stop records nothing"
+        );
+        assert_eq!(
+            compactor.compact(&writer, hour, hour + 3600).await.unwrap(),
+            2 * 3600
+        );
+        assert_eq!(compactor.compacted_until().unwrap(), Some(hour + 3600));
+        drop((writer, compactor, stopped));
+        thread.join().unwrap();
+
+        let (conn, _) = store::open(&path).unwrap();
+        let compactor = super::Compactor::new(&conn).unwrap();
+        assert_eq!(
+            compactor.compacted_until().unwrap(),
+            Some(hour + 3600),
+            "read again after a restart"
+        );
+        let (writer, thread) = Writer::spawn(conn, 1_000_000, Arc::new(())).unwrap();
+        assert_eq!(
+            compactor
+                .compact(&writer, hour + 3600, hour + 7200)
+                .await
+                .unwrap(),
+            2 * 3600
+        );
+        assert_eq!(compactor.compacted_until().unwrap(), Some(hour + 7200));
+        drop(writer);
+        thread.join().unwrap();
     }
 
     /// [`Compactor::compact`] while batches keep arriving, late ones for the hours it rewrites

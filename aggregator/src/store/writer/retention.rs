@@ -176,7 +176,8 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         // Kept as they are: the schema's version, the writer's scratch tables (empty once
-        // committed), its probe row and its one-row record of held folds, and the webhook endpoints a 410 switched off (one row per
+        // committed), its probe row, its one-row record of held folds, the compactor's one-row
+        // record of where it stopped, and the webhook endpoints a 410 switched off (one row per
         // configured endpoint, until an admin enables it again: expiring it would re-enable it).
         const NONE_NEEDED: &[&str] = &[
             "schema_version",
@@ -185,6 +186,7 @@ mod tests {
             "ingest_shares",
             "writer_probe",
             "fold_pending",
+            "raw_compacted",
             "webhook_endpoints",
         ];
         let unruled: Vec<&String> = tables
