@@ -428,6 +428,73 @@ fn raw_order(db: &std::path::Path) -> (i64, i64, i64) {
         .unwrap()
 }
 
+/// The aggregator's own hourly rewrite, through the binary: a restart rewrites the hours that
+/// closed while it was down. Before migration 0011 each start left every hour before it in arrival
+/// order. An hour cannot pass in a test, so the ledger's record is set back to the start of the
+/// hour the exporter filled, as an aggregator stopped during that hour would have left it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_rewrites_the_hours_that_closed_while_it_was_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let hour = (chrono::Utc::now().timestamp() / 3600 - 3) * 3600;
+    simulate(&trace, "gpu-a100-01", &hour.to_string(), "20m");
+    let rows = std::fs::read_to_string(&trace).unwrap().lines().count() as i64 - 1;
+    let db = dir.path().join("ledger.duckdb");
+    // A new ledger: its first tick rewrites its (empty) raw window, then none runs for an hour.
+    let a = Aggregator::start(&db, 0, &["--retention-interval", "1h"]).await;
+    let status = tokio::time::timeout(
+        Duration::from_secs(120),
+        replay(dir.path(), &a, "gpu-a100-01", &trace).wait(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success());
+    assert!(a.terminate().success());
+    let (changes, _, instances) = raw_order(&db);
+    assert!(changes > instances - 1, "stored in arrival order first");
+    let before = totals(&open_ledger(&db), "rollup_1m");
+    assert_eq!(before.0, rows);
+    {
+        let conn = duckdb::Connection::open(&db).unwrap();
+        let until: i64 = conn
+            .query_row("SELECT until_ts FROM raw_compacted", [], |r| r.get(0))
+            .unwrap();
+        assert!(until > hour, "the first tick recorded its empty window");
+        conn.execute("UPDATE raw_compacted SET until_ts = ?", [hour])
+            .unwrap();
+    }
+
+    let a = Aggregator::start(&db, 0, &["--retention-interval", "1h"]).await;
+    common::eventually(
+        "the hour's rows rewritten",
+        Duration::from_secs(60),
+        async || {
+            (a.value("gpuledger_aggregator_raw_rewritten_rows_total")
+                .await
+                == Some(rows as f64))
+            .then_some(())
+        },
+    )
+    .await;
+    let until = a
+        .value("gpuledger_aggregator_raw_rewritten_until_timestamp_seconds")
+        .await
+        .unwrap();
+    assert!(until >= (hour + 3600) as f64, "{until}");
+    assert!(a.terminate().success());
+    assert_eq!(
+        raw_order(&db),
+        (instances - 1, 0, instances),
+        "one run per instance, in second order"
+    );
+    assert_eq!(totals(&open_ledger(&db), "rollup_1m"), before);
+    let raw: i64 = open_ledger(&db)
+        .query_row("SELECT count(*) FROM samples_raw", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(raw, rows, "no row lost or doubled");
+}
+
 /// Kept files skip the raw rows' rewrite only while nothing else shares their hours: two halves
 /// of one hour, in one import or in two, end in instance order as one file would.
 #[test]

@@ -303,6 +303,7 @@ async fn retention_loop(app: AppState, compactor: store::Compactor) {
         let now = chrono::Utc::now().timestamp();
         Some(now - now.rem_euclid(3600))
     });
+    app.metrics.raw_rewritten_until.set(done.unwrap_or(0));
     loop {
         tick.tick().await;
         let now = chrono::Utc::now().timestamp();
@@ -310,6 +311,8 @@ async fn retention_loop(app: AppState, compactor: store::Compactor) {
             match compactor.compact(&app.writer, from, closed).await {
                 Ok(rows) => {
                     done = Some(closed);
+                    app.metrics.raw_rewritten.inc_by(rows);
+                    app.metrics.raw_rewritten_until.set(closed);
                     tracing::info!(
                         rows,
                         until = closed,
