@@ -606,25 +606,6 @@ struct HistoryPass {
     live_peak_mib: f64,
 }
 
-/// One closed hour of `instances` instances' raw rows, written with SQL in the order live ingest
-/// appends them (5 s of every instance, then the next 5 s), counters that change slowly as real
-/// ones do.
-fn live_order_hour(conn: &duckdb::Connection, hour: i64, instances: i64) {
-    for part in (0..3600).step_by(300) {
-        conn.execute(
-            "INSERT INTO samples_raw
-             SELECT ?1 + b5 * 5 + s, i + 1, i % 97 + 1,
-                    round(((i * 37 + (b5 * 5 + s) // 60) % 100) / 100.0 + ((b5 * 5 + s) % 7) / 1000.0, 4),
-                    round(((i * 11 + (b5 * 5 + s) // 60) % 100) / 250.0, 4), 0.05, 0.1,
-                    ((i % 8 + 1) * 1073741824)::UBIGINT, 10737418240::UBIGINT, NULL, NULL
-             FROM range(?2, ?3) r(b5), range(5) q(s), range(?4) k(i)
-             ORDER BY b5, i, s",
-            duckdb::params![hour, part / 5, (part + 300) / 5, instances],
-        )
-        .unwrap();
-    }
-}
-
 /// The 256 KiB blocks that hold the row groups of `samples_raw` whose rows all lie in the hour
 /// from `hour` (a block shared with another hour's row groups counts whole), per row of the hour.
 fn raw_bytes_per_row_in_hour(path: &std::path::Path, hour: i64) -> f64 {
@@ -679,7 +660,7 @@ fn hourly_rewrite(dir: &std::path::Path, instances: i64) {
     {
         let (conn, _) = store::open_with(&path, Some("1GB")).unwrap();
         for &beside_the_writer in ways {
-            live_order_hour(
+            fleet::live_order_hour(
                 &conn,
                 if beside_the_writer { beside } else { on_writer },
                 instances,

@@ -30,7 +30,10 @@
 //! Run: `cargo bench --bench ingest_load` (release), options after `--`: `--senders 1000`,
 //! `--seconds 60` (per node, throughput phase; 0 skips it), `--paced-senders 1250`, `--paced-seconds 30`,
 //! `--flag ARG` (repeatable: passed to the aggregator), `--memory-trace`, `--wire-format json`
-//! (the bodies' encoding; default msgpack, what the exporter sends). `cargo test` runs it
+//! (the bodies' encoding; default msgpack, what the exporter sends), `--rewrite-instances N`
+//! (the aggregator starts on a ledger holding a closed hour of N instances in live order that it
+//! has yet to rewrite, as after a restart; use with `--seconds 0` and a paced phase long enough
+//! to outlast the rewrite). `cargo test` runs it
 //! only as a smoke check.
 
 #[path = "support/fleet.rs"]
@@ -54,6 +57,8 @@ struct Args {
     flags: Vec<String>,
     memory_trace: bool,
     format: Format,
+    /// Instances of the closed hour the aggregator rewrites as it starts (0: none).
+    rewrite_instances: i64,
 }
 
 /// Two values of the aggregator's `/metrics`, by their full names.
@@ -195,6 +200,7 @@ fn args() -> Args {
         flags: Vec::new(),
         memory_trace: false,
         format: Format::default(),
+        rewrite_instances: 0,
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -207,6 +213,7 @@ fn args() -> Args {
             "--paced-seconds" => a.paced_seconds = value().parse().unwrap(),
             "--flag" => a.flags.push(value()),
             "--wire-format" => a.format = value().parse().unwrap(),
+            "--rewrite-instances" => a.rewrite_instances = value().parse().unwrap(),
             "--memory-trace" => {
                 a.memory_trace = true;
                 i += 1;
@@ -248,6 +255,10 @@ struct Phase {
     stored: u64,
     retried: u64,
     latencies_ms: Vec<f64>,
+    /// Paced phases: each batch's due time (seconds from the phase's start) and the time from
+    /// then to its answer (ms), so that a queue behind a slow request counts in full.
+    due: Vec<(f64, f64)>,
+    started: Option<Instant>,
     seconds: f64,
 }
 
@@ -329,6 +340,7 @@ async fn run_phase(nodes: Vec<Node>, url: String, pace: Option<Duration>) -> Pha
         let (client, url, stored) = (client.clone(), url.clone(), stored.clone());
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::with_capacity(node.bodies.len());
+            let mut due = Vec::new();
             let mut retried = 0;
             let first = pace.map(|p| start + p.mul_f64(k as f64 / n as f64));
             for (b, body) in node.bodies.iter().enumerate() {
@@ -338,17 +350,28 @@ async fn run_phase(nodes: Vec<Node>, url: String, pace: Option<Duration>) -> Pha
                 let sent = Instant::now();
                 let (s, r) = post(&client, &url, &node.token, body, node.format).await;
                 latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
+                if let (Some(first), Some(p)) = (first, pace) {
+                    let at = first + p * b as u32;
+                    due.push((
+                        (at - start).as_secs_f64(),
+                        at.elapsed().as_secs_f64() * 1000.0,
+                    ));
+                }
                 stored.fetch_add(s, Ordering::Relaxed);
                 retried += r;
             }
-            (latencies, retried)
+            (latencies, due, retried)
         }));
     }
-    let mut phase = Phase::default();
+    let mut phase = Phase {
+        started: Some(start),
+        ..Phase::default()
+    };
     for t in tasks {
-        let (latencies, retried) = t.await.unwrap();
+        let (latencies, due, retried) = t.await.unwrap();
         phase.requests += latencies.len() as u64;
         phase.latencies_ms.extend(latencies);
+        phase.due.extend(due);
         phase.retried += retried;
     }
     phase.seconds = start.elapsed().as_secs_f64();
@@ -361,6 +384,84 @@ async fn run_phase(nodes: Vec<Node>, url: String, pace: Option<Duration>) -> Pha
 const BASELINE_CHUNK: usize = 1 << 20;
 
 const BARE_TABLE: &str = "CREATE TABLE t (ts BIGINT, instance_id INTEGER, holder_id INTEGER, sm_active DOUBLE, sm_occupancy DOUBLE, tensor_active DOUBLE, dram_active DOUBLE, fb_used_bytes UBIGINT, fb_total_bytes UBIGINT, nvlink_tx_bytes UBIGINT, nvlink_rx_bytes UBIGINT)";
+
+/// One closed hour of `instances` instances' raw rows in live order, written with SQL into a new
+/// ledger before the aggregator starts, and the ledger's record of the raw rewrite set to that
+/// hour's start (`raw_compacted`): the aggregator starts as one restarted after the hour closed,
+/// and rewrites it at its first retention tick, while the phases' batches arrive. Answers the
+/// rows written.
+fn prefill(db: &std::path::Path, hour: i64, instances: i64) -> u64 {
+    let started = Instant::now();
+    let (conn, _) = gpuledger_aggregator::store::open_with(db, Some("1GB")).unwrap();
+    fleet::live_order_hour(&conn, hour, instances);
+    conn.execute("INSERT INTO raw_compacted VALUES (?)", [hour])
+        .unwrap();
+    conn.execute_batch("CHECKPOINT").unwrap();
+    eprintln!(
+        "  a closed hour of {instances} instances in live order ({} raw rows) written into the ledger in {:.0} s, to be rewritten by the aggregator as it starts",
+        instances * 3600,
+        started.elapsed().as_secs_f64()
+    );
+    (instances * 3600) as u64
+}
+
+/// Sets `done` to when the aggregator's `/metrics` first counts `rows` raw rows rewritten.
+async fn watch_rewrite(url: String, rows: u64, done: Arc<std::sync::Mutex<Option<Instant>>>) {
+    let client = reqwest::Client::new();
+    let names = [
+        "gpuledger_aggregator_raw_rewritten_rows_total",
+        "gpuledger_aggregator_raw_rewritten_until_timestamp_seconds",
+    ];
+    loop {
+        if let Some((n, _)) = metrics_pair(&client, &url, names).await
+            && n >= rows as f64
+        {
+            *done.lock().unwrap() = Some(Instant::now());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The paced phase's batches while the aggregator rewrote the prefilled hour (it starts at the
+/// aggregator's first tick, as it starts): those due up to 10 s (two rounds) after the rewrite
+/// ended, and those due later, each from its due time to its answer.
+fn report_rewrite(paced: &Phase, server_started: Instant, ended: Option<Instant>) {
+    let started = paced.started.unwrap();
+    let Some(ended) = ended else {
+        eprintln!(
+            "    the rewrite had not ended when the paced phase did: lengthen --paced-seconds"
+        );
+        return;
+    };
+    let end = ended.saturating_duration_since(started).as_secs_f64();
+    let (mut during, mut after): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
+    for &(due, ms) in &paced.due {
+        if due <= end + 10.0 {
+            during.push(ms);
+        } else {
+            after.push(ms);
+        }
+    }
+    let line = |v: &mut Vec<f64>| {
+        if v.is_empty() {
+            return "no batches".to_owned();
+        }
+        format!(
+            "{} batches, p50 / p99 / max {:.0} / {:.0} / {:.0} ms",
+            v.len(),
+            quantile(v, 0.5),
+            quantile(v, 0.99),
+            quantile(v, 1.0)
+        )
+    };
+    eprintln!(
+        "    the aggregator's rewrite took {:.1} s from its start, ending {end:.1} s into the paced phase; from due to answer, due until 10 s after it ended: {}; due later: {}",
+        ended.duration_since(server_started).as_secs_f64(),
+        line(&mut during),
+        line(&mut after)
+    );
+}
 
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
@@ -445,9 +546,16 @@ fn main() {
     }
 
     let db = dir.path().join("ledger.duckdb");
+    let rewrite_hour = t0 - t0.rem_euclid(3600) - 2 * 3600;
+    let prefilled = if a.rewrite_instances > 0 {
+        prefill(&db, rewrite_hour, a.rewrite_instances)
+    } else {
+        0
+    };
     let token_file = dir.path().join("tokens");
     let mut flags: Vec<&str> = vec!["--token-file", token_file.to_str().unwrap()];
     flags.extend(a.flags.iter().map(String::as_str));
+    let server_started = Instant::now();
     let server = fleet::start_aggregator(&db, &flags);
     let pid = server.child.id();
     let url = format!("http://127.0.0.1:{}/api/v1/ingest", server.port);
@@ -460,6 +568,14 @@ fn main() {
     let metrics_url = format!("http://127.0.0.1:{}/metrics", server.port);
     let metrics_client = reqwest::Client::new();
     rt.spawn(watch_memory(metrics_url.clone(), memory.clone()));
+    let rewritten_at: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    if prefilled > 0 {
+        rt.spawn(watch_rewrite(
+            metrics_url.clone(),
+            prefilled,
+            rewritten_at.clone(),
+        ));
+    }
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
     let mut sent = 0;
     let mut stored = 0;
@@ -506,6 +622,7 @@ fn main() {
                 );
             }
         }
+        phase
     };
     run(
         &format!("first contact, {nodes} nodes at once (56 new instances each)"),
@@ -526,7 +643,7 @@ fn main() {
             Some(base),
         );
     }
-    run(
+    let paced = run(
         &format!(
             "paced, {} senders × one batch per 5 s ({:.0} samples/s offered)",
             a.paced_senders,
@@ -536,12 +653,15 @@ fn main() {
         Some(Duration::from_secs(BATCH_SECONDS as u64)),
         None,
     );
+    if prefilled > 0 {
+        report_rewrite(&paced, server_started, *rewritten_at.lock().unwrap());
+    }
     let peak = fleet::peak_rss_kib(pid);
     server.stop();
     let conn = duckdb::Connection::open(&db).unwrap();
     let count =
         |sql: &str| -> u64 { conn.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap() as u64 };
-    let raw = count("SELECT count(*) FROM samples_raw");
+    let raw = count("SELECT count(*) FROM samples_raw") - prefilled;
     let minutes = count("SELECT sum(samples)::BIGINT FROM rollup_1m");
     let batches = count("SELECT sum(stored)::BIGINT FROM ingested_batches");
     eprintln!(
@@ -552,6 +672,10 @@ fn main() {
         [stored, raw, minutes, batches].iter().all(|&n| n == sent),
         "stored must equal sent"
     );
+    if prefilled > 0 {
+        // The file holds the prefilled hour too: its bytes say nothing of the batches'.
+        return;
+    }
     let raw_blocks = |conn: &duckdb::Connection| -> u64 {
         conn.query_row(
             "SELECT count(DISTINCT block_id) FROM pragma_storage_info('samples_raw') WHERE block_id >= 0",
