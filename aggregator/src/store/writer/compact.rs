@@ -146,7 +146,15 @@ impl Compactor {
             .await
             .map_err(|e| StoreError::Io(format!("the compaction task failed: {e}")))??;
             if this_hour.rows > 0 {
-                writer.compacting_checkpoint().await?;
+                // The rewrite has committed: a checkpoint DuckDB refuses now (another
+                // connection's write transaction is open) is left to the next one.
+                match writer.compacting_checkpoint().await {
+                    Err(StoreError::WriterStopped) => return Err(StoreError::WriterStopped),
+                    Err(e) => {
+                        tracing::warn!(error = %e, hour = hour.0, "The checkpoint after an hour's rewrite did not run; the next one frees its blocks.")
+                    }
+                    Ok(()) => {}
+                }
             }
             rewritten += this_hour.rows;
             if !this_hour.whole {

@@ -151,7 +151,7 @@ impl WriterThread {
             self.reload_dims();
         }
         // Lets DuckDB reuse the freed blocks, and merges the row groups the deletes thinned.
-        super::compacting_checkpoint(&self.conn).map_err(StoreError::from_db)?;
+        super::checkpoints::checkpoint_after_commit(&self.conn, "retention");
         Ok(report)
     }
 }
