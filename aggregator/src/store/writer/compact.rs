@@ -155,6 +155,11 @@ impl Compactor {
                     }
                     Ok(()) => {}
                 }
+                // What DuckDB freed of the slices' sorts and writes, and of the checkpoint, stays
+                // resident otherwise.
+                tokio::task::spawn_blocking(crate::release_free_memory)
+                    .await
+                    .map_err(|e| StoreError::Io(format!("the compaction task failed: {e}")))?;
             }
             rewritten += this_hour.rows;
             if !this_hour.whole {
