@@ -436,7 +436,7 @@ async fn a_ledger_from_before_the_notes_and_the_totals_upgrades_to_the_same_answ
     {
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch(
-            "DROP TABLE gpu_hours_changed; DROP SEQUENCE gpu_hours_changed_seq;
+            "DROP TABLE raw_compacted; DROP TABLE gpu_hours_changed; DROP SEQUENCE gpu_hours_changed_seq;
              ALTER TABLE hoarding_episodes DROP COLUMN base_through;
              ALTER TABLE hoarding_episodes DROP COLUMN base_held_seconds;
              ALTER TABLE hoarding_episodes DROP COLUMN base_sm_active_samples;
