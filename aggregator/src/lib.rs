@@ -54,10 +54,10 @@ pub fn tune_allocator() {
 /// Hands the pages glibc's allocator holds free back to the system (`malloc_trim`), after work
 /// that allocated and freed far more than the process keeps: the hourly raw rewrite has DuckDB
 /// sort and write hundreds of millions of rows, and what it freed stayed resident for the rest of
-/// the hour (BENCHMARKS.md, "The rewrite through the binary"). Once per hour, not per slice:
-/// after each slice it cut a fleet's peak from 2,355 to 1,632 MiB, but every thread waits on the
-/// arenas' locks while it runs, and the rewrite then took over 240 s instead of 183. A no-op
-/// elsewhere than glibc.
+/// the hour (BENCHMARKS.md, "The rewrite through the binary, and after a restart"). Once per
+/// hour, after the hour's checkpoint, not per slice: after each slice it cut a fleet's peak from
+/// 2,355 to 1,632 MiB, but every thread of the aggregator used a quarter more CPU per sample and
+/// the rewrite took over 240 s instead of 183 (one run each). A no-op elsewhere than glibc.
 pub fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free memory; it takes the arenas' locks itself.
