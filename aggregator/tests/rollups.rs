@@ -120,6 +120,19 @@ async fn write_all(writer: &Writer, batches: Vec<Batch>, raw_cutoff: i64) -> (u6
     (stored, dup)
 }
 
+/// Retention as of `now` with a 1 h raw window and 2 h of rollups: the rows it deleted, per table.
+async fn retain_1h_2h(writer: &Writer, now: i64) -> BTreeMap<&'static str, u64> {
+    let retention = Retention {
+        raw_secs: 3600,
+        rollup_secs: 2 * 3600,
+    };
+    let report = writer
+        .apply_retention(now, retention)
+        .await
+        .expect("retention answers what it deleted");
+    report.deleted.into_iter().collect()
+}
+
 fn open(path: &std::path::Path) -> (Writer, std::thread::JoinHandle<()>) {
     let (conn, _) = store::open(path).unwrap();
     Writer::spawn(conn, 1_000_000, Arc::new(())).unwrap()
@@ -323,17 +336,7 @@ async fn retention_deletes_what_is_older_than_each_window() {
     write_all(&writer, vec![Batch::from_samples("n1", &all)], 0).await;
     // Raw window: 1 hour; rollups: 2 hours; "now" is t0 + 3h.
     let now = t0 + 3 * 3600;
-    let report = writer
-        .apply_retention(
-            now,
-            Retention {
-                raw_secs: 3600,
-                rollup_secs: 2 * 3600,
-            },
-        )
-        .await
-        .unwrap();
-    let deleted: BTreeMap<_, _> = report.deleted.into_iter().collect();
+    let deleted = retain_1h_2h(&writer, now).await;
     drop(writer);
     thread.join().unwrap();
     let (conn, _) = store::open(&path).unwrap();
@@ -384,17 +387,7 @@ async fn retention_beside_another_connections_open_write_reports_what_it_deleted
         )
         .unwrap();
     let now = t0 + 3 * 3600;
-    let report = writer
-        .apply_retention(
-            now,
-            Retention {
-                raw_secs: 3600,
-                rollup_secs: 2 * 3600,
-            },
-        )
-        .await
-        .expect("retention answers what it deleted");
-    let deleted: BTreeMap<_, _> = report.deleted.into_iter().collect();
+    let deleted = retain_1h_2h(&writer, now).await;
     assert_eq!(
         deleted["samples_raw"] as usize,
         all.iter().filter(|s| s.timestamp < now - 3600).count()
