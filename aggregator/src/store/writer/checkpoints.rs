@@ -100,10 +100,11 @@ pub(crate) fn without_merges(conn: &Connection) -> duckdb::Result<()> {
     conn.execute_batch("SET max_vacuum_tasks = 0")
 }
 
-/// [`compacting_checkpoint`] after maintenance that has committed (retention's deletes): the
-/// checkpoint only frees blocks and merges row groups, so one DuckDB refuses ("other write
-/// transactions active": a compactor's slice or an evaluation's write on another connection)
-/// is left to the next, with a warning, rather than reported as the maintenance failing.
+/// [`compacting_checkpoint`] after maintenance that has committed (retention's deletes, an
+/// hour's raw rewrite): the checkpoint only frees blocks and merges row groups, so one DuckDB
+/// refuses ("other write transactions active": another connection's transaction holds its
+/// checkpoint lock, as an UPDATE, a sequence or a catalog change does until it ends) is left to
+/// the next, with a warning, rather than reported as the maintenance failing.
 pub(crate) fn checkpoint_after_commit(conn: &Connection, after: &str) {
     if let Err(e) = compacting_checkpoint(conn) {
         tracing::warn!(error = %e, after, "A checkpoint after committed work did not run; the next one frees its blocks.");

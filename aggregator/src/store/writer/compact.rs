@@ -146,15 +146,7 @@ impl Compactor {
             .await
             .map_err(|e| StoreError::Io(format!("the compaction task failed: {e}")))??;
             if this_hour.rows > 0 {
-                // The rewrite has committed: a checkpoint DuckDB refuses now (another
-                // connection's write transaction is open) is left to the next one.
-                match writer.compacting_checkpoint().await {
-                    Err(StoreError::WriterStopped) => return Err(StoreError::WriterStopped),
-                    Err(e) => {
-                        tracing::warn!(error = %e, hour = hour.0, "The checkpoint after an hour's rewrite did not run; the next one frees its blocks.")
-                    }
-                    Ok(()) => {}
-                }
+                writer.compacting_checkpoint().await?;
                 // What DuckDB freed of the slices' sorts and writes, and of the checkpoint, stays
                 // resident otherwise.
                 tokio::task::spawn_blocking(crate::release_free_memory)
