@@ -12,7 +12,7 @@
 //! values it cannot hold) is 422. A batch is acknowledged (200) only once it is committed.
 
 use axum::Json;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use gpuledger_schema::wire::{self, Batch, Format, WireError};
@@ -20,7 +20,8 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::store::{IngestOutcome, QueueError, StoreError};
+use crate::auth::{Role, TokenId};
+use crate::store::{IngestOutcome, QueueError, Reservation, StoreError};
 use crate::telemetry::{IngestRejected, RejectReason};
 
 /// Bodies up to this size whose document (inflated, for gzip) is at most
@@ -97,7 +98,30 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// The handler.
+/// Why a request is refused: the reason it is counted under, and the answer.
+struct Refusal {
+    reason: RejectReason,
+    error: ApiError,
+}
+
+impl Refusal {
+    fn new(reason: RejectReason, error: ApiError) -> Refusal {
+        Refusal { reason, error }
+    }
+
+    /// Logs and counts the refusal ([`IngestRejected`]) and gives the answer.
+    fn emit(self, app: &AppState, node: Option<&str>) -> ApiError {
+        IngestRejected {
+            reason: self.reason,
+            node,
+            message: &self.error.message,
+        }
+        .emit(&app.metrics);
+        self.error
+    }
+}
+
+/// The handler: the steps below, in the order of the module's list.
 #[tracing::instrument(
     name = "ingest",
     skip_all,
@@ -108,170 +132,32 @@ pub async fn ingest(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<IngestResponse>, ApiError> {
-    let reject = |reason: RejectReason, node: Option<&str>, e: ApiError| {
-        IngestRejected {
-            reason,
-            node,
-            message: &e.message,
-        }
-        .emit(&app.metrics);
-        e
-    };
-    let (token, role) = app
-        .tokens
-        .identify(&headers)
-        .map_err(|e| reject(RejectReason::Unauthorized, None, e))?;
-    if !role.may_ingest() {
-        return Err(reject(
-            RejectReason::Forbidden,
-            None,
-            ApiError::forbidden(
-                "authorization",
-                "this token cannot ingest; use a node:NAME, node:* or admin token",
-            ),
-        ));
-    }
-    let limits = &app.config.limits;
-    let too_large = || {
-        ApiError::too_large(format!(
-            "the body is over {} bytes (--max-body-bytes)",
-            limits.max_body_bytes
-        ))
-    };
-    if declared_length(&headers).is_some_and(|n| n > limits.max_body_bytes as u64) {
-        return Err(reject(RejectReason::TooLarge, None, too_large()));
-    }
-    let content_type = headers.get(header::CONTENT_TYPE).map(|v| v.to_str());
-    let format = match content_type {
-        None => Format::of_content_type(None),
-        Some(Ok(v)) => Format::of_content_type(Some(v)),
-        Some(Err(_)) => None,
-    }
-    .ok_or_else(|| {
-        reject(
-            RejectReason::Invalid,
-            None,
-            ApiError::unsupported_media_type(format!(
-                "a batch is {} or {} (schema/WIRE.md)",
-                wire::CONTENT_TYPE,
-                wire::MSGPACK_CONTENT_TYPE
-            )),
-        )
-    })?;
+    let (token, role) = authorize(&app, &headers).map_err(|r| r.emit(&app, None))?;
+    let format = body_format(&app, &headers).map_err(|r| r.emit(&app, None))?;
     let slot = app.admission.enter(token).await.map_err(|refused| {
-        reject(
-            RejectReason::Throttled,
-            None,
-            refused.into_error(app.admission.per_token()),
-        )
+        let error = refused.into_error(app.admission.per_token());
+        Refusal::new(RejectReason::Throttled, error).emit(&app, None)
     })?;
-    let bytes = match tokio::time::timeout(
-        limits.body_read_timeout,
-        axum::body::to_bytes(body, limits.max_body_bytes),
-    )
-    .await
-    {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(_)) => return Err(reject(RejectReason::TooLarge, None, too_large())),
-        Err(_) => {
-            return Err(reject(
-                RejectReason::Timeout,
-                None,
-                ApiError::timeout(format!(
-                    "the body did not arrive within {} s",
-                    limits.body_read_timeout.as_secs_f64()
-                )),
-            ));
-        }
-    };
-    let gzip = headers
-        .get(header::CONTENT_ENCODING)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
-    let batch_limits = limits.batch;
-    let decoding = app.admission.decode_slot().await;
-    let inline = if bytes.len() <= INLINE_DECODE_BYTES {
-        // A panic in decoding is a bug: answered 500, as from a blocking thread, and not a
-        // connection dropped with the request's task.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Batch::decode_within(&bytes, gzip, format, &batch_limits, INLINE_DOCUMENT_BYTES)
-        }))
-        .map_err(|_| ApiError::internal(&"decoding a body panicked"))?
-    } else {
-        None
-    };
-    let decoded = match inline {
-        Some(batch) => {
-            drop(decoding);
-            batch
-        }
-        None => tokio::task::spawn_blocking(move || {
-            let _decoding = decoding;
-            Batch::decode_as(&bytes, gzip, format, &batch_limits)
-        })
+    let bytes = read_body(&app, body)
         .await
-        .map_err(|e| ApiError::internal(&e))?,
-    };
-    let batch = decoded.map_err(|e| match e {
-        WireError::TooLarge(m) => reject(RejectReason::TooLarge, None, ApiError::too_large(m)),
-        e => reject(
-            RejectReason::Invalid,
-            None,
-            ApiError::bad_request(e.field().to_owned(), e.to_string()),
-        ),
-    })?;
-    let node = Some(batch.node.as_str());
+        .map_err(|r| r.emit(&app, None))?;
+    let batch = decode(&app, &headers, bytes, format)
+        .await?
+        .map_err(|e| match e {
+            WireError::TooLarge(m) => Refusal::new(RejectReason::TooLarge, ApiError::too_large(m)),
+            e => Refusal::new(
+                RejectReason::Invalid,
+                ApiError::bad_request(e.field().to_owned(), e.to_string()),
+            ),
+        })
+        .map_err(|r| r.emit(&app, None))?;
     let span = tracing::Span::current();
     span.record("node", batch.node.as_str());
     span.record("batch_id", tracing::field::display(batch.batch_id));
-    if !role.may_ingest_for(&batch.node) {
-        return Err(reject(
-            RejectReason::Forbidden,
-            node,
-            ApiError::forbidden(
-                "node",
-                format!("this token is not valid for node {:?}", batch.node),
-            ),
-        ));
-    }
-    if let Some((list, i, s)) = batch
-        .entries()
-        .find(|(_, _, s)| !role.may_ingest_for(&s.node))
-    {
-        return Err(reject(
-            RejectReason::Forbidden,
-            node,
-            ApiError::forbidden(
-                format!("{list}[{i}].node"),
-                format!("this token is not valid for node {:?}", s.node),
-            ),
-        ));
-    }
+    let node = Some(batch.node.as_str());
     let now = chrono::Utc::now().timestamp();
-    app.config
-        .window(now)
-        .check(&batch)
-        .map_err(|(field, message)| {
-            reject(
-                RejectReason::Invalid,
-                node,
-                ApiError::bad_request(field, message),
-            )
-        })?;
-    let reservation = app
-        .writer
-        .try_reserve(batch.weight())
-        .map_err(|e| match e {
-            QueueError::TooLarge { .. } => reject(
-                RejectReason::TooLarge,
-                node,
-                ApiError::too_large(e.to_string()),
-            ),
-            QueueError::Full { .. } | QueueError::Stopped => reject(
-                RejectReason::Overloaded,
-                node,
-                ApiError::unavailable(e.to_string(), 1),
-            ),
-        })?;
+    check_batch(&app, &role, &batch, now).map_err(|r| r.emit(&app, node))?;
+    let reservation = reserve(&app, &batch).map_err(|r| r.emit(&app, node))?;
     // The batch now waits in the writer queue, which bounds it: the slot goes back, so that the
     // requests waiting for one commit are not limited to the slots and the writer's groups grow
     // with the senders.
@@ -281,41 +167,10 @@ pub async fn ingest(
         .set(app.writer.queued_samples() as i64);
     let batch_id = batch.batch_id;
     let node_name = batch.node.clone();
-    let raw_cutoff = now.saturating_sub(app.config.retention.raw_secs);
-    let outcome: IngestOutcome = app
-        .writer
-        .ingest(batch, raw_cutoff, reservation)
+    let outcome = write(&app, batch, now, reservation)
         .await
-        .map_err(|e| match e {
-            StoreError::Rejected { field, message } => reject(
-                RejectReason::Unstorable,
-                Some(&node_name),
-                ApiError::unprocessable(field, message),
-            ),
-            StoreError::WriterStopped => reject(
-                RejectReason::StoreError,
-                Some(&node_name),
-                ApiError::unavailable(e.to_string(), 5),
-            ),
-            e => {
-                // Logged once, here; the exporter keeps the batch and retries.
-                tracing::error!(error = %e, batch_id = %batch_id, "A batch could not be written; the exporter will retry it.");
-                reject(
-                    RejectReason::StoreError,
-                    Some(&node_name),
-                    ApiError::unavailable("the ledger could not write this batch; retry", 5),
-                )
-            }
-        })?;
-    let m = &app.metrics;
-    m.queue_samples.set(app.writer.queued_samples() as i64);
-    if outcome.duplicate_batch {
-        m.duplicate_batches.inc();
-    } else {
-        m.batches.inc();
-    }
-    m.samples.inc_by(outcome.stored);
-    m.duplicate_samples.inc_by(outcome.duplicate_samples);
+        .map_err(|r| r.emit(&app, Some(&node_name)))?;
+    count(&app, &outcome);
     span.record("samples", outcome.samples);
     span.record("stored", outcome.stored);
     span.record("duplicate_samples", outcome.duplicate_samples);
@@ -326,4 +181,195 @@ pub async fn ingest(
         duplicate_samples: outcome.duplicate_samples,
         duplicate_batch: outcome.duplicate_batch,
     }))
+}
+
+/// The caller's token (401), and that its role may ingest at all (403).
+fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(TokenId, Role), Refusal> {
+    let (token, role) = app
+        .tokens
+        .identify(headers)
+        .map_err(|e| Refusal::new(RejectReason::Unauthorized, e))?;
+    if !role.may_ingest() {
+        return Err(Refusal::new(
+            RejectReason::Forbidden,
+            ApiError::forbidden(
+                "authorization",
+                "this token cannot ingest; use a node:NAME, node:* or admin token",
+            ),
+        ));
+    }
+    Ok((token, role))
+}
+
+fn body_too_large(app: &AppState) -> Refusal {
+    Refusal::new(
+        RejectReason::TooLarge,
+        ApiError::too_large(format!(
+            "the body is over {} bytes (--max-body-bytes)",
+            app.config.limits.max_body_bytes
+        )),
+    )
+}
+
+/// A declared `Content-Length` within the limit (413), and the body's format from its
+/// `Content-Type` (415).
+fn body_format(app: &AppState, headers: &HeaderMap) -> Result<Format, Refusal> {
+    if declared_length(headers).is_some_and(|n| n > app.config.limits.max_body_bytes as u64) {
+        return Err(body_too_large(app));
+    }
+    let format = match headers.get(header::CONTENT_TYPE).map(|v| v.to_str()) {
+        None => Format::of_content_type(None),
+        Some(Ok(v)) => Format::of_content_type(Some(v)),
+        Some(Err(_)) => None,
+    };
+    format.ok_or_else(|| {
+        Refusal::new(
+            RejectReason::Invalid,
+            ApiError::unsupported_media_type(format!(
+                "a batch is {} or {} (schema/WIRE.md)",
+                wire::CONTENT_TYPE,
+                wire::MSGPACK_CONTENT_TYPE
+            )),
+        )
+    })
+}
+
+/// The body, within the size limit (413) and the read timeout (408).
+async fn read_body(app: &AppState, body: Body) -> Result<Bytes, Refusal> {
+    let limits = &app.config.limits;
+    match tokio::time::timeout(
+        limits.body_read_timeout,
+        axum::body::to_bytes(body, limits.max_body_bytes),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(body_too_large(app)),
+        Err(_) => Err(Refusal::new(
+            RejectReason::Timeout,
+            ApiError::timeout(format!(
+                "the body did not arrive within {} s",
+                limits.body_read_timeout.as_secs_f64()
+            )),
+        )),
+    }
+}
+
+/// The batch, decoded in a decode slot: on the request's task when the body is small
+/// ([`INLINE_DECODE_BYTES`]), else on a blocking thread. The inner error is the body's (413 or
+/// 400 naming the field); the outer one is ours (500), and not counted as a refusal.
+async fn decode(
+    app: &AppState,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    format: Format,
+) -> Result<Result<Batch, WireError>, ApiError> {
+    let gzip = headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
+    let limits = app.config.limits.batch;
+    let decoding = app.admission.decode_slot().await;
+    if bytes.len() <= INLINE_DECODE_BYTES {
+        // A panic in decoding is a bug: answered 500, as from a blocking thread, and not a
+        // connection dropped with the request's task.
+        let inline = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Batch::decode_within(&bytes, gzip, format, &limits, INLINE_DOCUMENT_BYTES)
+        }))
+        .map_err(|_| ApiError::internal(&"decoding a body panicked"))?;
+        if let Some(batch) = inline {
+            return Ok(batch);
+        }
+    }
+    tokio::task::spawn_blocking(move || {
+        let _decoding = decoding;
+        Batch::decode_as(&bytes, gzip, format, &limits)
+    })
+    .await
+    .map_err(|e| ApiError::internal(&e))
+}
+
+/// The token's node for every series and share (403), and the time window for every second
+/// (400).
+fn check_batch(app: &AppState, role: &Role, batch: &Batch, now: i64) -> Result<(), Refusal> {
+    let forbidden = |field: String, node: &str| {
+        Refusal::new(
+            RejectReason::Forbidden,
+            ApiError::forbidden(field, format!("this token is not valid for node {node:?}")),
+        )
+    };
+    if !role.may_ingest_for(&batch.node) {
+        return Err(forbidden("node".into(), &batch.node));
+    }
+    if let Some((list, i, s)) = batch
+        .entries()
+        .find(|(_, _, s)| !role.may_ingest_for(&s.node))
+    {
+        return Err(forbidden(format!("{list}[{i}].node"), &s.node));
+    }
+    app.config
+        .window(now)
+        .check(batch)
+        .map_err(|(field, message)| {
+            Refusal::new(RejectReason::Invalid, ApiError::bad_request(field, message))
+        })
+}
+
+/// Room in the writer queue: 503 with Retry-After while it is full (the exporter keeps the batch
+/// and retries), 413 for a batch larger than the whole queue.
+fn reserve(app: &AppState, batch: &Batch) -> Result<Reservation, Refusal> {
+    app.writer.try_reserve(batch.weight()).map_err(|e| match e {
+        QueueError::TooLarge { .. } => {
+            Refusal::new(RejectReason::TooLarge, ApiError::too_large(e.to_string()))
+        }
+        QueueError::Full { .. } | QueueError::Stopped => Refusal::new(
+            RejectReason::Overloaded,
+            ApiError::unavailable(e.to_string(), 1),
+        ),
+    })
+}
+
+/// Writes the batch and waits for its commit: 422 for a batch the store refuses whatever is
+/// retried, 503 when the store failed (the exporter retries).
+async fn write(
+    app: &AppState,
+    batch: Batch,
+    now: i64,
+    reservation: Reservation,
+) -> Result<IngestOutcome, Refusal> {
+    let batch_id = batch.batch_id;
+    let raw_cutoff = now.saturating_sub(app.config.retention.raw_secs);
+    app.writer
+        .ingest(batch, raw_cutoff, reservation)
+        .await
+        .map_err(|e| match e {
+            StoreError::Rejected { field, message } => Refusal::new(
+                RejectReason::Unstorable,
+                ApiError::unprocessable(field, message),
+            ),
+            StoreError::WriterStopped => Refusal::new(
+                RejectReason::StoreError,
+                ApiError::unavailable(e.to_string(), 5),
+            ),
+            e => {
+                // Logged once, here; the exporter keeps the batch and retries.
+                tracing::error!(error = %e, batch_id = %batch_id, "A batch could not be written; the exporter will retry it.");
+                Refusal::new(
+                    RejectReason::StoreError,
+                    ApiError::unavailable("the ledger could not write this batch; retry", 5),
+                )
+            }
+        })
+}
+
+/// Counts a written batch and its samples.
+fn count(app: &AppState, outcome: &IngestOutcome) {
+    let m = &app.metrics;
+    m.queue_samples.set(app.writer.queued_samples() as i64);
+    if outcome.duplicate_batch {
+        m.duplicate_batches.inc();
+    } else {
+        m.batches.inc();
+    }
+    m.samples.inc_by(outcome.stored);
+    m.duplicate_samples.inc_by(outcome.duplicate_samples);
 }
