@@ -35,23 +35,7 @@ impl Readers {
     /// Bytes free to the aggregator on the ledger's filesystem; `None` for an in-memory ledger or
     /// when the filesystem cannot be asked.
     pub fn free_bytes(&self) -> Option<u64> {
-        use std::os::unix::ffi::OsStrExt;
-        let path = self.path.as_ref()?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => std::path::Path::new("."),
-        };
-        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-        // SAFETY: `c` is a NUL-terminated path and `st` points to writable memory of the size
-        // statvfs(3) fills; it is read only after the call reports success.
-        let st = unsafe {
-            if libc::statvfs(c.as_ptr(), st.as_mut_ptr()) != 0 {
-                return None;
-            }
-            st.assume_init()
-        };
-        Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+        free_bytes_beside(self.path.as_ref()?)
     }
 
     /// Bytes on disk: the database file and its write-ahead log.
@@ -65,6 +49,27 @@ impl Readers {
             .map(|m| m.len())
             .sum()
     }
+}
+
+/// Bytes free to the aggregator on the filesystem that holds `path`; `None` when it cannot be
+/// asked.
+pub(crate) fn free_bytes_beside(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` points to writable memory of the size
+    // statvfs(3) fills; it is read only after the call reports success.
+    let st = unsafe {
+        if libc::statvfs(c.as_ptr(), st.as_mut_ptr()) != 0 {
+            return None;
+        }
+        st.assume_init()
+    };
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 /// The tables whose row counts the aggregator exports.

@@ -105,10 +105,60 @@ pub(crate) fn without_merges(conn: &Connection) -> duckdb::Result<()> {
 /// refuses ("other write transactions active": another connection's transaction holds its
 /// checkpoint lock, as an UPDATE, a sequence or a catalog change does until it ends) is left to
 /// the next, with a warning, rather than reported as the maintenance failing.
+///
+/// It runs only with room on the ledger's volume ([`room_to_checkpoint`]): DuckDB invalidates a
+/// database whose checkpoint runs out of space, and then refuses every write until a restart,
+/// where a commit refused on a full disk is only an error and the next one succeeds.
 pub(crate) fn checkpoint_after_commit(conn: &Connection, after: &str) {
+    if let Err(why) = room_to_checkpoint(conn) {
+        tracing::warn!(
+            after,
+            why,
+            "A checkpoint after committed work did not run; the next one frees its blocks."
+        );
+        return;
+    }
     if let Err(e) = compacting_checkpoint(conn) {
         tracing::warn!(error = %e, after, "A checkpoint after committed work did not run; the next one frees its blocks.");
     }
+}
+
+/// Free space a maintenance checkpoint wants beyond the write-ahead log it folds into the file.
+const CHECKPOINT_HEADROOM: u64 = 16 << 20;
+
+/// `Err` naming the shortfall when the ledger's volume has less free space than its write-ahead
+/// log plus [`CHECKPOINT_HEADROOM`] (what a checkpoint writes is at most about what the log
+/// holds). An in-memory ledger, or a volume that cannot be asked, has room.
+fn room_to_checkpoint(conn: &Connection) -> Result<(), String> {
+    let path: String = match conn.query_row(
+        "SELECT coalesce(path, '') FROM duckdb_databases() WHERE database_name = current_database()",
+        [],
+        |r| r.get(0),
+    ) {
+        Ok(p) => p,
+        Err(_) => return Ok(()),
+    };
+    if path.is_empty() {
+        return Ok(());
+    }
+    let path = std::path::Path::new(&path);
+    let Some(free) = crate::store::query::free_bytes_beside(path) else {
+        return Ok(());
+    };
+    let mut wal = path.as_os_str().to_owned();
+    wal.push(".wal");
+    enough_room(free, std::fs::metadata(&wal).map_or(0, |m| m.len()))
+}
+
+/// [`room_to_checkpoint`]'s rule, given the bytes free and the write-ahead log's size.
+fn enough_room(free: u64, wal: u64) -> Result<(), String> {
+    let wanted = wal.saturating_add(CHECKPOINT_HEADROOM);
+    if free < wanted {
+        return Err(format!(
+            "{free} bytes free on the ledger's volume, under the {wanted} a checkpoint wants (its write-ahead log plus {CHECKPOINT_HEADROOM})"
+        ));
+    }
+    Ok(())
 }
 
 /// A checkpoint that merges row groups, for the writer's maintenance. Merging is off again
@@ -129,6 +179,26 @@ mod tests {
             r.get(0)
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_checkpoint_runs_only_with_its_log_and_some_headroom_free() {
+        assert!(enough_room(0, 0).is_err(), "a full volume");
+        assert!(enough_room(CHECKPOINT_HEADROOM - 1, 0).is_err());
+        assert!(enough_room(CHECKPOINT_HEADROOM, 0).is_ok());
+        let e = enough_room(CHECKPOINT_HEADROOM + 100, 101).unwrap_err();
+        assert!(e.contains("write-ahead log"), "{e}");
+        assert!(enough_room(CHECKPOINT_HEADROOM + 101, 101).is_ok());
+        assert!(enough_room(u64::MAX, u64::MAX).is_ok(), "no overflow");
+        // A ledger in memory, and one in a directory with room, are checkpointed.
+        let (mem, _) = crate::store::open(std::path::Path::new(":memory:")).unwrap();
+        assert!(room_to_checkpoint(&mem).is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let (file, _) = crate::store::open(&dir.path().join("l.duckdb")).unwrap();
+        let free = crate::store::query::free_bytes_beside(&dir.path().join("l.duckdb")).unwrap();
+        if free > 1 << 30 {
+            assert!(room_to_checkpoint(&file).is_ok(), "{free} bytes free");
+        }
     }
 
     #[test]
