@@ -358,6 +358,18 @@ fn a_kept_import_is_written_in_instance_order_with_no_free_blocks() {
         })
         .unwrap();
     assert_eq!(free, 0, "blocks left free by the import");
+    assert_eq!(
+        rewritten_until(&db),
+        Some(start + 7200),
+        "the aggregator's first start need not rewrite the imported hours again"
+    );
+}
+
+/// Where the ledger records that its raw rows are in instance order (`raw_compacted`).
+fn rewritten_until(db: &std::path::Path) -> Option<i64> {
+    open_ledger(db)
+        .query_row("SELECT max(until_ts) FROM raw_compacted", [], |r| r.get(0))
+        .unwrap()
 }
 
 /// Regression: a file too large to keep (over a million samples) was written in file order, then
@@ -407,6 +419,7 @@ fn a_streamed_import_rewrites_each_hour_on_the_way() {
         )
         .unwrap();
     assert!(2 * free < used, "{free} blocks free beside {used} used");
+    assert_eq!(rewritten_until(&db), Some(start + 4 * 3600));
 }
 
 /// Instance changes, and steps back in time within an instance, in the raw rows' stored order,

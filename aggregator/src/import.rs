@@ -571,6 +571,15 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
             writer.compact_raw(from, to).await?;
         }
     }
+    // Every imported hour in the raw window is in instance order now: the closed ones need no
+    // rewrite by the aggregator's first start.
+    if let (Dest::Writer(writer), Some((first, last))) = (&sink.dest, span) {
+        let hour = |t: i64| t - t.rem_euclid(3600);
+        let until = (hour(last) + 3600).min(hour(now - store::COMPACT_AFTER));
+        writer
+            .record_in_order(hour(first.max(raw_cutoff)), until)
+            .await?;
+    }
     drop(sink.dest);
     if let Some(thread) = thread {
         tokio::task::block_in_place(|| {

@@ -274,17 +274,14 @@ async fn alertmanager_loop(
     }
 }
 
-/// How long after an hour ends its raw rows are rewritten in instance order: batches an exporter
-/// ships late still arrive in it (they are stored either way; later ones stay in arrival order).
-const COMPACT_AFTER: i64 = 10 * 60;
-
 /// The hours the retention tick rewrites at `now` (`[from, to)`, whole hours), or `None` when
 /// none is due: from where the ledger's record says the last rewrite ended (`done`; `None`, a
-/// new ledger: its whole raw window), up to the last hour that ended [`COMPACT_AFTER`] ago. An
+/// new ledger: its whole raw window), up to the last hour that ended
+/// [`store::COMPACT_AFTER`] ago. An
 /// hour that retention has begun to delete is left to it (the two would delete the same rows).
 fn compaction_due(now: i64, done: Option<i64>, raw_secs: i64) -> Option<(i64, i64)> {
     let hour = |t: i64| t - t.rem_euclid(3600);
-    let closed = hour(now - COMPACT_AFTER);
+    let closed = hour(now - store::COMPACT_AFTER);
     let from = done.unwrap_or(i64::MIN).max(hour(now - raw_secs) + 3600);
     (closed > from).then_some((from, closed))
 }
@@ -347,7 +344,8 @@ async fn retention_loop(app: AppState, compactor: store::Compactor) {
 
 #[cfg(test)]
 mod tests {
-    use super::{COMPACT_AFTER, compaction_due};
+    use super::compaction_due;
+    use crate::store::COMPACT_AFTER;
 
     const H: i64 = 3600;
 

@@ -15,6 +15,10 @@ pub use writer::{
     Compactor, IngestOutcome, QueueError, Reservation, Retention, RetentionReport, Writer,
 };
 
+/// How long after an hour ends its raw rows are rewritten in instance order: batches an exporter
+/// ships late still arrive in it (they are stored either way; later ones stay in arrival order).
+pub const COMPACT_AFTER: i64 = 10 * 60;
+
 /// Why the ledger cannot be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -182,6 +182,31 @@ fn record_compacted(conn: &mut Connection, until: i64) -> Result<(), StoreError>
     tx.commit().map_err(db)
 }
 
+/// Records that the hours `[from, until)` are in instance order (an import wrote or rewrote them
+/// so), when the record then still means what it says, that every hour before it is: it moves
+/// only forward, and only when no raw row lies between where it stood (nowhere, on a new ledger)
+/// and `from`, in hours the import did not touch, which may hold rows in arrival order. Without
+/// it the aggregator's first start rewrote an imported raw window once more. The record
+/// afterwards.
+pub(super) fn extend_record(tx: &Connection, from: i64, until: i64) -> duckdb::Result<Option<i64>> {
+    let stood: Option<i64> =
+        tx.query_row("SELECT max(until_ts) FROM raw_compacted", [], |r| r.get(0))?;
+    if stood.is_some_and(|r| r >= until) || until <= from {
+        return Ok(stood);
+    }
+    let in_gap: bool = tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM samples_raw WHERE ts >= ? AND ts < ?)",
+        params![stood.unwrap_or(i64::MIN), from],
+        |r| r.get(0),
+    )?;
+    if in_gap {
+        return Ok(stood);
+    }
+    tx.execute("DELETE FROM raw_compacted", [])?;
+    tx.execute("INSERT INTO raw_compacted VALUES (?)", params![until])?;
+    Ok(Some(until))
+}
+
 /// What [`rewrite_hour`] did.
 struct HourRewritten {
     /// The raw rows rewritten.
@@ -523,6 +548,40 @@ mod tests {
         let mut sorted = ids.clone();
         sorted.sort_unstable_by(|a, b| b.cmp(a));
         assert_eq!(ids, sorted, "the rewritten hour is in instance order");
+    }
+
+    /// An import's hours are recorded as in order only where the record then holds: forward,
+    /// and with no untouched raw row between where it stood and the import's first hour.
+    #[test]
+    fn an_import_moves_the_record_only_over_hours_it_wrote() {
+        let (conn, _) = store::open(std::path::Path::new(":memory:")).unwrap();
+        let h = 1_800_000_000 / 3600 * 3600;
+        let record = |from, until| super::extend_record(&conn, from, until).unwrap();
+        // A new ledger with no raw row before the import's hours.
+        assert_eq!(record(h, h + 7200), Some(h + 7200));
+        assert_eq!(record(h, h + 3600), Some(h + 7200), "never backwards");
+        // A raw row in an hour between the record and the import's first: left to the aggregator.
+        conn.execute(
+            "INSERT INTO samples_raw (ts, instance_id, holder_id) VALUES (?, 1, 0)",
+            [h + 7200 + 10],
+        )
+        .unwrap();
+        assert_eq!(record(h + 3 * 3600, h + 5 * 3600), Some(h + 7200));
+        // The same import starting at that hour covers it.
+        assert_eq!(record(h + 7200, h + 5 * 3600), Some(h + 5 * 3600));
+        assert_eq!(
+            record(h + 9 * 3600, h + 9 * 3600),
+            Some(h + 5 * 3600),
+            "no hour"
+        );
+        let on_file: Vec<i64> = conn
+            .prepare("SELECT until_ts FROM raw_compacted")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(on_file, vec![h + 5 * 3600], "one row");
     }
 
     /// Where the rewrite ended is in the ledger, so a restart resumes there: a new ledger has no

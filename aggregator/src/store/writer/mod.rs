@@ -436,6 +436,14 @@ impl Writer {
         rx.await.map_err(|_| StoreError::WriterStopped)?
     }
 
+    /// Records that the raw rows of the hours `[from, until)` are in instance order (what an
+    /// import leaves), so that the aggregator does not rewrite them again; see
+    /// [`compact::extend_record`] for when the record moves. Resolves to the record afterwards.
+    pub async fn record_in_order(&self, from: i64, until: i64) -> Result<Option<i64>, StoreError> {
+        self.apply_with(move |tx| compact::extend_record(tx, from, until))
+            .await
+    }
+
     /// A checkpoint that merges row groups and frees the blocks of deleted rows, between groups
     /// (what a [`Compactor`] asks for after each hour it rewrote). One DuckDB refuses is left to
     /// the next, with a warning ([`checkpoints::checkpoint_after_commit`]): the rewrite has
