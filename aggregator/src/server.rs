@@ -31,6 +31,12 @@ pub enum ServeError {
     /// The OTLP push could not start.
     #[error(transparent)]
     Otlp(#[from] gpuledger_otel::Error),
+    /// DuckDB invalidated the ledger's database (a checkpoint that failed half-way, say): nothing
+    /// can be read or written until the process opens the file again.
+    #[error(
+        "DuckDB invalidated the ledger's database; a restart opens it again, and its write-ahead log brings back every committed batch: {0}"
+    )]
+    LedgerInvalidated(String),
 }
 
 /// Runs the aggregator until `shutdown` resolves. Every batch acknowledged before then is
@@ -160,9 +166,20 @@ pub async fn run_with(
         .alertmanager
         .clone()
         .map(|am| tokio::spawn(alertmanager_loop(state.clone(), am, client)));
+    // A ledger DuckDB has invalidated ends the service, so that its supervisor restarts it: until
+    // the file is opened again every statement fails, and `/healthz` would keep it running.
+    let (invalid_tx, invalid) = tokio::sync::watch::channel(None);
+    let watchdog = tokio::spawn(watch_validity(state.readers.clone(), invalid_tx));
+    let mut until_invalid = invalid.clone();
     let served = axum::serve(listener, crate::router::router(state.clone()))
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                () = shutdown => {}
+                _ = until_invalid.wait_for(Option::is_some) => {}
+            }
+        })
         .await;
+    watchdog.abort();
     // A rewrite in progress ends after its slice (its blocking thread is not aborted with the
     // loop that started it).
     compactor.stop();
@@ -184,7 +201,38 @@ pub async fn run_with(
     tokio::task::block_in_place(|| {
         let _ = thread.join();
     });
-    served.map_err(ServeError::Serve)
+    served.map_err(ServeError::Serve)?;
+    match invalid.borrow().clone() {
+        Some(why) => Err(ServeError::LedgerInvalidated(why)),
+        None => Ok(()),
+    }
+}
+
+/// How often the service asks whether DuckDB has invalidated the ledger.
+const VALIDITY_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Sends DuckDB's error once it has invalidated the ledger's database (after a fatal error on any
+/// connection, every statement on every connection fails), asked every [`VALIDITY_CHECK`] on a
+/// reader connection.
+async fn watch_validity(readers: Readers, invalid: tokio::sync::watch::Sender<Option<String>>) {
+    let mut tick = tokio::time::interval(VALIDITY_CHECK);
+    loop {
+        tick.tick().await;
+        let readers = readers.clone();
+        let asked = tokio::task::spawn_blocking(move || {
+            let conn = readers.connect()?;
+            conn.execute_batch("SELECT 1")
+                .map_err(store::StoreError::from_db)
+        })
+        .await;
+        if let Ok(Err(store::StoreError::Query(e))) = asked
+            && store::Failure::of(&e) == store::Failure::Fatal
+        {
+            tracing::error!(error = %e, "DuckDB has invalidated the ledger's database; the aggregator stops so that a restart opens it again.");
+            let _ = invalid.send(Some(e.to_string()));
+            return;
+        }
+    }
 }
 
 async fn prepare_then_evaluate(app: AppState, prepare: Prepare) {
@@ -374,5 +422,61 @@ mod tests {
         let window = Some((1_000 * H - raw + H, 1_000 * H));
         assert_eq!(compaction_due(now, None, raw), window);
         assert_eq!(compaction_due(now, Some(10 * H), raw), window);
+    }
+
+    /// A ledger DuckDB has invalidated ends the service with an error, so that its supervisor
+    /// restarts it (systemd's `Restart=always`, a Kubernetes container): until the file is
+    /// opened again every statement fails, and `/healthz` alone would keep it running. What was
+    /// committed before is there when the file is opened again.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_service_exits_when_duckdb_invalidates_the_ledger() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("ledger.duckdb");
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, "node:n1 n1-token-0123456789abcdef\n").unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let listen = listener.local_addr().unwrap();
+        drop(listener);
+        let config = crate::options::AggregatorOptions {
+            db: Some(db.clone()),
+            listen: Some(listen),
+            token_file: Some(tokens),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        // A committed table, then DuckDB's own switch for a checkpoint that fails half-way, and a
+        // checkpoint.
+        let invalidate: super::Prepare = Box::new(|startup| {
+            Box::pin(async move {
+                startup
+                    .writer
+                    .apply(Box::new(|tx| {
+                        tx.execute_batch(
+                            "CREATE TABLE committed AS SELECT 42 AS x; SET debug_checkpoint_abort = 'before_header'",
+                        )
+                    }))
+                    .await?;
+                startup.writer.compacting_checkpoint().await?;
+                Ok(())
+            })
+        });
+        let served = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            super::run_with(config, std::future::pending(), Some(invalidate)),
+        )
+        .await
+        .expect("the service ends without being told to");
+        match served {
+            Err(super::ServeError::LedgerInvalidated(why)) => {
+                assert!(why.contains("invalidated"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let (conn, _) = crate::store::open(&db).unwrap();
+        let x: i32 = conn
+            .query_row("SELECT x FROM committed", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(x, 42);
     }
 }

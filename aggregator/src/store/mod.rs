@@ -77,6 +77,10 @@ pub enum Failure {
     Data,
     /// The machine or the database (disk, memory, a conflict, an interruption): a retry may do.
     Transient,
+    /// DuckDB has invalidated the database (a checkpoint that failed half-way, say): every
+    /// statement on any connection fails until the process opens the file again, and then its
+    /// write-ahead log brings back everything committed.
+    Fatal,
 }
 
 /// DuckDB's error types whose cause is the input itself. Every other type is [`Failure::Transient`]:
@@ -98,6 +102,9 @@ impl Failure {
             duckdb::Error::DuckDBFailure(_, Some(m)) => m.as_str(),
             _ => return Failure::Transient,
         };
+        if message.starts_with("FATAL Error:") {
+            return Failure::Fatal;
+        }
         if DATA_ERRORS.iter().any(|t| {
             message
                 .strip_prefix(t)
