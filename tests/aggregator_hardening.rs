@@ -576,6 +576,11 @@ fn start_up_refuses_a_taken_port_before_creating_the_ledger_and_a_duplicated_tok
 ///
 /// The full disk is a 64 MiB tmpfs in a mount namespace of the aggregator's own (`unshare`), the
 /// test's stand-in for a volume filling up; it is filled through `/proc/<pid>/root`.
+///
+/// Retention runs every second here, and checkpoints after it, with a batch in the write-ahead
+/// log: a checkpoint that ran out of space made DuckDB invalidate the database, so that nothing
+/// recovered without a restart (it once happened by chance at the default interval). Now a
+/// checkpoint runs only with room for it.
 #[tokio::test(flavor = "multi_thread")]
 async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
     common::require_tool("unshare");
@@ -586,7 +591,7 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
     let port = common::free_port();
     let mut child = std::process::Command::new("unshare")
         .args(["--mount", "--map-root-user", "--propagation", "private", "sh", "-c"])
-        .arg("mount -t tmpfs -o size=64m tmpfs \"$1\" && exec \"$2\" aggregator --db \"$1/ledger.duckdb\" --listen \"$3\" --token-file \"$4\"")
+        .arg("mount -t tmpfs -o size=64m tmpfs \"$1\" && exec \"$2\" aggregator --db \"$1/ledger.duckdb\" --listen \"$3\" --token-file \"$4\" --retention-interval 1s")
         .arg("sh")
         .arg(&mnt)
         .arg(env!("CARGO_BIN_EXE_gpuledger"))
@@ -610,6 +615,23 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
         async || (ready().await == Some(200)).then_some(()),
     )
     .await;
+    // A batch in the write-ahead log, so that a checkpoint on the full disk has rows to write.
+    let t = now() - 60;
+    let earlier = Batch::from_samples(
+        "n1",
+        &(t - 60..t - 30)
+            .map(|t| whole_gpu("n1", "GPU-0", Some("a"), t, busy(0.5)))
+            .collect::<Vec<_>>(),
+    );
+    let r = reqwest::Client::new()
+        .post(format!("{url}/api/v1/ingest"))
+        .bearer_auth(N1)
+        .header("content-encoding", "gzip")
+        .body(earlier.encode())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
     // Fill the volume, as seen from inside the aggregator's mount namespace.
     let filler = std::path::PathBuf::from(format!("/proc/{}/root", child.id()))
         .join(mnt.strip_prefix("/").unwrap())
@@ -620,7 +642,6 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
         while f.write_all(&chunk).is_ok() {}
         let _ = f.sync_all();
     }
-    let t = now() - 60;
     let batch = Batch::from_samples(
         "n1",
         &(t..t + 30)
