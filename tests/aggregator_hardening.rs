@@ -623,15 +623,15 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
             .map(|t| whole_gpu("n1", "GPU-0", Some("a"), t, busy(0.5)))
             .collect::<Vec<_>>(),
     );
-    let r = reqwest::Client::new()
-        .post(format!("{url}/api/v1/ingest"))
-        .bearer_auth(N1)
-        .header("content-encoding", "gzip")
-        .body(earlier.encode())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    let post = |batch: &Batch| {
+        reqwest::Client::new()
+            .post(format!("{url}/api/v1/ingest"))
+            .bearer_auth(N1)
+            .header("content-encoding", "gzip")
+            .body(batch.encode())
+            .send()
+    };
+    assert_eq!(post(&earlier).await.unwrap().status().as_u16(), 200);
     // Fill the volume, as seen from inside the aggregator's mount namespace.
     let filler = std::path::PathBuf::from(format!("/proc/{}/root", child.id()))
         .join(mnt.strip_prefix("/").unwrap())
@@ -650,17 +650,7 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
             })
             .collect::<Vec<_>>(),
     );
-    let post = || async {
-        reqwest::Client::new()
-            .post(format!("{url}/api/v1/ingest"))
-            .bearer_auth(N1)
-            .header("content-encoding", "gzip")
-            .body(batch.encode())
-            .send()
-            .await
-            .unwrap()
-    };
-    let r = post().await;
+    let r = post(&batch).await.unwrap();
     assert_eq!(
         r.status().as_u16(),
         503,
@@ -679,7 +669,7 @@ async fn readiness_fails_on_a_full_disk_and_recovers_without_a_restart() {
         (ready().await == Some(200)).then_some(())
     })
     .await;
-    let r = post().await;
+    let r = post(&batch).await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(
