@@ -139,6 +139,11 @@ fn open(path: &std::path::Path) -> (Writer, std::thread::JoinHandle<()>) {
 }
 
 /// Rows of `sql` as (key, values) for comparing two queries.
+/// The one integer `sql` answers.
+fn count(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
 fn rows(conn: &Connection, sql: &str) -> BTreeMap<String, Vec<f64>> {
     let mut stmt = conn.prepare(sql).unwrap();
     let mut out = BTreeMap::new();
@@ -214,9 +219,7 @@ async fn rollups_equal_raw_whatever_the_batching_order_and_duplicates() {
     thread.join().unwrap();
 
     let (conn, _) = store::open(&path).unwrap();
-    let raw: i64 = conn
-        .query_row("SELECT count(*) FROM samples_raw", [], |r| r.get(0))
-        .unwrap();
+    let raw = count(&conn, "SELECT count(*) FROM samples_raw");
     assert_eq!(raw as usize, all.len());
     let distinct: i64 = conn
         .query_row(
@@ -316,7 +319,7 @@ async fn samples_older_than_the_raw_window_go_to_the_rollups_only_and_still_dedu
     drop(writer);
     thread.join().unwrap();
     let (conn, _) = store::open(&path).unwrap();
-    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    let count = |sql: &str| count(&conn, sql);
     assert_eq!(count("SELECT count(*) FROM samples_raw"), 0);
     assert_eq!(count("SELECT sum(samples)::BIGINT FROM rollup_1m"), 3000);
     assert_eq!(count("SELECT sum(samples)::BIGINT FROM rollup_1h"), 3000);
@@ -340,7 +343,7 @@ async fn retention_deletes_what_is_older_than_each_window() {
     drop(writer);
     thread.join().unwrap();
     let (conn, _) = store::open(&path).unwrap();
-    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    let count = |sql: &str| count(&conn, sql);
     assert_eq!(
         count("SELECT count(*) FROM samples_raw WHERE ts < 1767225600 + 7200"),
         0
@@ -397,11 +400,8 @@ async fn retention_beside_another_connections_open_write_reports_what_it_deleted
     drop(writer);
     thread.join().unwrap();
     let (conn, _) = store::open(&path).unwrap();
-    let raw: i64 = conn
-        .query_row("SELECT count(*) FROM samples_raw", [], |r| r.get(0))
-        .unwrap();
     assert_eq!(
-        raw as usize,
+        count(&conn, "SELECT count(*) FROM samples_raw") as usize,
         all.iter().filter(|s| s.timestamp >= now - 3600).count()
     );
 }
@@ -440,7 +440,7 @@ async fn retention_removes_instances_and_holders_no_fact_refers_to() {
     drop(writer);
     thread.join().unwrap();
     let (conn, _) = store::open(&path).unwrap();
-    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    let count = |sql: &str| count(&conn, sql);
     assert_eq!(
         count(
             "SELECT count(*) FROM rollup_1h r LEFT JOIN instances i USING (instance_id) WHERE i.instance_id IS NULL"
