@@ -167,18 +167,27 @@ impl Compactor {
     /// rewrites its own hours).
     pub fn compacted_until(&self) -> Result<Option<i64>, StoreError> {
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        conn.query_row("SELECT max(until_ts) FROM raw_compacted", [], |r| r.get(0))
-            .map_err(StoreError::from_db)
+        read_record(&conn).map_err(StoreError::from_db)
     }
 }
 
-/// Records in `raw_compacted` that the hours up to `until` are rewritten (one row, replaced).
+/// Where `raw_compacted` says the rewrite ended; `None` on a ledger with no record.
+fn read_record(conn: &Connection) -> duckdb::Result<Option<i64>> {
+    conn.query_row("SELECT max(until_ts) FROM raw_compacted", [], |r| r.get(0))
+}
+
+/// Replaces the record with `until` (one row), in the caller's transaction.
+fn write_record(tx: &Connection, until: i64) -> duckdb::Result<()> {
+    tx.execute("DELETE FROM raw_compacted", [])?;
+    tx.execute("INSERT INTO raw_compacted VALUES (?)", params![until])?;
+    Ok(())
+}
+
+/// Records in `raw_compacted` that the hours up to `until` are rewritten.
 fn record_compacted(conn: &mut Connection, until: i64) -> Result<(), StoreError> {
     let db = StoreError::from_db;
     let tx = conn.transaction().map_err(db)?;
-    tx.execute("DELETE FROM raw_compacted", []).map_err(db)?;
-    tx.execute("INSERT INTO raw_compacted VALUES (?)", params![until])
-        .map_err(db)?;
+    write_record(&tx, until).map_err(db)?;
     tx.commit().map_err(db)
 }
 
@@ -189,8 +198,7 @@ fn record_compacted(conn: &mut Connection, until: i64) -> Result<(), StoreError>
 /// it the aggregator's first start rewrote an imported raw window once more. The record
 /// afterwards.
 pub(super) fn extend_record(tx: &Connection, from: i64, until: i64) -> duckdb::Result<Option<i64>> {
-    let stood: Option<i64> =
-        tx.query_row("SELECT max(until_ts) FROM raw_compacted", [], |r| r.get(0))?;
+    let stood = read_record(tx)?;
     if stood.is_some_and(|r| r >= until) || until <= from {
         return Ok(stood);
     }
@@ -202,8 +210,7 @@ pub(super) fn extend_record(tx: &Connection, from: i64, until: i64) -> duckdb::R
     if in_gap {
         return Ok(stood);
     }
-    tx.execute("DELETE FROM raw_compacted", [])?;
-    tx.execute("INSERT INTO raw_compacted VALUES (?)", params![until])?;
+    write_record(tx, until)?;
     Ok(Some(until))
 }
 
