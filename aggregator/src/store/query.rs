@@ -41,14 +41,19 @@ impl Readers {
     /// Bytes on disk: the database file and its write-ahead log.
     pub fn database_bytes(&self) -> u64 {
         let Some(path) = &self.path else { return 0 };
-        let mut wal = path.clone().into_os_string();
-        wal.push(".wal");
-        [path.clone(), PathBuf::from(wal)]
+        [path.clone(), wal_of(path)]
             .iter()
             .filter_map(|p| std::fs::metadata(p).ok())
             .map(|m| m.len())
             .sum()
     }
+}
+
+/// The write-ahead log DuckDB keeps beside the database file `path`.
+pub(crate) fn wal_of(path: &std::path::Path) -> PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push(".wal");
+    PathBuf::from(wal)
 }
 
 /// Bytes free to the aggregator on the filesystem that holds `path`; `None` when it cannot be

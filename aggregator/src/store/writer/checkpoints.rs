@@ -145,9 +145,8 @@ fn room_to_checkpoint(conn: &Connection) -> Result<(), String> {
     let Some(free) = crate::store::query::free_bytes_beside(path) else {
         return Ok(());
     };
-    let mut wal = path.as_os_str().to_owned();
-    wal.push(".wal");
-    enough_room(free, std::fs::metadata(&wal).map_or(0, |m| m.len()))
+    let wal = crate::store::query::wal_of(path);
+    enough_room(free, std::fs::metadata(wal).map_or(0, |m| m.len()))
 }
 
 /// [`room_to_checkpoint`]'s rule, given the bytes free and the write-ahead log's size.
