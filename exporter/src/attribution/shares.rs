@@ -86,8 +86,20 @@ fn owner_from_segment(segment: &str) -> Option<Owner> {
     })
 }
 
-/// The MPS server's process name.
+/// The MPS server's program name.
 const MPS_SERVER: &str = "nvidia-cuda-mps-server";
+
+/// The kernel keeps a task's name in 15 bytes (`TASK_COMM_LEN` 16, with its NUL), so the MPS
+/// server's `/proc/<pid>/comm` reads `nvidia-cuda-mps`: seen on an H100 (BENCHMARKS.md, "Two
+/// Slurm jobs on one GPU"). The control daemon (`nvidia-cuda-mps-control`) reads the same, but it
+/// holds no GPU context, so it is never in the driver's process list that owners are asked for.
+const COMM_LEN: usize = 15;
+
+/// Whether `comm` (the text of `/proc/<pid>/comm`) names the MPS server.
+fn is_mps_server(comm: &str) -> bool {
+    let comm = comm.trim_end_matches('\n');
+    comm == MPS_SERVER || comm == &MPS_SERVER[..COMM_LEN]
+}
 
 /// The host's `/proc` (or a fixture tree shaped like it, in tests).
 #[derive(Debug, Clone)]
@@ -104,7 +116,7 @@ impl ProcFs {
     /// The owner of `pid`; `None` when the process is gone, invisible, or in no pod or job.
     pub fn owner(&self, pid: u32) -> Option<Owner> {
         let dir = self.root.join(pid.to_string());
-        if std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim() == MPS_SERVER) {
+        if std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| is_mps_server(&c)) {
             return Some(Owner::MpsServer);
         }
         owner_from_cgroup(&std::fs::read_to_string(dir.join("cgroup")).ok()?)
@@ -369,9 +381,10 @@ mod tests {
     fn the_mps_server_is_told_apart_by_name() {
         let dir = tempfile::tempdir().unwrap();
         for (pid, comm, cgroup) in [
+            // What the kernel writes: the first 15 bytes of the name.
             (
                 7,
-                "nvidia-cuda-mps-server\n",
+                "nvidia-cuda-mps\n",
                 "0::/system.slice/nvidia-mps.service\n",
             ),
             (
@@ -392,6 +405,48 @@ mod tests {
             Some(Owner::SlurmJob { job_id: "9".into() })
         );
         assert_eq!(procfs.owner(99), None, "a process that exited");
+    }
+
+    #[test]
+    fn the_mps_server_is_told_apart_by_the_name_the_real_kernel_keeps() {
+        // A program named as the server, run here and read through the real /proc: the kernel,
+        // not a fixture, decides what `comm` holds.
+        let dir = tempfile::tempdir().unwrap();
+        let server = dir.path().join(MPS_SERVER);
+        let sleep = ["/bin/sleep", "/usr/bin/sleep"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("a sleep program");
+        std::fs::copy(sleep, &server).unwrap();
+        // Another test's fork may briefly hold the copy open for writing ("text file busy").
+        let mut child = (0..50)
+            .find_map(
+                |_| match std::process::Command::new(&server).arg("30").spawn() {
+                    Ok(c) => Some(c),
+                    Err(e) if e.raw_os_error() == Some(26) => {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        None
+                    }
+                    Err(e) => panic!("cannot run {}: {e}", server.display()),
+                },
+            )
+            .expect("the copy stayed busy");
+        // The parent may run on before the kernel renames the child (it closes the child's
+        // close-on-exec files, which `spawn` waits for, before it sets the new name).
+        let read = || std::fs::read_to_string(format!("/proc/{}/comm", child.id())).unwrap();
+        let mut comm = read();
+        for _ in 0..200 {
+            if comm.starts_with("nvidia") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            comm = read();
+        }
+        let owner = ProcFs::new("/proc").owner(child.id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(comm, "nvidia-cuda-mps\n", "the kernel keeps 15 bytes");
+        assert_eq!(owner, Some(Owner::MpsServer));
     }
 
     fn whole_gpu(sm_active: Option<f64>) -> Reading {
