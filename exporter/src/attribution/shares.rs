@@ -17,9 +17,12 @@
 //! - **SM activity**: the instance's SM activity split in proportion to NVML's per-process SM
 //!   utilisation (`nvmlDeviceGetProcessUtilization`), so the shares of an instance sum to its
 //!   activity. When the whole instance is used by one owner, that owner gets all of it, with or
-//!   without per-process figures. Otherwise, where the driver gives no per-process utilisation
-//!   (MIG mode, drivers without it) or reports none while the instance was active, the split is
-//!   **not attributable** and left absent: never guessed.
+//!   without per-process figures; so does the one owner of an MPS server's clients (the driver
+//!   counts their kernels against the server and gives the clients no figure), the server's own
+//!   share being zero. Otherwise, where the driver gives no per-process utilisation (MIG mode,
+//!   drivers without it), reports none while the instance was active, or counts the kernels of
+//!   several owners' clients against the MPS server, the split is **not attributable** and left
+//!   absent: never guessed.
 //! - A process whose owner cannot be named (exited, not in a pod or job, a pod UID unknown
 //!   without API-server access) is counted in a share with no tenant: unattributed, not dropped.
 //! - On a device the scheduler gave to several workloads ([`super::Attributor::holders`]), each
@@ -171,6 +174,9 @@ pub fn shares(
     // Instances with a process whose owner could not be named (the MPS server aside): a holder
     // without a named process may own it, so it is not shown as idle.
     let mut has_unnamed: HashSet<(&str, Option<u32>)> = HashSet::new();
+    // The owners with a process other than the MPS server, by instance: the server runs its
+    // clients' kernels, so with one such owner all the activity is that owner's.
+    let mut users: HashMap<(&str, Option<u32>), HashSet<Attribution>> = HashMap::new();
     for p in processes {
         let key = (p.gpu_uuid.as_str(), p.gpu_instance_id);
         // A process on an instance not read this second has nothing to be a share of.
@@ -179,8 +185,11 @@ pub fn shares(
         }
         let owner = owner_of(p.pid);
         let attribution = owner.as_ref().and_then(&name).unwrap_or_default();
-        if attribution.tenant.is_none() && owner != Some(Owner::MpsServer) {
-            has_unnamed.insert(key);
+        if owner != Some(Owner::MpsServer) {
+            if attribution.tenant.is_none() {
+                has_unnamed.insert(key);
+            }
+            users.entry(key).or_default().insert(attribution.clone());
         }
         let acc = groups
             .entry(key)
@@ -221,10 +230,18 @@ pub fn shares(
         let total: f64 = owners.values().filter_map(|a| a.sm_util).sum();
         let split_known = per_util_known.get(&key).copied().unwrap_or(true);
         let single = owners.len() == 1;
+        // One user beside the MPS server: the server's kernels were that user's.
+        let only_user = users
+            .remove(&key)
+            .filter(|u| u.len() == 1)
+            .and_then(|u| u.into_iter().next());
         for (attribution, acc) in owners {
             let sm_active = match active {
                 None => None,
                 Some(a) if single => Some(a),
+                Some(a) if let Some(user) = &only_user => {
+                    Some(if &attribution == user { a } else { 0.0 })
+                }
                 Some(_) if !split_known => None,
                 Some(a) if total > 0.0 => Some(a * acc.sm_util.unwrap_or(0.0) / total),
                 Some(a) if a == 0.0 => Some(0.0),
@@ -615,6 +632,27 @@ mod tests {
         assert_eq!(idle_server[0].attribution.tenant, None, "the server itself");
         assert_eq!(idle_server[0].sm_active, Some(0.0));
         assert!((idle_server[1].sm_active.unwrap() - 0.25).abs() < 1e-12);
+        // One job's clients (the driver gives MPS clients no figure of their own) and a busy
+        // server: the job used all of it, the server's own share nothing.
+        let one_job = shares(
+            &[whole_gpu(Some(0.5))],
+            &[
+                process(10, Some(1), None),
+                process(11, Some(1), None),
+                process(999, Some(1), Some(0.99)),
+            ],
+            &[],
+            mps,
+            named,
+        );
+        let got: Vec<_> = one_job
+            .iter()
+            .map(|s| (s.attribution.tenant.as_deref(), s.processes, s.sm_active))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(None, 1, Some(0.0)), (Some("acct1"), 2, Some(0.5))]
+        );
         // A process on an instance not read this second is no share of anything.
         let mut elsewhere = process(10, Some(1), Some(0.5));
         elsewhere.gpu_uuid = "GPU-2".into();
