@@ -11,7 +11,8 @@
 # job 102's and job 101's processes are named through its job-101 record):
 #   sliced   12 s  both jobs run FMA chains, time-sliced by the driver  -> about half each
 #   alone    10 s  job 101 runs FMAs, job 102 holds its context idle    -> job 101 all, 102 zero
-#   mps      12 s  the MPS daemon started; job 101 FMAs, job 102 a DRAM copy, both its clients
+#   mps-one   8 s  the MPS daemon started; job 101 alone runs FMAs as its client -> job 101 all
+#   mps      12 s  job 101 FMAs, job 102 a DRAM copy, both clients         -> not attributable
 # nvidia-smi pmon samples each process's SM % meanwhile, as the driver's own reference.
 # It only reads the GPU's settings: MIG mode and compute mode are left as they are, and the MPS
 # daemon it starts is told to quit before it ends.
@@ -74,7 +75,7 @@ done
   --spool-dir "$work/spool" --slurm-job-dir "$jobs" >"$work/exporter.log" 2>&1 &
 exp=$!
 
-seconds=52
+seconds=64
 nvidia-smi pmon -s um -d 1 -c "$seconds" >"$out/pmon.txt" 2>&1 &
 (
   for _ in $(seq 1 "$seconds"); do
@@ -99,6 +100,10 @@ sleep 4
   export CUDA_MPS_PIPE_DIRECTORY="$work/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$work/mps-log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d; then
+    in_job 101 "$load" fma 8 >"$work/job101.log" 2>&1
+    cat "$work/job101.log"
+    sleep 2
+    echo "# mps, both jobs $(date +%s.%N)"
     in_job 101 "$load" fma 12 >"$work/job101.log" 2>&1 &
     a=$!
     in_job 102 "$load" copy 12 >"$work/job102.log" 2>&1 &
