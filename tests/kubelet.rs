@@ -573,7 +573,8 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
             (301, "0::/system.slice/nvidia-mps.service\n".into()),
         ],
     );
-    std::fs::write(procfs.join("301/comm"), "nvidia-cuda-mps-server\n").unwrap();
+    // What the kernel writes for `nvidia-cuda-mps-server`: the first 15 bytes.
+    std::fs::write(procfs.join("301/comm"), "nvidia-cuda-mps\n").unwrap();
     let process = |pid, gib: u64, sm| ProcessReading {
         gpu_uuid: shared.clone(),
         gpu_instance_id: None,
