@@ -29,24 +29,76 @@ use std::time::{Duration, Instant};
 
 use gpuledger_schema::{Attribution, Counters, Instance};
 
-pub use driver::{Driver, DriverError, NvmlDriver};
+pub use driver::{DeviceInfo, Driver, DriverError, NvmlDriver};
 
 use super::{CollectorOutcome, GpuReading, ProcessReading, Reading, Second, Source, SourceError};
 
-/// The NVML collectors, each with what it reads. `--disable-collector` takes these names.
-pub const COLLECTORS: &[(&str, &str)] = &[
-    ("mig", "MIG geometry: profile, GPU instance id, placement"),
-    ("memory", "framebuffer used and total bytes"),
-    (
-        "gpm",
-        "SM, occupancy, tensor and DRAM activity; NVLink bytes",
-    ),
-    ("power", "board power draw"),
-    (
-        "processes",
-        "compute processes (MPS clients included): memory and SM utilisation per process",
-    ),
-];
+/// One NVML collector: `--disable-collector` takes its [`name`](Collector::name), and its
+/// duration and success are reported under its [`label`](Collector::label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Collector {
+    /// MIG geometry: profile, GPU instance id, placement.
+    Mig,
+    /// Framebuffer used and total bytes.
+    Memory,
+    /// SM, occupancy, tensor and DRAM activity; NVLink bytes.
+    Gpm,
+    /// Board power draw.
+    Power,
+    /// Compute processes (MPS clients included): memory and SM utilisation per process.
+    Processes,
+}
+
+impl Collector {
+    /// Every collector, in the order their outcomes are reported.
+    pub const ALL: [Collector; 5] = [
+        Collector::Mig,
+        Collector::Memory,
+        Collector::Gpm,
+        Collector::Power,
+        Collector::Processes,
+    ];
+
+    /// The name `--disable-collector` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collector::Mig => "mig",
+            Collector::Memory => "memory",
+            Collector::Gpm => "gpm",
+            Collector::Power => "power",
+            Collector::Processes => "processes",
+        }
+    }
+
+    /// The `collector` label of its duration and success metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Collector::Mig => "nvml_mig",
+            Collector::Memory => "nvml_memory",
+            Collector::Gpm => "nvml_gpm",
+            Collector::Power => "nvml_power",
+            Collector::Processes => "nvml_processes",
+        }
+    }
+
+    /// What it reads.
+    pub fn reads(self) -> &'static str {
+        match self {
+            Collector::Mig => "MIG geometry: profile, GPU instance id, placement",
+            Collector::Memory => "framebuffer used and total bytes",
+            Collector::Gpm => "SM, occupancy, tensor and DRAM activity; NVLink bytes",
+            Collector::Power => "board power draw",
+            Collector::Processes => {
+                "compute processes (MPS clients included): memory and SM utilisation per process"
+            }
+        }
+    }
+
+    /// The collector `name` names.
+    pub fn parse(name: &str) -> Option<Collector> {
+        Collector::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
 
 #[derive(Default)]
 struct Tally {
@@ -71,37 +123,192 @@ impl Tally {
     }
 }
 
+/// One second's tally per collector.
+#[derive(Default)]
+struct Tallies([Tally; Collector::ALL.len()]);
+
+impl Tallies {
+    fn of(&mut self, c: Collector) -> &mut Tally {
+        &mut self.0[c as usize]
+    }
+}
+
 /// The NVML source over any [`Driver`].
 pub struct NvmlSource<D: Driver> {
     driver: D,
     /// Collectors failing as of the last second: each failure streak is logged once.
-    failing: BTreeSet<&'static str>,
+    failing: BTreeSet<Collector>,
     node: String,
-    disabled: BTreeSet<String>,
+    disabled: BTreeSet<Collector>,
 }
 
 impl<D: Driver> NvmlSource<D> {
-    /// A source for this node's GPUs. `disabled` names collectors from [`COLLECTORS`] to skip.
+    /// A source for this node's GPUs. `disabled` names collectors ([`Collector::name`]) to skip.
     pub fn new(driver: D, node: &str, disabled: &[String]) -> Result<Self, SourceError> {
-        for name in disabled {
-            if !COLLECTORS.iter().any(|(c, _)| c == name) {
-                let known: Vec<&str> = COLLECTORS.iter().map(|(c, _)| *c).collect();
-                return Err(SourceError::Driver(format!(
-                    "unknown collector {name:?} (known: {})",
-                    known.join(", ")
-                )));
-            }
-        }
+        let disabled = disabled
+            .iter()
+            .map(|name| {
+                Collector::parse(name).ok_or_else(|| {
+                    let known: Vec<&str> = Collector::ALL.iter().map(|c| c.name()).collect();
+                    SourceError::Driver(format!(
+                        "unknown collector {name:?} (known: {})",
+                        known.join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?;
         Ok(NvmlSource {
             driver,
             failing: BTreeSet::new(),
             node: node.to_owned(),
-            disabled: disabled.iter().cloned().collect(),
+            disabled,
         })
     }
 
-    fn enabled(&self, collector: &str) -> bool {
-        !self.disabled.contains(collector)
+    fn enabled(&self, collector: Collector) -> bool {
+        !self.disabled.contains(&collector)
+    }
+
+    /// Runs `read` under `collector`'s tally, unless it is disabled.
+    fn read<T>(
+        &mut self,
+        tallies: &mut Tallies,
+        collector: Collector,
+        read: impl FnOnce(&mut D) -> Result<T, DriverError>,
+    ) -> Option<T> {
+        if !self.enabled(collector) {
+            return None;
+        }
+        let driver = &mut self.driver;
+        tallies.of(collector).run(|| read(driver))
+    }
+
+    /// A MIG-mode GPU's instances, with their processes (NVML has no per-process utilisation in
+    /// MIG mode). Without the geometry there is no way to name the instances: `false`, and the
+    /// GPU is skipped this second rather than misattributed.
+    fn read_mig_gpu(
+        &mut self,
+        device: &DeviceInfo,
+        base: &Instance,
+        t: &mut Tallies,
+        second: &mut Second,
+    ) -> bool {
+        let gpu = device.index;
+        let Some(instances) = self.read(t, Collector::Mig, |d| d.mig_devices(gpu)) else {
+            return false;
+        };
+        for m in instances {
+            let fb = self.read(t, Collector::Memory, |d| d.memory(gpu, Some(m.index)));
+            let act = self
+                .read(t, Collector::Gpm, |d| {
+                    d.activity(gpu, Some(m.gpu_instance_id))
+                })
+                .flatten();
+            if let Some(procs) =
+                self.read(t, Collector::Processes, |d| d.processes(gpu, Some(m.index)))
+            {
+                second
+                    .processes
+                    .extend(procs.into_iter().map(|p| ProcessReading {
+                        gpu_uuid: device.uuid.clone(),
+                        gpu_instance_id: Some(m.gpu_instance_id),
+                        pid: p.pid,
+                        used_memory_bytes: p.used_memory,
+                        sm_util: None,
+                    }));
+            }
+            second.readings.push(Reading {
+                instance: Instance {
+                    mig_profile: Some(m.profile),
+                    gpu_instance_id: Some(m.gpu_instance_id),
+                    placement_start: m.placement.map(|p| p.0),
+                    placement_size: m.placement.map(|p| p.1),
+                    ..base.clone()
+                },
+                mig_uuid: Some(m.uuid),
+                gpu_index: Some(gpu),
+                attribution: Attribution::default(),
+                counters: counters(fb, act),
+            });
+        }
+        true
+    }
+
+    /// A whole GPU's counters.
+    fn read_whole_gpu(
+        &mut self,
+        device: &DeviceInfo,
+        base: Instance,
+        t: &mut Tallies,
+        second: &mut Second,
+    ) {
+        let gpu = device.index;
+        let fb = self.read(t, Collector::Memory, |d| d.memory(gpu, None));
+        let act = self
+            .read(t, Collector::Gpm, |d| d.activity(gpu, None))
+            .flatten();
+        second.readings.push(Reading {
+            instance: base,
+            mig_uuid: None,
+            gpu_index: Some(gpu),
+            attribution: Attribution::default(),
+            counters: counters(fb, act),
+        });
+    }
+
+    /// A whole GPU's processes, with their SM utilisation over the last second.
+    fn read_whole_gpu_processes(
+        &mut self,
+        device: &DeviceInfo,
+        t: &mut Tallies,
+        second: &mut Second,
+    ) {
+        let gpu = device.index;
+        let Some(procs) = self.read(t, Collector::Processes, |d| d.processes(gpu, None)) else {
+            return;
+        };
+        let sm = if procs.is_empty() {
+            None
+        } else {
+            self.read(t, Collector::Processes, |d| d.process_sm(gpu))
+        };
+        second
+            .processes
+            .extend(procs.into_iter().map(|p| ProcessReading {
+                gpu_uuid: device.uuid.clone(),
+                gpu_instance_id: None,
+                pid: p.pid,
+                used_memory_bytes: p.used_memory,
+                sm_util: sm.as_ref().map(|m| m.get(&p.pid).copied().unwrap_or(0.0)),
+            }));
+    }
+
+    /// Each enabled collector's outcome this second; a failure streak is logged at its start
+    /// and its end.
+    fn report(&mut self, mut tallies: Tallies, second: &mut Second) {
+        for collector in Collector::ALL {
+            if !self.enabled(collector) {
+                continue;
+            }
+            let tally = std::mem::take(tallies.of(collector));
+            let label = collector.label();
+            match (&tally.error, self.failing.contains(&collector)) {
+                (Some(e), false) => {
+                    tracing::warn!(collector = label, error = %e, "An NVML collector fails; its counters are absent until it recovers.");
+                    self.failing.insert(collector);
+                }
+                (None, true) => {
+                    tracing::info!(collector = label, "The NVML collector works again.");
+                    self.failing.remove(&collector);
+                }
+                _ => {}
+            }
+            second.collectors.push(CollectorOutcome {
+                collector: label,
+                duration: tally.duration,
+                success: tally.error.is_none(),
+            });
+        }
     }
 }
 
@@ -115,18 +322,11 @@ impl<D: Driver> Source for NvmlSource<D> {
             .driver
             .devices()
             .map_err(|e| SourceError::Driver(format!("cannot list GPUs: {e}")))?;
-        let (mut mig, mut memory, mut gpm, mut power, mut processes) = (
-            Tally::default(),
-            Tally::default(),
-            Tally::default(),
-            Tally::default(),
-            Tally::default(),
-        );
+        let mut tallies = Tallies::default();
         let mut second = Second {
             timestamp: now - 1,
             ..Second::default()
         };
-        let (use_memory, use_gpm) = (self.enabled("memory"), self.enabled("gpm"));
         for device in devices {
             let base = Instance {
                 node: self.node.clone(),
@@ -138,98 +338,16 @@ impl<D: Driver> Source for NvmlSource<D> {
                 placement_size: None,
             };
             if device.mig_enabled {
-                // Without the geometry there is no way to name the instances: skip the GPU's
-                // instances this second rather than misattribute them.
-                if !self.enabled("mig") {
+                if !self.read_mig_gpu(&device, &base, &mut tallies, &mut second) {
                     continue;
-                }
-                let Some(instances) = mig.run(|| self.driver.mig_devices(device.index)) else {
-                    continue;
-                };
-                for m in instances {
-                    let fb = if use_memory {
-                        memory.run(|| self.driver.memory(device.index, Some(m.index)))
-                    } else {
-                        None
-                    };
-                    let act = if use_gpm {
-                        gpm.run(|| self.driver.activity(device.index, Some(m.gpu_instance_id)))
-                            .flatten()
-                    } else {
-                        None
-                    };
-                    if self.enabled("processes")
-                        && let Some(procs) =
-                            processes.run(|| self.driver.processes(device.index, Some(m.index)))
-                    {
-                        // NVML has no per-process utilisation in MIG mode.
-                        second
-                            .processes
-                            .extend(procs.into_iter().map(|p| ProcessReading {
-                                gpu_uuid: device.uuid.clone(),
-                                gpu_instance_id: Some(m.gpu_instance_id),
-                                pid: p.pid,
-                                used_memory_bytes: p.used_memory,
-                                sm_util: None,
-                            }));
-                    }
-                    second.readings.push(Reading {
-                        instance: Instance {
-                            mig_profile: Some(m.profile),
-                            gpu_instance_id: Some(m.gpu_instance_id),
-                            placement_start: m.placement.map(|p| p.0),
-                            placement_size: m.placement.map(|p| p.1),
-                            ..base.clone()
-                        },
-                        mig_uuid: Some(m.uuid),
-                        gpu_index: Some(device.index),
-                        attribution: Attribution::default(),
-                        counters: counters(fb, act),
-                    });
                 }
             } else {
-                let fb = if use_memory {
-                    memory.run(|| self.driver.memory(device.index, None))
-                } else {
-                    None
-                };
-                let act = if use_gpm {
-                    gpm.run(|| self.driver.activity(device.index, None))
-                        .flatten()
-                } else {
-                    None
-                };
-                second.readings.push(Reading {
-                    instance: base,
-                    mig_uuid: None,
-                    gpu_index: Some(device.index),
-                    attribution: Attribution::default(),
-                    counters: counters(fb, act),
-                });
+                self.read_whole_gpu(&device, base, &mut tallies, &mut second);
             }
-            let watts = if self.enabled("power") {
-                power.run(|| self.driver.power_watts(device.index))
-            } else {
-                None
-            };
-            if !device.mig_enabled
-                && self.enabled("processes")
-                && let Some(procs) = processes.run(|| self.driver.processes(device.index, None))
-            {
-                let sm = if procs.is_empty() {
-                    None
-                } else {
-                    processes.run(|| self.driver.process_sm(device.index))
-                };
-                second
-                    .processes
-                    .extend(procs.into_iter().map(|p| ProcessReading {
-                        gpu_uuid: device.uuid.clone(),
-                        gpu_instance_id: None,
-                        pid: p.pid,
-                        used_memory_bytes: p.used_memory,
-                        sm_util: sm.as_ref().map(|m| m.get(&p.pid).copied().unwrap_or(0.0)),
-                    }));
+            let gpu = device.index;
+            let watts = self.read(&mut tallies, Collector::Power, |d| d.power_watts(gpu));
+            if !device.mig_enabled {
+                self.read_whole_gpu_processes(&device, &mut tallies, &mut second);
             }
             second.gpus.push(GpuReading {
                 node: self.node.clone(),
@@ -238,39 +356,7 @@ impl<D: Driver> Source for NvmlSource<D> {
                 power_watts: watts,
             });
         }
-        for (name, tally) in [
-            ("mig", mig),
-            ("memory", memory),
-            ("gpm", gpm),
-            ("power", power),
-            ("processes", processes),
-        ] {
-            if self.enabled(name) {
-                let collector = match name {
-                    "mig" => "nvml_mig",
-                    "memory" => "nvml_memory",
-                    "gpm" => "nvml_gpm",
-                    "power" => "nvml_power",
-                    _ => "nvml_processes",
-                };
-                match (&tally.error, self.failing.contains(collector)) {
-                    (Some(e), false) => {
-                        tracing::warn!(collector, error = %e, "An NVML collector fails; its counters are absent until it recovers.");
-                        self.failing.insert(collector);
-                    }
-                    (None, true) => {
-                        tracing::info!(collector, "The NVML collector works again.");
-                        self.failing.remove(collector);
-                    }
-                    _ => {}
-                }
-                second.collectors.push(CollectorOutcome {
-                    collector,
-                    duration: tally.duration,
-                    success: tally.error.is_none(),
-                });
-            }
-        }
+        self.report(tallies, &mut second);
         Ok(Some(second))
     }
 }
