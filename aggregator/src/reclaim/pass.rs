@@ -225,10 +225,16 @@ impl Plan {
     }
 }
 
-struct Candidate {
+/// One followed episode's decision before the blast-radius bound.
+struct Decided {
     id: String,
-    idle: i64,
+    row: Option<EpisodeRow>,
+    step: Step,
+    policy: PolicyData,
+    /// Its tenant, from the row or the stored copy (a reclaim request counts against it).
     tenant: Option<String>,
+    /// Idle seconds so far (the longest idle are granted a reclaim request first).
+    idle: i64,
 }
 
 /// Runs the policy over a snapshot.
@@ -248,124 +254,19 @@ pub fn plan(
         .iter()
         .map(|(id, e)| (id.as_str(), e))
         .collect();
-    let mut steps: Vec<(String, Option<EpisodeRow>, Step, PolicyData)> = Vec::new();
-    let mut requests: Vec<Candidate> = Vec::new();
-    // Open episodes, and ended ones the policy still follows.
-    let mut ids: Vec<&str> = snap
-        .episodes
-        .iter()
-        .filter(|(id, e)| e.ended_at.is_none() || snap.stored.contains_key(id))
-        .map(|(id, _)| id.as_str())
+    let decided: Vec<Decided> = followed(&snap, &by_id)
+        .into_iter()
+        .filter_map(|id| decide(&snap, by_id.get(id).copied(), id, settings, now))
         .collect();
-    // Followed episodes late data removed.
-    ids.extend(
-        snap.stored
-            .keys()
-            .map(String::as_str)
-            .filter(|id| !by_id.contains_key(id)),
-    );
-    for id in ids {
-        let row = by_id.get(id).copied();
-        let stored = snap.stored.get(id);
-        let (tenant, workload, class) = match (row, stored) {
-            (Some(e), _) => (e.tenant.clone(), e.workload.clone(), e.slo_class.clone()),
-            (None, Some(s)) => {
-                let d: Option<EpisodeData> = serde_json::from_str(&s.data).ok();
-                (
-                    d.as_ref().and_then(|d| d.tenant.clone()),
-                    d.as_ref().and_then(|d| d.workload.clone()),
-                    d.as_ref().and_then(|d| d.slo_class.clone()),
-                )
-            }
-            (None, None) => continue,
-        };
-        let (class_name, rule, rule_name) = policy::rule_for(
-            settings,
-            tenant.as_deref(),
-            workload.as_deref(),
-            class.as_deref(),
-        );
-        let now_view = row.map(|e| Now {
-            tenant: e.tenant.clone(),
-            workload: e.workload.clone(),
-            slo_class: e.slo_class.clone(),
-            started_at: e.started_at,
-            last_second: e.last_second,
-            ended_at: e.ended_at,
-            resumed: e.resumed,
-        });
-        let before = stored.map(|s| Before {
-            state: s.state,
-            notice_delivered_at: s.notice_delivered_at,
-            request_delivered: s.request_delivered,
-        });
-        let exemption = snap
-            .exemptions
-            .iter()
-            .find(|(t, w, _)| {
-                t.as_deref().is_none_or(|t| Some(t) == tenant.as_deref())
-                    && w.as_deref()
-                        .is_none_or(|g| policy::glob(g, workload.as_deref()))
-            })
-            .map(|(_, _, r)| r.clone())
-            .or_else(|| {
-                settings
-                    .exemptions
-                    .iter()
-                    .find(|w| policy::window_covers(w, tenant.as_deref(), workload.as_deref(), now))
-                    .map(|w| w.reason.clone())
-            });
-        let context = Context {
-            exemption: exemption.clone(),
-            confirmed: snap.confirmed.contains(id),
-        };
-        let step = policy::decide(
-            now,
-            settings,
-            &rule,
-            now_view.as_ref(),
-            before.as_ref(),
-            &context,
-        );
-        let reason = match &step {
-            Step::Hold(Hold::Exempt) => {
-                format!("exempt: {}", exemption.as_deref().unwrap_or("an exemption"))
-            }
-            Step::Hold(h) => hold_sentence(*h, &rule, now_view.as_ref(), settings),
-            Step::Send(kind, cause) => format!("{}: {cause}", kind.as_str()),
-            Step::Close => "ended before anything was sent".into(),
-        };
-        let policy = PolicyData {
-            class: class_name,
-            action: rule.action,
-            after_seconds: (rule.action == webhook::Action::Reclaim)
-                .then(|| rule.after.as_secs() as i64),
-            notice_seconds: (rule.action == webhook::Action::Reclaim)
-                .then(|| rule.notice.as_secs() as i64),
-            rule: rule_name,
-            reason,
-        };
-        if let Step::Send(EventType::ReclaimRequested, _) = step {
-            requests.push(Candidate {
-                id: id.to_owned(),
-                idle: now_view.as_ref().map_or(0, Now::idle_seconds),
-                tenant: tenant.clone(),
-            });
-        }
-        steps.push((id.to_owned(), row.cloned(), step, policy));
-    }
-    // The blast radius: longest idle first, at most max_per_pass, and per tenant per hour.
-    requests.sort_by(|a, b| b.idle.cmp(&a.idle).then_with(|| a.id.cmp(&b.id)));
-    let mut granted: HashSet<String> = HashSet::new();
-    let mut per_tenant = snap.requested_last_hour.clone();
-    for c in &requests {
-        let used = per_tenant.entry(c.tenant.clone()).or_default();
-        if granted.len() < settings.max_per_pass && *used < settings.max_per_tenant_per_hour {
-            *used += 1;
-            granted.insert(c.id.clone());
-        }
-    }
-    for (id, row, mut step, mut policy) in steps {
+    let granted = grant(&snap, &decided, settings);
+    for Decided {
+        id,
+        row,
+        mut step,
+        mut policy,
+        ..
+    } in decided
+    {
         if matches!(step, Step::Send(EventType::ReclaimRequested, _)) && !granted.contains(&id) {
             step = Step::Hold(Hold::Deferred);
             policy.reason = format!(
@@ -386,6 +287,151 @@ pub fn plan(
         );
     }
     plan
+}
+
+/// The episodes a pass follows: open ones, ended ones the policy still follows, and followed
+/// ones late data removed.
+fn followed<'a>(snap: &'a Snapshot, by_id: &HashMap<&str, &EpisodeRow>) -> Vec<&'a str> {
+    let mut ids: Vec<&str> = snap
+        .episodes
+        .iter()
+        .filter(|(id, e)| e.ended_at.is_none() || snap.stored.contains_key(id))
+        .map(|(id, _)| id.as_str())
+        .collect();
+    ids.extend(
+        snap.stored
+            .keys()
+            .map(String::as_str)
+            .filter(|id| !by_id.contains_key(id)),
+    );
+    ids
+}
+
+/// The policy's step for one episode (`row`: as detected now; `None` once late data removed
+/// it, when the stored copy names it), with the policy data that explains it.
+fn decide(
+    snap: &Snapshot,
+    row: Option<&EpisodeRow>,
+    id: &str,
+    settings: &Settings,
+    now: i64,
+) -> Option<Decided> {
+    let stored = snap.stored.get(id);
+    let (tenant, workload, class) = match (row, stored) {
+        (Some(e), _) => (e.tenant.clone(), e.workload.clone(), e.slo_class.clone()),
+        (None, Some(s)) => {
+            let d: Option<EpisodeData> = serde_json::from_str(&s.data).ok();
+            (
+                d.as_ref().and_then(|d| d.tenant.clone()),
+                d.as_ref().and_then(|d| d.workload.clone()),
+                d.as_ref().and_then(|d| d.slo_class.clone()),
+            )
+        }
+        (None, None) => return None,
+    };
+    let (class_name, rule, rule_name) = policy::rule_for(
+        settings,
+        tenant.as_deref(),
+        workload.as_deref(),
+        class.as_deref(),
+    );
+    let now_view = row.map(|e| Now {
+        tenant: e.tenant.clone(),
+        workload: e.workload.clone(),
+        slo_class: e.slo_class.clone(),
+        started_at: e.started_at,
+        last_second: e.last_second,
+        ended_at: e.ended_at,
+        resumed: e.resumed,
+    });
+    let before = stored.map(|s| Before {
+        state: s.state,
+        notice_delivered_at: s.notice_delivered_at,
+        request_delivered: s.request_delivered,
+    });
+    let exemption = exemption_for(snap, settings, tenant.as_deref(), workload.as_deref(), now);
+    let context = Context {
+        exemption: exemption.clone(),
+        confirmed: snap.confirmed.contains(id),
+    };
+    let step = policy::decide(
+        now,
+        settings,
+        &rule,
+        now_view.as_ref(),
+        before.as_ref(),
+        &context,
+    );
+    let reason = match &step {
+        Step::Hold(Hold::Exempt) => {
+            format!("exempt: {}", exemption.as_deref().unwrap_or("an exemption"))
+        }
+        Step::Hold(h) => hold_sentence(*h, &rule, now_view.as_ref(), settings),
+        Step::Send(kind, cause) => format!("{}: {cause}", kind.as_str()),
+        Step::Close => "ended before anything was sent".into(),
+    };
+    let reclaims = rule.action == webhook::Action::Reclaim;
+    let policy = PolicyData {
+        class: class_name,
+        action: rule.action,
+        after_seconds: reclaims.then(|| rule.after.as_secs() as i64),
+        notice_seconds: reclaims.then(|| rule.notice.as_secs() as i64),
+        rule: rule_name,
+        reason,
+    };
+    Some(Decided {
+        id: id.to_owned(),
+        row: row.cloned(),
+        step,
+        policy,
+        idle: now_view.as_ref().map_or(0, Now::idle_seconds),
+        tenant,
+    })
+}
+
+/// Why the episode of `tenant`'s `workload` is exempt, if it is: a stored exemption first, then
+/// a configured window that covers `now`.
+fn exemption_for(
+    snap: &Snapshot,
+    settings: &Settings,
+    tenant: Option<&str>,
+    workload: Option<&str>,
+    now: i64,
+) -> Option<String> {
+    snap.exemptions
+        .iter()
+        .find(|(t, w, _)| {
+            t.as_deref().is_none_or(|t| Some(t) == tenant)
+                && w.as_deref().is_none_or(|g| policy::glob(g, workload))
+        })
+        .map(|(_, _, r)| r.clone())
+        .or_else(|| {
+            settings
+                .exemptions
+                .iter()
+                .find(|w| policy::window_covers(w, tenant, workload, now))
+                .map(|w| w.reason.clone())
+        })
+}
+
+/// The blast radius: of the episodes due a reclaim request, the ids granted one this pass,
+/// longest idle first, at most `max_per_pass`, and per tenant per hour.
+fn grant(snap: &Snapshot, decided: &[Decided], settings: &Settings) -> HashSet<String> {
+    let mut requests: Vec<&Decided> = decided
+        .iter()
+        .filter(|d| matches!(d.step, Step::Send(EventType::ReclaimRequested, _)))
+        .collect();
+    requests.sort_by(|a, b| b.idle.cmp(&a.idle).then_with(|| a.id.cmp(&b.id)));
+    let mut granted: HashSet<String> = HashSet::new();
+    let mut per_tenant = snap.requested_last_hour.clone();
+    for d in requests {
+        let used = per_tenant.entry(d.tenant.clone()).or_default();
+        if granted.len() < settings.max_per_pass && *used < settings.max_per_tenant_per_hour {
+            *used += 1;
+            granted.insert(d.id.clone());
+        }
+    }
+    granted
 }
 
 fn hold_sentence(h: Hold, rule: &super::config::Rule, e: Option<&Now>, s: &Settings) -> String {
