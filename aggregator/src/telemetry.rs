@@ -265,6 +265,15 @@ impl AggregatorMetrics {
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ]),
         };
+        m.register_ingest(&mut r);
+        m.register_store(&mut r);
+        m.register_analytics(&mut r);
+        m.register_webhooks(&mut r);
+        AggregatorMetrics { registry: r, ..m }
+    }
+
+    /// Registers the families of the ingest path and the writer.
+    fn register_ingest(&self, r: &mut Registry) {
         r.register(
             "gpuledger_aggregator_build",
             "The aggregator's version",
@@ -273,155 +282,166 @@ impl AggregatorMetrics {
         r.register(
             "gpuledger_aggregator_ingest_batches",
             "Batches stored (a re-sent batch id is counted in ingest_duplicate_batches instead)",
-            m.batches.clone(),
+            self.batches.clone(),
         );
         r.register(
             "gpuledger_aggregator_ingest_samples",
             "Instance-seconds stored",
-            m.samples.clone(),
+            self.samples.clone(),
         );
         r.register(
             "gpuledger_aggregator_ingest_duplicate_batches",
             "Batches acknowledged without storing anything because their id was stored before",
-            m.duplicate_batches.clone(),
+            self.duplicate_batches.clone(),
         );
         r.register(
             "gpuledger_aggregator_ingest_duplicate_samples",
             "Instance-seconds not stored because the ledger held that instance and second already",
-            m.duplicate_samples.clone(),
+            self.duplicate_samples.clone(),
         );
         r.register(
             "gpuledger_aggregator_ingest_rejected",
             "Ingest requests refused, by reason: unauthorized, forbidden, invalid, too_large, overloaded, throttled, timeout, unstorable, store_error",
-            m.rejected.clone(),
+            self.rejected.clone(),
         );
         r.register(
             "gpuledger_aggregator_writer_queue_samples",
             "Instance-seconds accepted and waiting for the writer",
-            m.queue_samples.clone(),
+            self.queue_samples.clone(),
         );
         r.register(
             "gpuledger_aggregator_writer_queue_capacity_samples",
             "Instance-seconds the writer queue holds before ingest answers 503",
-            m.queue_capacity.clone(),
+            self.queue_capacity.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_writer_commit_duration",
             "Time to append and commit one group of batches (raw rows and rollups)",
             Unit::Seconds,
-            m.commit_seconds.clone(),
+            self.commit_seconds.clone(),
         );
         r.register(
             "gpuledger_aggregator_writer_held_rows",
             "Minute deltas (instance, holder, minute) whose samples are stored but not yet folded into the rollups; the writer holds them while batches wait",
-            m.held_rows.clone(),
+            self.held_rows.clone(),
         );
         r.register(
             "gpuledger_aggregator_writer_recovered_samples",
             "Samples stored before a crash or a failed write and folded into the rollups only by the recovery that followed",
-            m.recovered_samples.clone(),
+            self.recovered_samples.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_newest_sample_timestamp",
             "Unix time of the newest sample second written",
             Unit::Seconds,
-            m.newest_sample.clone(),
+            self.newest_sample.clone(),
         );
+    }
+
+    /// Registers the families of the ledger on disk and in memory, retention and the hourly rewrite.
+    fn register_store(&self, r: &mut Registry) {
         r.register(
             "gpuledger_aggregator_store_rows",
             "Rows per ledger table",
-            m.rows.clone(),
+            self.rows.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_store",
             "Bytes of the ledger on disk: the DuckDB file and its write-ahead log",
             Unit::Bytes,
-            m.database_bytes.clone(),
+            self.database_bytes.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_store_memory",
             "Bytes DuckDB's buffer manager holds in memory (duckdb_memory()); --memory-limit bounds it",
             Unit::Bytes,
-            m.store_memory_bytes.clone(),
+            self.store_memory_bytes.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_resident_memory",
             "Resident memory of the aggregator process (DuckDB's included)",
             Unit::Bytes,
-            m.resident_bytes.clone(),
+            self.resident_bytes.clone(),
         );
         r.register(
             "gpuledger_aggregator_retention_deleted_rows",
             "Rows deleted by retention, per table",
-            m.retention_deleted.clone(),
+            self.retention_deleted.clone(),
         );
         r.register(
             "gpuledger_aggregator_raw_rewritten_rows",
             "Raw rows the hourly rewrite put in instance order (BENCHMARKS.md: about 2.5x smaller)",
-            m.raw_rewritten.clone(),
+            self.raw_rewritten.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_raw_rewritten_until_timestamp",
             "Unix time up to which closed hours' raw rows were rewritten in instance order (0: none yet)",
             Unit::Seconds,
-            m.raw_rewritten_until.clone(),
+            self.raw_rewritten_until.clone(),
         );
+    }
+
+    /// Registers the families of the evaluation and the reclaim pass.
+    fn register_analytics(&self, r: &mut Registry) {
         r.register_with_unit(
             "gpuledger_aggregator_analytics_last_success_timestamp",
             "Unix time the hoarding and fragmentation evaluation last succeeded",
             Unit::Seconds,
-            m.analytics_last_success.clone(),
+            self.analytics_last_success.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_analytics_duration",
             "Time one hoarding and fragmentation evaluation takes",
             Unit::Seconds,
-            m.analytics_seconds.clone(),
+            self.analytics_seconds.clone(),
         );
         r.register(
             "gpuledger_aggregator_reclaim_decisions",
             "Reclaim decisions: decision=event with reason the event type sent, or decision=hold with the reason nothing was sent (counted when a hold starts)",
-            m.reclaim_decisions.clone(),
+            self.reclaim_decisions.clone(),
         );
         r.register(
             "gpuledger_aggregator_reclaim_deferred",
             "Reclaims the blast-radius bound held back, summed over passes (each pass counts what it deferred)",
-            m.reclaim_deferred.clone(),
+            self.reclaim_deferred.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_reclaim_last_pass_timestamp",
             "Unix time the reclaim pass last ran",
             Unit::Seconds,
-            m.reclaim_last_pass.clone(),
+            self.reclaim_last_pass.clone(),
         );
+    }
+
+    /// Registers the families of webhook delivery.
+    fn register_webhooks(&self, r: &mut Registry) {
         r.register(
             "gpuledger_aggregator_webhook_deliveries",
             "Webhook attempts by endpoint and outcome: delivered, retry, gone (410: endpoint disabled), failed (past max_age)",
-            m.webhook_deliveries.clone(),
+            self.webhook_deliveries.clone(),
         );
         r.register(
             "gpuledger_aggregator_webhook_pending_events",
             "Events waiting in the outbox per endpoint",
-            m.webhook_pending.clone(),
+            self.webhook_pending.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_webhook_oldest_pending_age",
             "Age of the oldest event waiting in the outbox per endpoint",
             Unit::Seconds,
-            m.webhook_oldest_pending_age.clone(),
+            self.webhook_oldest_pending_age.clone(),
         );
         r.register(
             "gpuledger_aggregator_webhook_endpoint_disabled",
             "1 while an endpoint is disabled because it answered 410 Gone",
-            m.webhook_endpoint_disabled.clone(),
+            self.webhook_endpoint_disabled.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_webhook_attempt_duration",
             "Time one webhook attempt takes",
             Unit::Seconds,
-            m.webhook_attempt_seconds.clone(),
+            self.webhook_attempt_seconds.clone(),
         );
-        AggregatorMetrics { registry: r, ..m }
     }
 
     /// Replaces the analytics families with `current`: series of tenants, episodes and nodes no
