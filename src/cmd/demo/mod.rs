@@ -7,7 +7,7 @@
 mod history;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -89,6 +89,49 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         raw_cutoff: now - retention.raw_secs,
     };
     let base = format!("http://{}", args.listen);
+    print_welcome(&nodes, &db, &base, &token, args.exporter_listen);
+    let sim = Simulator::new(fleet);
+    let prepare: gpuledger_aggregator::Prepare = Box::new(move |startup| {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let report = history::prepare(startup, sim, plan).await?;
+            eprintln!(
+                "gpuledger demo: history from {} laid down in {:.1} s: {} minute rows ({:.0} instance-hours) and {} one-second samples; evaluating the analytics.",
+                chrono::DateTime::from_timestamp(report.from, 0).unwrap_or_default(),
+                started.elapsed().as_secs_f64(),
+                report.minute_rows,
+                report.minute_seconds as f64 / 3600.0,
+                report.samples
+            );
+            Ok(())
+        })
+    });
+    let exporters = Exporters {
+        first_listen: args.exporter_listen,
+        aggregator: base.clone(),
+        token_file,
+        spool_dir,
+        otlp: args.otlp.clone(),
+    };
+    super::runtime()?.block_on(serve(
+        aggregator,
+        prepare,
+        args.listen,
+        nodes,
+        exporters,
+        began,
+    ))?;
+    print_totals(&db, &settings)
+}
+
+/// What the demo runs, and the commands to look at it.
+fn print_welcome(
+    nodes: &[String],
+    db: &Path,
+    base: &str,
+    token: &str,
+    exporter_listen: SocketAddr,
+) {
     eprintln!(
         "gpuledger demo: {} simulated nodes ({}) ship to an aggregator writing {}.",
         nodes.len(),
@@ -108,86 +151,92 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     eprintln!(
         "  exporter metrics: curl -s http://{}/metrics | grep gpuledger_instance_sm_active",
-        args.exporter_listen
+        exporter_listen
     );
     eprintln!(
         "  ready when:       curl -s {base}/readyz   says ready (the month is laid down first)"
     );
     eprintln!("  stop with Ctrl-C: the ledger's per-tenant totals are printed then.");
-    let sim = Simulator::new(fleet);
-    let prepare: gpuledger_aggregator::Prepare = Box::new(move |startup| {
-        Box::pin(async move {
-            let started = std::time::Instant::now();
-            let report = history::prepare(startup, sim, plan).await?;
-            eprintln!(
-                "gpuledger demo: history from {} laid down in {:.1} s: {} minute rows ({:.0} instance-hours) and {} one-second samples; evaluating the analytics.",
-                chrono::DateTime::from_timestamp(report.from, 0).unwrap_or_default(),
-                started.elapsed().as_secs_f64(),
-                report.minute_rows,
-                report.minute_seconds as f64 / 3600.0,
-                report.samples
-            );
-            Ok(())
-        })
-    });
-    let rt = super::runtime()?;
-    rt.block_on(async move {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let (agg_stop_tx, agg_stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        let agg = tokio::spawn(gpuledger_aggregator::run_with(
-            aggregator,
-            stopped(agg_stop_rx),
-            Some(prepare),
-        ));
-        // Let the aggregator open the ledger and listen before the exporters' first shipment.
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(args.listen).await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// What each simulated node's exporter is given.
+struct Exporters {
+    /// The first exporter's /metrics; the others take every second port after it.
+    first_listen: SocketAddr,
+    aggregator: String,
+    token_file: PathBuf,
+    spool_dir: PathBuf,
+    otlp: gpuledger_otel::OtlpOptions,
+}
+
+/// Runs the aggregator and one exporter per node until Ctrl-C, then stops the exporters (they
+/// send what they hold) before the aggregator closes the ledger.
+async fn serve(
+    aggregator: gpuledger_aggregator::config::Config,
+    prepare: gpuledger_aggregator::Prepare,
+    listen: SocketAddr,
+    nodes: Vec<String>,
+    ex: Exporters,
+    began: std::time::Instant,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (agg_stop_tx, agg_stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let agg = tokio::spawn(gpuledger_aggregator::run_with(
+        aggregator,
+        stopped(agg_stop_rx),
+        Some(prepare),
+    ));
+    // Let the aggregator open the ledger and listen before the exporters' first shipment.
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(listen).await.is_ok() {
+            break;
         }
-        let ready = tokio::spawn(announce_ready(base.clone(), began));
-        let mut exporters = Vec::new();
-        for (i, node) in nodes.into_iter().enumerate() {
-            let listen = SocketAddr::new(
-                args.exporter_listen.ip(),
-                args.exporter_listen.port() + 2 * i as u16,
-            );
-            let mut config = ExporterOptions {
-                source: Some("sim".into()),
-                listen: Some(listen),
-                node: Some(node.clone()),
-                aggregator: Some(base.clone()),
-                token_file: Some(token_file.clone()),
-                spool_dir: Some(spool_dir.join(&node)),
-                spool_max_bytes: Some(64 << 20),
-                ship_interval: Some(Duration::from_secs(5)),
-                otlp: args.otlp.clone(),
-                ..ExporterOptions::default()
-            }
-            .resolve()?;
-            // Ctrl-C should not wait the daemon's full drain time for a local aggregator.
-            config.drain_timeout = Duration::from_secs(3);
-            exporters.push(tokio::spawn(daemon::run(config, stopped(stop_rx.clone()))));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready = tokio::spawn(announce_ready(ex.aggregator.clone(), began));
+    let mut exporters = Vec::new();
+    for (i, node) in nodes.into_iter().enumerate() {
+        let listen = SocketAddr::new(ex.first_listen.ip(), ex.first_listen.port() + 2 * i as u16);
+        let mut config = ExporterOptions {
+            source: Some("sim".into()),
+            listen: Some(listen),
+            node: Some(node.clone()),
+            aggregator: Some(ex.aggregator.clone()),
+            token_file: Some(ex.token_file.clone()),
+            spool_dir: Some(ex.spool_dir.join(&node)),
+            spool_max_bytes: Some(64 << 20),
+            ship_interval: Some(Duration::from_secs(5)),
+            otlp: ex.otlp.clone(),
+            ..ExporterOptions::default()
         }
-        super::shutdown_signal().await;
-        ready.abort();
-        eprintln!(
-            "gpuledger demo: stopping; the exporters send what they hold, then the ledger closes."
-        );
-        let _ = stop_tx.send(true);
-        for e in exporters {
-            e.await.context("an exporter task")??;
-        }
-        let _ = agg_stop_tx.send(true);
-        agg.await.context("the aggregator task")??;
-        anyhow::Ok(())
-    })?;
-    // What the ledger now says: the showback finance would read, over everything recorded.
-    let (conn, _) = gpuledger_aggregator::store::open(&db)?;
+        .resolve()?;
+        // Ctrl-C should not wait the daemon's full drain time for a local aggregator.
+        config.drain_timeout = Duration::from_secs(3);
+        exporters.push(tokio::spawn(daemon::run(config, stopped(stop_rx.clone()))));
+    }
+    super::shutdown_signal().await;
+    ready.abort();
+    eprintln!(
+        "gpuledger demo: stopping; the exporters send what they hold, then the ledger closes."
+    );
+    let _ = stop_tx.send(true);
+    for e in exporters {
+        e.await.context("an exporter task")??;
+    }
+    let _ = agg_stop_tx.send(true);
+    agg.await.context("the aggregator task")??;
+    Ok(())
+}
+
+/// What the ledger now says: the showback finance would read, over everything recorded.
+fn print_totals(
+    db: &Path,
+    settings: &gpuledger_aggregator::analytics::Settings,
+) -> anyhow::Result<()> {
+    let (conn, _) = gpuledger_aggregator::store::open(db)?;
     // From the first second recorded to the last, so that coverage reflects the demo's own run.
     let edge = |sql: &str| -> anyhow::Result<Option<(i64, u64)>> {
         let mut stmt = conn.prepare(sql)?;
@@ -211,7 +260,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let from = b0 + i64::from(m0.trailing_zeros());
     let to = b1 + 64 - i64::from(m1.leading_zeros());
-    let s = showback::showback(&conn, from, to, GroupBy::Tenant, None, i64::MIN, &settings)?;
+    let s = showback::showback(&conn, from, to, GroupBy::Tenant, None, i64::MIN, settings)?;
     eprintln!(
         "\n{:<16} {:>16} {:>16} {:>10} {:>12}",
         "tenant", "allocated GPU-s", "used GPU-s", "efficiency", "cost (USD)"
