@@ -348,6 +348,20 @@ fn group_query(level: Level, by: GroupBy, scoped: bool, by_profile: bool) -> Str
         );
     }
     let (k1, k2) = by.keys();
+    // Summed per (instance, holder) before the dimensions are joined: a month of hourly
+    // rows collapses to one row per allocation first (a month for 1,000 GPUs: 154 → 108 ms).
+    let allocations = |table: &str| {
+        format!(
+            "SELECT {k1}, {k2}, i.gpu_model, i.mig_profile, sum(r.samples * i.gpu_equivalents),
+                    sum(r.sm_sum * i.gpu_equivalents), sum(r.sm_n * i.gpu_equivalents)
+             FROM (SELECT instance_id, holder_id, sum(samples) AS samples,
+                          sum(sm_active_sum) AS sm_sum, sum(sm_active_samples) AS sm_n
+                   FROM {table} WHERE bucket >= ? AND bucket < ? GROUP BY ALL) r
+             JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+             WHERE h.tenant IS NOT NULL {tenant_filter}
+             GROUP BY ALL"
+        )
+    };
     match level {
         Level::Raw => format!(
             "SELECT {k1}, {k2}, i.gpu_model, i.mig_profile, sum(i.gpu_equivalents),
@@ -357,23 +371,9 @@ fn group_query(level: Level, by: GroupBy, scoped: bool, by_profile: bool) -> Str
              WHERE s.ts >= ? AND s.ts < ? AND h.tenant IS NOT NULL {tenant_filter}
              GROUP BY ALL"
         ),
-        // Summed per (instance, holder) before the dimensions are joined: a month of hourly
-        // rows collapses to one row per allocation first (a month for 1,000 GPUs: 154 → 108 ms).
-        Level::Minute | Level::Hour | Level::Day => format!(
-            "SELECT {k1}, {k2}, i.gpu_model, i.mig_profile, sum(r.samples * i.gpu_equivalents),
-                    sum(r.sm_sum * i.gpu_equivalents), sum(r.sm_n * i.gpu_equivalents)
-             FROM (SELECT instance_id, holder_id, sum(samples) AS samples,
-                          sum(sm_active_sum) AS sm_sum, sum(sm_active_samples) AS sm_n
-                   FROM {} WHERE bucket >= ? AND bucket < ? GROUP BY ALL) r
-             JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
-             WHERE h.tenant IS NOT NULL {tenant_filter}
-             GROUP BY ALL",
-            match level {
-                Level::Minute => "rollup_1m",
-                Level::Day => "rollup_alloc_1d",
-                _ => "rollup_1h",
-            }
-        ),
+        Level::Minute => allocations("rollup_1m"),
+        Level::Hour => allocations("rollup_1h"),
+        Level::Day => allocations("rollup_alloc_1d"),
     }
 }
 
