@@ -134,10 +134,11 @@ pub async fn add_exemption(
     req: NewExemption,
     default_reason: &str,
 ) -> Result<Exemption, ApiError> {
-    let tenant = match (role, req.tenant) {
-        (Role::Admin, t) => t,
-        (Role::Tenant(own), None) => Some(own.clone()),
-        (Role::Tenant(own), Some(t)) if *own == t => Some(t),
+    // Who may, for which tenant, and how the exemption records its author.
+    let (tenant, created_by) = match (role, req.tenant) {
+        (Role::Admin, t) => (t, "admin".to_owned()),
+        (Role::Tenant(own), None) => (Some(own.clone()), format!("tenant:{own}")),
+        (Role::Tenant(own), Some(t)) if *own == t => (Some(t), format!("tenant:{own}")),
         (Role::Tenant(_), Some(_)) => {
             return Err(ApiError::forbidden(
                 "tenant",
@@ -177,10 +178,7 @@ pub async fn add_exemption(
         workload: req.workload,
         until: now + span.as_secs() as i64,
         reason: req.reason.unwrap_or_else(|| default_reason.into()),
-        created_by: match role {
-            Role::Tenant(t) => format!("tenant:{t}"),
-            _ => "admin".into(),
-        },
+        created_by,
         created_at: now,
     };
     let stored = e.clone();
