@@ -21,6 +21,8 @@ load="${GPULOAD_BIN:-}"
 run=("$bin")
 if [ -n "${GPULEDGER_RUN:-}" ]; then run=("$GPULEDGER_RUN" "$bin"); fi
 mkdir -p "$out"
+# shellcheck source=benches/gpu/common.sh
+. "$here/common.sh"
 work="$(mktemp -d)"
 agg_port=19836
 exp_port=19835
@@ -37,8 +39,7 @@ token_admin="gpu-check-admin-token-0123456789"
 } >"$out/env.txt" 2>&1
 
 uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | tr -d ' ')"
-printf 'node:gpu-check %s\nadmin %s\n' "$token_node" "$token_admin" >"$work/tokens"
-printf '%s\n' "$token_node" >"$work/node.token"
+write_tokens "$work" gpu-check "$token_node" "$token_admin"
 cat >"$work/map.toml" <<EOF
 [[device]]
 uuid = "$uuid"
@@ -47,13 +48,7 @@ workload = "gpu-check/gpuload"
 slo_class = "batch"
 EOF
 
-"${run[@]}" aggregator --db "$work/ledger.duckdb" --listen "127.0.0.1:$agg_port" \
-  --token-file "$work/tokens" --analytics-interval 5s --default-price 3.5 >"$work/aggregator.log" 2>&1 &
-agg=$!
-for _ in $(seq 1 100); do
-  curl -sf "http://127.0.0.1:$agg_port/readyz" >/dev/null && break
-  sleep 0.2
-done
+start_aggregator "$work" "$agg_port" "${run[@]}"
 
 "${run[@]}" exporter --source nvml --listen "127.0.0.1:$exp_port" \
   --aggregator "http://127.0.0.1:$agg_port" --token-file "$work/node.token" --node gpu-check \
@@ -65,14 +60,7 @@ seconds=110
 python3 "$here/gpm_reference.py" "$seconds" "$out/reference.csv" >>"$out/run.log" 2>&1 &
 nvidia-smi dmon -s pu -d 1 -c "$seconds" >"$work/dmon.txt" 2>&1 &
 
-(
-  for _ in $(seq 1 "$seconds"); do
-    echo "# scrape $(date +%s.%N)"
-    curl -s "http://127.0.0.1:$exp_port/metrics" | grep -v '^# \(HELP\|TYPE\)'
-    sleep 1
-  done
-) >"$out/scrapes.txt" 2>&1 &
-scraper=$!
+scrape "$seconds" "$exp_port" '^[^#]' "$out/scrapes.txt"
 
 sleep 3
 {
@@ -94,18 +82,13 @@ EOF
 
 wait "$scraper"
 sleep 12 # the last 5 s batch sealed and shipped
-now=$(date +%s)
 {
-  echo '# showback by tenant, the last 10 minutes'
-  curl -s -H "Authorization: Bearer $token_admin" \
-    "http://127.0.0.1:$agg_port/api/v1/showback?group_by=tenant&from=$((now - 600))&to=$now"
-  echo
+  showback "$agg_port" "$token_admin"
   echo '# aggregator /metrics (ingest)'
   curl -s "http://127.0.0.1:$agg_port/metrics" -H "Authorization: Bearer $token_admin" | grep -E '^gpuledger_(ingest|aggregator)_' | head -40
 } >"$out/api.json" 2>&1
 
-kill -TERM "$exp"; wait "$exp"
-kill -TERM "$agg"; wait "$agg"
+stop_services
 cp "$work/ledger.duckdb" "$out/ledger.duckdb"
 {
   echo "# exporter.log"; cat "$work/exporter.log"

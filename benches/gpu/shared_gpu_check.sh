@@ -26,6 +26,9 @@ out="${1:?usage: shared_gpu_check.sh OUTDIR}"
 bin="${GPULEDGER_BIN:?set GPULEDGER_BIN to the gpuledger binary}"
 load="${GPULOAD_BIN:?set GPULOAD_BIN to the gpuload binary}"
 mkdir -p "$out"
+# shellcheck source=benches/gpu/common.sh
+. "$here/common.sh"
+began=$(date +%s)
 work="$(mktemp -d)"
 agg_port=19846
 exp_port=19845
@@ -61,15 +64,8 @@ in_job() {
     "$cg/job_$id" "$@"
 }
 
-printf 'node:gpu-share %s\nadmin %s\n' "$token_node" "$token_admin" >"$work/tokens"
-printf '%s\n' "$token_node" >"$work/node.token"
-"$bin" aggregator --db "$work/ledger.duckdb" --listen "127.0.0.1:$agg_port" \
-  --token-file "$work/tokens" --analytics-interval 5s --default-price 3.5 >"$work/aggregator.log" 2>&1 &
-agg=$!
-for _ in $(seq 1 100); do
-  curl -sf "http://127.0.0.1:$agg_port/readyz" >/dev/null && break
-  sleep 0.2
-done
+write_tokens "$work" gpu-share "$token_node" "$token_admin"
+start_aggregator "$work" "$agg_port" "$bin"
 "$bin" exporter --source nvml --listen "127.0.0.1:$exp_port" \
   --aggregator "http://127.0.0.1:$agg_port" --token-file "$work/node.token" --node gpu-share \
   --spool-dir "$work/spool" --slurm-job-dir "$jobs" >"$work/exporter.log" 2>&1 &
@@ -77,14 +73,8 @@ exp=$!
 
 seconds=64
 nvidia-smi pmon -s um -d 1 -c "$seconds" >"$out/pmon.txt" 2>&1 &
-(
-  for _ in $(seq 1 "$seconds"); do
-    echo "# scrape $(date +%s.%N)"
-    curl -s "http://127.0.0.1:$exp_port/metrics" | grep -E '^gpuledger_(share_|instance_sm_active|exporter_collector_duration)'
-    sleep 1
-  done
-) >"$out/scrapes.txt" 2>&1 &
-scraper=$!
+scrape "$seconds" "$exp_port" '^gpuledger_(share_|instance_sm_active|exporter_collector_duration)' \
+  "$out/scrapes.txt"
 
 sleep 4
 {
@@ -120,22 +110,20 @@ sleep 4
 wait "$scraper"
 sleep 12 # the last 5 s batch sealed and shipped
 now=$(date +%s)
-hour=$((now - now % 3600))
+# Shares are kept per UTC hour: every hour the check touched.
+from=$((began - began % 3600))
+to=$((now - now % 3600 + 3600))
 {
   for by in workload tenant; do
-    echo "# shares by $by, this hour"
+    echo "# shares by $by, the hours of the check"
     curl -s -H "Authorization: Bearer $token_admin" \
-      "http://127.0.0.1:$agg_port/api/v1/shares?group_by=$by&from=$hour&to=$((hour + 3600))"
+      "http://127.0.0.1:$agg_port/api/v1/shares?group_by=$by&from=$from&to=$to"
     echo
   done
-  echo '# showback by tenant, the last 10 minutes'
-  curl -s -H "Authorization: Bearer $token_admin" \
-    "http://127.0.0.1:$agg_port/api/v1/showback?group_by=tenant&from=$((now - 600))&to=$now"
-  echo
+  showback "$agg_port" "$token_admin"
 } >"$out/api.json" 2>&1
 
-kill -TERM "$exp"; wait "$exp"
-kill -TERM "$agg"; wait "$agg"
+stop_services
 rmdir "$cg/job_101" "$cg/job_102" "$cg" 2>/dev/null
 {
   echo "# exporter.log"; cat "$work/exporter.log"
