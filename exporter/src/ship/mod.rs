@@ -406,6 +406,114 @@ fn jittered(wait: Duration) -> Duration {
         .unwrap_or(wait)
 }
 
+/// Longest wait between two attempts, whatever the backoff or a `Retry-After` says.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What the sender keeps between attempts: the spool's oldest batch goes first, and stays
+/// until the aggregator acknowledged it (ack after commit) or refused it for good.
+struct Sender {
+    config: ShipConfig,
+    client: reqwest::Client,
+    spool: Arc<Mutex<Spool>>,
+    metrics: Arc<Metrics>,
+    fallback: Arc<Fallback>,
+    backoff: backon::ExponentialBackoff,
+    /// Whether the last attempt failed (a failure streak is logged once).
+    failing: bool,
+    /// Batches counted in `batches_spooled` (once each, however often they are retried).
+    counted_as_spooled: HashSet<u64>,
+}
+
+impl Sender {
+    /// One attempt at `entry`; `None` when the batch left the spool meanwhile.
+    async fn attempt(&self, entry: &spool::Entry, body: Vec<u8>) -> Option<Outcome> {
+        let body = match tokio::task::block_in_place(|| self.fallback.body(entry.seq, body)) {
+            Body::Send(body) => body,
+            Body::Damaged(why) => return Some(Outcome::Rejected(why)),
+        };
+        match send(&self.client, &self.config, entry, body).await {
+            // Only a MessagePack body is unread: read back from its file (the rare case pays,
+            // not every send), it tells whether the body or the aggregator is at fault.
+            Outcome::Unread(detail) => {
+                // Dropped from a full spool meanwhile: nothing is left to decide.
+                let sent = tokio::task::block_in_place(|| std::fs::read(&entry.path)).ok()?;
+                Some(
+                    match tokio::task::block_in_place(|| self.fallback.refused(entry.seq, &sent)) {
+                        Refusal::FallBack => Outcome::Unread(detail),
+                        Refusal::Damaged(why) => Outcome::Rejected(format!(
+                            "the aggregator refused it ({detail}) and {why}"
+                        )),
+                    },
+                )
+            }
+            outcome => Some(outcome),
+        }
+    }
+
+    /// The aggregator stored the batch: out of the spool.
+    fn acked(&mut self, entry: &spool::Entry) {
+        tokio::task::block_in_place(|| {
+            let mut spool = self.spool.lock().expect("spool lock");
+            if let Err(e) = spool.ack(entry.seq) {
+                tracing::error!(error = %e, "Cannot remove an acknowledged batch from the spool; it will be re-sent and deduplicated by id.");
+            }
+            update_spool_gauges(&self.metrics, &spool);
+        });
+        self.metrics.exporter.batches_shipped.inc();
+        self.metrics.exporter.samples_shipped.inc_by(entry.samples);
+        self.counted_as_spooled.remove(&entry.seq);
+        if self.failing {
+            tracing::info!("The aggregator accepts batches again.");
+        }
+        self.failing = false;
+        self.backoff = backoff_policy();
+    }
+
+    /// The aggregator refused the batch for good: moved aside, counted and logged as dropped.
+    fn rejected(&self, entry: &spool::Entry, detail: String) {
+        let moved = tokio::task::block_in_place(|| {
+            let mut spool = self.spool.lock().expect("spool lock");
+            let moved = spool.reject(entry.seq);
+            update_spool_gauges(&self.metrics, &spool);
+            moved
+        });
+        ShipFailed {
+            reason: "rejected",
+            detail: detail.clone(),
+        }
+        .emit(&self.metrics, true);
+        let kept = moved
+            .map(|p| format!(", kept at {}", p.display()))
+            .unwrap_or_default();
+        BatchDropped {
+            reason: "rejected",
+            entry,
+            detail: format!("the aggregator refused it ({detail}){kept}"),
+        }
+        .emit(&self.metrics);
+    }
+
+    /// The batch stays for another attempt: how long to wait for it (the aggregator's
+    /// `Retry-After`, jittered, or the backoff's next step).
+    fn retry(
+        &mut self,
+        entry: &spool::Entry,
+        reason: &'static str,
+        detail: String,
+        after: Option<Duration>,
+    ) -> Duration {
+        ShipFailed { reason, detail }.emit(&self.metrics, !self.failing);
+        self.failing = true;
+        if self.counted_as_spooled.insert(entry.seq) {
+            self.metrics.exporter.batches_spooled.inc();
+        }
+        match after {
+            Some(after) => jittered(after.min(MAX_BACKOFF)),
+            None => self.backoff.next().unwrap_or(MAX_BACKOFF),
+        }
+    }
+}
+
 async fn send_loop(
     config: ShipConfig,
     client: reqwest::Client,
@@ -416,10 +524,17 @@ async fn send_loop(
     sealed_all: Arc<AtomicBool>,
     fallback: Arc<Fallback>,
 ) {
-    const MAX_BACKOFF: Duration = Duration::from_secs(30);
-    let mut backoff = backoff_policy();
-    let mut failing = false;
-    let mut counted_as_spooled: HashSet<u64> = HashSet::new();
+    let msgpack_retry = config.msgpack_retry;
+    let mut sender = Sender {
+        config,
+        client,
+        spool: spool.clone(),
+        metrics,
+        fallback,
+        backoff: backoff_policy(),
+        failing: false,
+        counted_as_spooled: HashSet::new(),
+    };
     loop {
         let state = *finish.borrow();
         if let Finish::Drain(Some(deadline)) = state
@@ -456,93 +571,32 @@ async fn send_loop(
             }
         };
         tracing::debug!(batch_id = %entry.batch_id, "Sending a batch.");
-        let outcome = match tokio::task::block_in_place(|| fallback.body(entry.seq, body)) {
-            Body::Send(body) => match send(&client, &config, &entry, body).await {
-                // Only a MessagePack body is unread: read back from its file (the rare case pays,
-                // not every send), it tells whether the body or the aggregator is at fault.
-                Outcome::Unread(detail) => {
-                    let Ok(sent) = tokio::task::block_in_place(|| std::fs::read(&entry.path))
-                    else {
-                        // Dropped from a full spool meanwhile: nothing is left to decide.
-                        continue;
-                    };
-                    match tokio::task::block_in_place(|| fallback.refused(entry.seq, &sent)) {
-                        Refusal::FallBack => Outcome::Unread(detail),
-                        Refusal::Damaged(why) => Outcome::Rejected(format!(
-                            "the aggregator refused it ({detail}) and {why}"
-                        )),
-                    }
-                }
-                outcome => outcome,
-            },
-            Body::Damaged(why) => Outcome::Rejected(why),
+        let Some(outcome) = sender.attempt(&entry, body).await else {
+            continue;
         };
         let wait = match outcome {
             Outcome::Unread(detail) => {
                 tracing::warn!(
                     batch_id = %entry.batch_id,
                     %detail,
-                    retry_s = config.msgpack_retry.as_secs(),
+                    retry_s = msgpack_retry.as_secs(),
                     "The aggregator does not read this MessagePack body (older than this exporter?); re-sending it as JSON, and JSON until --msgpack-retry has passed. Set --wire-format json to start that way."
                 );
                 continue;
             }
             Outcome::Acked => {
-                tokio::task::block_in_place(|| {
-                    let mut spool = spool.lock().expect("spool lock");
-                    if let Err(e) = spool.ack(entry.seq) {
-                        tracing::error!(error = %e, "Cannot remove an acknowledged batch from the spool; it will be re-sent and deduplicated by id.");
-                    }
-                    update_spool_gauges(&metrics, &spool);
-                });
-                metrics.exporter.batches_shipped.inc();
-                metrics.exporter.samples_shipped.inc_by(entry.samples);
-                counted_as_spooled.remove(&entry.seq);
-                if failing {
-                    tracing::info!("The aggregator accepts batches again.");
-                }
-                failing = false;
-                backoff = backoff_policy();
+                sender.acked(&entry);
                 continue;
             }
             Outcome::Rejected(detail) => {
-                let moved = tokio::task::block_in_place(|| {
-                    let mut spool = spool.lock().expect("spool lock");
-                    let moved = spool.reject(entry.seq);
-                    update_spool_gauges(&metrics, &spool);
-                    moved
-                });
-                ShipFailed {
-                    reason: "rejected",
-                    detail: detail.clone(),
-                }
-                .emit(&metrics, true);
-                let kept = moved
-                    .map(|p| format!(", kept at {}", p.display()))
-                    .unwrap_or_default();
-                BatchDropped {
-                    reason: "rejected",
-                    entry: &entry,
-                    detail: format!("the aggregator refused it ({detail}){kept}"),
-                }
-                .emit(&metrics);
+                sender.rejected(&entry, detail);
                 continue;
             }
             Outcome::Retry {
                 reason,
                 detail,
                 after,
-            } => {
-                ShipFailed { reason, detail }.emit(&metrics, !failing);
-                failing = true;
-                if counted_as_spooled.insert(entry.seq) {
-                    metrics.exporter.batches_spooled.inc();
-                }
-                match after {
-                    Some(after) => jittered(after.min(MAX_BACKOFF)),
-                    None => backoff.next().unwrap_or(MAX_BACKOFF),
-                }
-            }
+            } => sender.retry(&entry, reason, detail, after),
         };
         let mut wake = Instant::now() + wait;
         if let Finish::Drain(Some(deadline)) = *finish.borrow() {
