@@ -444,19 +444,7 @@ impl Rewritten {
 /// Runs an import.
 pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     let now = chrono::Utc::now().timestamp();
-    let (oldest, newest) = (
-        now - opts.retention.rollup_secs,
-        now + opts.max_future_skew_secs,
-    );
-    let mut checked = Vec::with_capacity(opts.files.len());
-    let mut keep = KEEP_SAMPLES;
-    for f in &opts.files {
-        let c = tokio::task::block_in_place(|| check_file(f, oldest, newest, keep))?;
-        if c.kept.is_some() {
-            keep -= c.samples;
-        }
-        checked.push(c);
-    }
+    let checked = check_files(&opts, now)?;
     let total = checked.iter().map(|c| c.samples).sum();
     // The first and last second read.
     let span = checked
@@ -466,44 +454,7 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     // Kept files are sent each in instance order, so their raw rows need no rewrite, unless
     // other rows share an hour with them: rows the ledger holds already, or another file's.
     let mut rewrite = kept_files_share_an_hour(&checked);
-    let (dest, thread) = match &opts.target {
-        Target::Ledger(db) => {
-            let (conn, _) = tokio::task::block_in_place(|| store::open(db))?;
-            if checked.iter().any(|c| c.kept.is_none()) {
-                // Rows read as they lie are rewritten an hour later: kept out of the file until
-                // then (DuckDB's optimistic writes would put them there at once), most never
-                // reach it in file order, and the file does not grow by their blocks.
-                conn.execute_batch("SET enable_optimistic_write = false")
-                    .map_err(StoreError::from_db)?;
-            }
-            if let Some(span) = span {
-                rewrite |= tokio::task::block_in_place(|| raw_rows_in_hours_of(&conn, span))
-                    .map_err(StoreError::from_db)?;
-            }
-            let (writer, thread) = Writer::spawn(conn, 4 * CHUNK, Arc::new(()))?;
-            (Dest::Writer(writer), Some(thread))
-        }
-        Target::Aggregator { url, token } => (
-            Dest::Aggregator {
-                client: reqwest::Client::new(),
-                url: url.clone(),
-                token: token.clone(),
-                format: Format::MessagePack,
-            },
-            None,
-        ),
-    };
-    let bar = if opts.progress {
-        indicatif::ProgressBar::new(total)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} samples ({per_sec}, {eta} left)",
-        )
-        .expect("a valid template"),
-    );
+    let (dest, thread) = open_dest(&opts.target, &checked, span, &mut rewrite)?;
     let raw_cutoff = now - opts.retention.raw_secs;
     let mut sink = Sink {
         dest,
@@ -514,7 +465,7 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
             files: opts.files.len(),
             ..ImportReport::default()
         },
-        bar,
+        bar: progress_bar(total, opts.progress),
     };
     // Whether any file was read as it lies (too large to keep), its raw rows in file order.
     let mut streamed = false;
@@ -532,53 +483,21 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
             continue;
         }
         streamed = true;
-        let mut reader = TraceReader::open(f)?;
-        let mut chunker = Chunker::default();
-        // The hour the file is in.
-        let mut open: Option<i64> = None;
-        while let Some(s) = tokio::task::block_in_place(|| reader.next_sample()) {
-            let s = s?;
-            let hour = hour_of(s.timestamp);
-            match open {
-                Some(o) if hour > o => {
-                    if let Some(batch) = chunker.flush() {
-                        sink.send(batch).await?;
-                    }
-                    sink.rewrite_hour(o, later, &mut rewritten);
-                    open = Some(hour);
-                }
-                Some(o) if hour < o => rewritten.reopened(s.timestamp),
-                Some(_) => {}
-                None => open = Some(hour),
-            }
-            if let Some(batch) = chunker.push(s) {
-                sink.send(batch).await?;
-            }
-        }
-        if let Some(batch) = chunker.finish() {
-            sink.send(batch).await?;
-        }
+        stream_file(&mut sink, f, later, &mut rewritten).await?;
     }
     sink.drain().await?;
     sink.rewrites_done().await?;
     sink.bar.finish_and_clear();
-    // The imported seconds' raw rows in instance order, as the aggregator leaves a closed hour
-    // (kept files were sent in that order already), but for the hours rewritten on the way.
-    if let (Dest::Writer(writer), Some((first, last)), true) =
-        (&sink.dest, span, streamed || rewrite)
-    {
-        for (from, to) in rewritten.left(first.max(raw_cutoff), last + 1) {
-            writer.compact_raw(from, to).await?;
-        }
-    }
-    // Every imported hour in the raw window is in instance order now: the closed ones need no
-    // rewrite by the aggregator's first start.
-    if let (Dest::Writer(writer), Some((first, last))) = (&sink.dest, span) {
-        let hour = |t: i64| t - t.rem_euclid(3600);
-        let until = (hour(last) + 3600).min(hour(now - store::COMPACT_AFTER));
-        writer
-            .record_in_order(hour(first.max(raw_cutoff)), until)
-            .await?;
+    if let (Dest::Writer(writer), Some(span)) = (&sink.dest, span) {
+        leave_in_instance_order(
+            writer,
+            span,
+            streamed || rewrite,
+            &rewritten,
+            raw_cutoff,
+            now,
+        )
+        .await?;
     }
     drop(sink.dest);
     if let Some(thread) = thread {
@@ -587,6 +506,140 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         });
     }
     Ok(sink.report)
+}
+
+/// Checks every file before anything is sent, keeping the batches of the first files up to
+/// [`KEEP_SAMPLES`] in all.
+fn check_files(opts: &ImportOptions, now: i64) -> Result<Vec<Checked>, ImportError> {
+    let (oldest, newest) = (
+        now - opts.retention.rollup_secs,
+        now + opts.max_future_skew_secs,
+    );
+    let mut checked = Vec::with_capacity(opts.files.len());
+    let mut keep = KEEP_SAMPLES;
+    for f in &opts.files {
+        let c = tokio::task::block_in_place(|| check_file(f, oldest, newest, keep))?;
+        if c.kept.is_some() {
+            keep -= c.samples;
+        }
+        checked.push(c);
+    }
+    Ok(checked)
+}
+
+/// Where the batches go: a writer of the ledger file (with its thread) or the aggregator's API.
+/// On a ledger, `rewrite` is also set when it holds raw rows in the imported hours already.
+fn open_dest(
+    target: &Target,
+    checked: &[Checked],
+    span: Option<(i64, i64)>,
+    rewrite: &mut bool,
+) -> Result<(Dest, Option<std::thread::JoinHandle<()>>), ImportError> {
+    match target {
+        Target::Ledger(db) => {
+            let (conn, _) = tokio::task::block_in_place(|| store::open(db))?;
+            if checked.iter().any(|c| c.kept.is_none()) {
+                // Rows read as they lie are rewritten an hour later: kept out of the file until
+                // then (DuckDB's optimistic writes would put them there at once), most never
+                // reach it in file order, and the file does not grow by their blocks.
+                conn.execute_batch("SET enable_optimistic_write = false")
+                    .map_err(StoreError::from_db)?;
+            }
+            if let Some(span) = span {
+                *rewrite |= tokio::task::block_in_place(|| raw_rows_in_hours_of(&conn, span))
+                    .map_err(StoreError::from_db)?;
+            }
+            let (writer, thread) = Writer::spawn(conn, 4 * CHUNK, Arc::new(()))?;
+            Ok((Dest::Writer(writer), Some(thread)))
+        }
+        Target::Aggregator { url, token } => Ok((
+            Dest::Aggregator {
+                client: reqwest::Client::new(),
+                url: url.clone(),
+                token: token.clone(),
+                format: Format::MessagePack,
+            },
+            None,
+        )),
+    }
+}
+
+/// The import's progress on the terminal (`--progress`), or a hidden bar.
+fn progress_bar(total: u64, shown: bool) -> indicatif::ProgressBar {
+    let bar = if shown {
+        indicatif::ProgressBar::new(total)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} samples ({per_sec}, {eta} left)",
+        )
+        .expect("a valid template"),
+    );
+    bar
+}
+
+/// Sends a file too large to keep as it lies, in chunks; each hour is rewritten in instance
+/// order once the file has left it (`later`: the spans of the files still to come).
+async fn stream_file(
+    sink: &mut Sink,
+    f: &Path,
+    later: &[(i64, i64)],
+    rewritten: &mut Rewritten,
+) -> Result<(), ImportError> {
+    let mut reader = TraceReader::open(f)?;
+    let mut chunker = Chunker::default();
+    // The hour the file is in.
+    let mut open: Option<i64> = None;
+    while let Some(s) = tokio::task::block_in_place(|| reader.next_sample()) {
+        let s = s?;
+        let hour = hour_of(s.timestamp);
+        match open {
+            Some(o) if hour > o => {
+                if let Some(batch) = chunker.flush() {
+                    sink.send(batch).await?;
+                }
+                sink.rewrite_hour(o, later, rewritten);
+                open = Some(hour);
+            }
+            Some(o) if hour < o => rewritten.reopened(s.timestamp),
+            Some(_) => {}
+            None => open = Some(hour),
+        }
+        if let Some(batch) = chunker.push(s) {
+            sink.send(batch).await?;
+        }
+    }
+    if let Some(batch) = chunker.finish() {
+        sink.send(batch).await?;
+    }
+    Ok(())
+}
+
+/// After a ledger import of `span` (first and last second): the imported seconds' raw rows in
+/// instance order, as the aggregator leaves a closed hour (kept files were sent in that order
+/// already; `rewrite` says whether any were not), but for the hours rewritten on the way; then
+/// the closed hours recorded as in order, so the aggregator's first start does not rewrite them.
+async fn leave_in_instance_order(
+    writer: &Writer,
+    (first, last): (i64, i64),
+    rewrite: bool,
+    rewritten: &Rewritten,
+    raw_cutoff: i64,
+    now: i64,
+) -> Result<(), ImportError> {
+    if rewrite {
+        for (from, to) in rewritten.left(first.max(raw_cutoff), last + 1) {
+            writer.compact_raw(from, to).await?;
+        }
+    }
+    let hour = |t: i64| t - t.rem_euclid(3600);
+    let until = (hour(last) + 3600).min(hour(now - store::COMPACT_AFTER));
+    writer
+        .record_in_order(hour(first.max(raw_cutoff)), until)
+        .await?;
+    Ok(())
 }
 
 /// Whether two kept files have seconds in one hour: each is sent in instance order, but the
