@@ -261,13 +261,8 @@ impl Sampler {
                     _ => {}
                 }
                 *failing = refreshed.is_err();
-                let collector = match a.name() {
-                    "slurm" => "attribution_slurm",
-                    "kubelet" => "attribution_kubelet",
-                    _ => "attribution_static",
-                };
                 self.metrics.exporter.record_collector(&CollectorOutcome {
-                    collector,
+                    collector: a.collector(),
                     duration: started.elapsed(),
                     success: refreshed.is_ok(),
                 });

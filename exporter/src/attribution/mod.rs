@@ -37,6 +37,9 @@ pub struct DeviceCounts {
 pub trait Attributor: Send {
     /// Short name for metrics and logs (`static`, `slurm`).
     fn name(&self) -> &'static str;
+    /// The `collector` label of its refresh's duration and success (`attribution_static`):
+    /// stated by each attributor, so that a new one cannot report under another's label.
+    fn collector(&self) -> &'static str;
     /// Re-reads the allocations; an error leaves the previous state in place.
     fn refresh(&mut self) -> Result<(), String>;
     /// Sets the attribution of every reading it maps.

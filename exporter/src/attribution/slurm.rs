@@ -139,6 +139,10 @@ impl Attributor for SlurmJobMap {
         "slurm"
     }
 
+    fn collector(&self) -> &'static str {
+        "attribution_slurm"
+    }
+
     fn refresh(&mut self) -> Result<(), String> {
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => e,

@@ -146,6 +146,10 @@ impl Attributor for StaticMap {
         "static"
     }
 
+    fn collector(&self) -> &'static str {
+        "attribution_static"
+    }
+
     fn refresh(&mut self) -> Result<(), String> {
         Ok(())
     }

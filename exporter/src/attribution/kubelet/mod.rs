@@ -453,6 +453,10 @@ impl Attributor for KubeletAttributor {
         "kubelet"
     }
 
+    fn collector(&self) -> &'static str {
+        "attribution_kubelet"
+    }
+
     fn refresh(&mut self) -> Result<(), String> {
         if let Some(e) = &self.state.read().unwrap_or_else(|e| e.into_inner()).error {
             return Err(e.clone());
