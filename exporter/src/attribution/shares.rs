@@ -239,8 +239,12 @@ pub fn shares(
             let sm_active = match active {
                 None => None,
                 Some(a) if single => Some(a),
-                Some(a) if let Some(user) = &only_user => {
-                    Some(if &attribution == user { a } else { 0.0 })
+                Some(a) if only_user.is_some() => {
+                    Some(if only_user.as_ref() == Some(&attribution) {
+                        a
+                    } else {
+                        0.0
+                    })
                 }
                 Some(_) if !split_known => None,
                 Some(a) if total > 0.0 => Some(a * acc.sm_util.unwrap_or(0.0) / total),
