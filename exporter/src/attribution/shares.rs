@@ -49,8 +49,8 @@ pub enum Owner {
         /// Job id.
         job_id: String,
     },
-    /// The MPS server (`nvidia-cuda-mps-server`): it runs its clients' kernels, so utilisation
-    /// the driver reports against it belongs to clients it does not name.
+    /// The MPS server (`nvidia-cuda-mps-server`), outside any pod or job: it runs its clients'
+    /// kernels, so utilisation the driver reports against it belongs to clients it does not name.
     MpsServer,
 }
 
@@ -117,12 +117,19 @@ impl ProcFs {
     }
 
     /// The owner of `pid`; `None` when the process is gone, invisible, or in no pod or job.
+    /// A process in a pod or job is that owner's whatever its name: any process can take the
+    /// MPS server's name (`prctl(PR_SET_NAME)`), so the name is believed only outside them, where
+    /// the server runs (a system service, or a daemon started by the node's prolog).
     pub fn owner(&self, pid: u32) -> Option<Owner> {
         let dir = self.root.join(pid.to_string());
+        let cgroup = std::fs::read_to_string(dir.join("cgroup")).ok();
+        if let Some(owner) = cgroup.as_deref().and_then(owner_from_cgroup) {
+            return Some(owner);
+        }
         if std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| is_mps_server(&c)) {
             return Some(Owner::MpsServer);
         }
-        owner_from_cgroup(&std::fs::read_to_string(dir.join("cgroup")).ok()?)
+        None
     }
 }
 
@@ -413,6 +420,12 @@ mod tests {
                 "python\n",
                 "0::/system.slice/slurmstepd.scope/job_9/step_0\n",
             ),
+            // A job's process that took the server's name is still the job's.
+            (
+                9,
+                "nvidia-cuda-mps\n",
+                "0::/system.slice/slurmstepd.scope/job_9/step_0\n",
+            ),
         ] {
             let d = dir.path().join(pid.to_string());
             std::fs::create_dir_all(&d).unwrap();
@@ -425,14 +438,21 @@ mod tests {
             procfs.owner(8),
             Some(Owner::SlurmJob { job_id: "9".into() })
         );
+        assert_eq!(
+            procfs.owner(9),
+            Some(Owner::SlurmJob { job_id: "9".into() }),
+            "a name cannot move a job's usage onto the server"
+        );
         assert_eq!(procfs.owner(99), None, "a process that exited");
     }
 
     #[test]
     fn the_mps_server_is_told_apart_by_the_name_the_real_kernel_keeps() {
         // A program named as the server, run here and read through the real /proc: the kernel,
-        // not a fixture, decides what `comm` holds.
-        let dir = tempfile::tempdir().unwrap();
+        // not a fixture, decides what `comm` holds. Beside the test binary, which can run
+        // programs (a temporary directory may be mounted noexec).
+        let here = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir_in(here.parent().unwrap()).unwrap();
         let server = dir.path().join(MPS_SERVER);
         let sleep = ["/bin/sleep", "/usr/bin/sleep"]
             .into_iter()
@@ -467,7 +487,10 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(comm, "nvidia-cuda-mps\n", "the kernel keeps 15 bytes");
-        assert_eq!(owner, Some(Owner::MpsServer));
+        // Run inside a pod or a job (a CI runner's), the process is that owner's, by design.
+        let ours = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let expected = owner_from_cgroup(&ours).unwrap_or(Owner::MpsServer);
+        assert_eq!(owner, Some(expected));
     }
 
     fn whole_gpu(sm_active: Option<f64>) -> Reading {
