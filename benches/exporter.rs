@@ -88,6 +88,7 @@ fn shares_cycle() -> Duration {
                 pid,
                 used_memory_bytes: Some(1 << 30),
                 sm_util: Some(f64::from(k) / 100.0),
+                mps_client: false,
             });
         }
     }

@@ -581,6 +581,7 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
         pid,
         used_memory_bytes: Some(gib << 30),
         sm_util: Some(sm),
+        mps_client: false,
     };
     let processes = [
         process(101, 10, 0.30),

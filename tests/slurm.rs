@@ -260,6 +260,7 @@ fn jobs_sharing_a_gpu_are_split_per_process_and_named_by_account() {
         pid,
         used_memory_bytes: Some(bytes),
         sm_util: Some(sm),
+        mps_client: false,
     };
     let procfs = ProcFs::new(procfs);
     let got = shares(

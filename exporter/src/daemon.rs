@@ -493,6 +493,7 @@ mod tests {
                 pid,
                 used_memory_bytes: Some(1 << 30),
                 sm_util: Some(sm),
+                mps_client: false,
             };
             Ok(Some(Second {
                 timestamp: 100,

@@ -17,9 +17,9 @@
 //! - **SM activity**: the instance's SM activity split in proportion to NVML's per-process SM
 //!   utilisation (`nvmlDeviceGetProcessUtilization`), so the shares of an instance sum to its
 //!   activity. When the whole instance is used by one owner, that owner gets all of it, with or
-//!   without per-process figures; so does the one owner of an MPS server's clients (the driver
-//!   counts their kernels against the server and gives the clients no figure), the server's own
-//!   share being zero. Otherwise, where the driver gives no per-process utilisation (MIG mode,
+//!   without per-process figures; so does the one owner on an instance whose processes include
+//!   the MPS server's listed clients (the driver counts their kernels against the server and
+//!   gives the clients no figure), the server's own share being zero. Otherwise, where the driver gives no per-process utilisation (MIG mode,
 //!   drivers without it), reports none while the instance was active, or counts the kernels of
 //!   several owners' clients against the MPS server, the split is **not attributable** and left
 //!   absent: never guessed.
@@ -27,7 +27,8 @@
 //!   without API-server access) is counted in a share with no tenant: unattributed, not dropped.
 //! - On a device the scheduler gave to several workloads ([`super::Attributor::holders`]), each
 //!   holder without a process has a share of exactly zero: the idle replica holders show. Not
-//!   while a process on the device is unnamed: it may be that holder's.
+//!   while a process on the device is unnamed, or its MPS server runs kernels and no client of
+//!   it is listed (clients in another PID namespace): they may be that holder's.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -181,9 +182,13 @@ pub fn shares(
     // Instances with a process whose owner could not be named (the MPS server aside): a holder
     // without a named process may own it, so it is not shown as idle.
     let mut has_unnamed: HashSet<(&str, Option<u32>)> = HashSet::new();
-    // The owners with a process other than the MPS server, by instance: the server runs its
-    // clients' kernels, so with one such owner all the activity is that owner's.
+    // The owners with a process other than the MPS server, by instance, and those of them with
+    // an MPS client: the server runs its clients' kernels, so when the one owner there is
+    // owns clients, all the activity is that owner's.
     let mut users: HashMap<(&str, Option<u32>), HashSet<Attribution>> = HashMap::new();
+    let mut client_owners: HashMap<(&str, Option<u32>), HashSet<Attribution>> = HashMap::new();
+    // Instances whose MPS server the driver saw running kernels.
+    let mut server_busy: HashSet<(&str, Option<u32>)> = HashSet::new();
     for p in processes {
         let key = (p.gpu_uuid.as_str(), p.gpu_instance_id);
         // A process on an instance not read this second has nothing to be a share of.
@@ -192,11 +197,22 @@ pub fn shares(
         }
         let owner = owner_of(p.pid);
         let attribution = owner.as_ref().and_then(&name).unwrap_or_default();
+        // Kernels counted against the MPS server are its clients': the split cannot say whose.
+        let mps_busy = owner == Some(Owner::MpsServer) && p.sm_util.is_some_and(|u| u > 0.0);
+        if mps_busy {
+            server_busy.insert(key);
+        }
         if owner != Some(Owner::MpsServer) {
             if attribution.tenant.is_none() {
                 has_unnamed.insert(key);
             }
             users.entry(key).or_default().insert(attribution.clone());
+            if p.mps_client {
+                client_owners
+                    .entry(key)
+                    .or_default()
+                    .insert(attribution.clone());
+            }
         }
         let acc = groups
             .entry(key)
@@ -214,10 +230,15 @@ pub fn shares(
         if let Some(u) = p.sm_util {
             acc.sm_util = Some(acc.sm_util.unwrap_or(0.0) + u);
         }
-        // Kernels counted against the MPS server are its clients': the split cannot say whose.
-        let mps_busy = owner == Some(Owner::MpsServer) && p.sm_util.is_some_and(|u| u > 0.0);
         let known = per_util_known.entry(key).or_insert(true);
         *known &= p.sm_util.is_some() && !mps_busy;
+    }
+    // A busy server with no client listed runs kernels of processes the driver did not show
+    // (another PID namespace): a holder without a named process may own them.
+    for key in &server_busy {
+        if !client_owners.contains_key(key) {
+            has_unnamed.insert(*key);
+        }
     }
     let mut out = Vec::new();
     for (i, reading) in readings.iter().enumerate() {
@@ -237,11 +258,14 @@ pub fn shares(
         let total: f64 = owners.values().filter_map(|a| a.sm_util).sum();
         let split_known = per_util_known.get(&key).copied().unwrap_or(true);
         let single = owners.len() == 1;
-        // One user beside the MPS server: the server's kernels were that user's.
+        // One user beside the MPS server, and its clients are the ones listed: the server's
+        // kernels were that user's.
+        let clients = client_owners.remove(&key).unwrap_or_default();
         let only_user = users
             .remove(&key)
             .filter(|u| u.len() == 1)
-            .and_then(|u| u.into_iter().next());
+            .and_then(|u| u.into_iter().next())
+            .filter(|u| clients.contains(u));
         for (attribution, acc) in owners {
             let sm_active = match active {
                 None => None,
@@ -521,6 +545,7 @@ mod tests {
             pid,
             used_memory_bytes: memory,
             sm_util,
+            mps_client: false,
         }
     }
 
@@ -661,24 +686,68 @@ mod tests {
         assert!((idle_server[1].sm_active.unwrap() - 0.25).abs() < 1e-12);
         // One job's clients (the driver gives MPS clients no figure of their own) and a busy
         // server: the job used all of it, the server's own share nothing.
+        let client = |pid| ProcessReading {
+            mps_client: true,
+            ..process(pid, Some(1), None)
+        };
+        let view = |got: Vec<Share>| -> Vec<(Option<String>, u32, Option<f64>)> {
+            got.into_iter()
+                .map(|s| (s.attribution.tenant, s.processes, s.sm_active))
+                .collect()
+        };
+        let busy_server = process(999, Some(1), Some(0.99));
         let one_job = shares(
             &[whole_gpu(Some(0.5))],
-            &[
-                process(10, Some(1), None),
-                process(11, Some(1), None),
-                process(999, Some(1), Some(0.99)),
-            ],
+            &[client(10), client(11), busy_server.clone()],
             &[],
             mps,
             named,
         );
-        let got: Vec<_> = one_job
-            .iter()
-            .map(|s| (s.attribution.tenant.as_deref(), s.processes, s.sm_active))
-            .collect();
         assert_eq!(
-            got,
-            vec![(None, 1, Some(0.0)), (Some("acct1"), 2, Some(0.5))]
+            view(one_job),
+            vec![(None, 1, Some(0.0)), (Some("acct1".into()), 2, Some(0.5))]
+        );
+        // The same job with a process that is not the server's client: the server's kernels are
+        // of clients the driver did not list, so whose is not known.
+        let not_a_client = shares(
+            &[whole_gpu(Some(0.5))],
+            &[process(10, Some(1), None), busy_server.clone()],
+            &[],
+            mps,
+            named,
+        );
+        assert!(view(not_a_client).iter().all(|s| s.2.is_none()));
+        // Two holders, no process of theirs listed, and a busy server: either may own its
+        // unlisted clients, so neither is shown as idle.
+        let holders = vec![vec![
+            Attribution {
+                tenant: Some("acct1".into()),
+                ..Attribution::default()
+            },
+            Attribution {
+                tenant: Some("acct2".into()),
+                ..Attribution::default()
+            },
+        ]];
+        let unlisted = shares(
+            &[whole_gpu(Some(0.5))],
+            &[busy_server.clone()],
+            &holders,
+            mps,
+            named,
+        );
+        assert_eq!(view(unlisted), vec![(None, 1, Some(0.5))]);
+        let idle_server = shares(
+            &[whole_gpu(Some(0.0))],
+            &[process(999, Some(1), Some(0.0))],
+            &holders,
+            mps,
+            named,
+        );
+        assert_eq!(
+            view(idle_server).len(),
+            3,
+            "an idle server hides no holder: both show as idle"
         );
         // A process on an instance not read this second is no share of anything.
         let mut elsewhere = process(10, Some(1), Some(0.5));

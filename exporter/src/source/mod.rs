@@ -61,6 +61,8 @@ pub struct ProcessReading {
     /// The process's SM utilisation over the second (NVML per-process utilisation / 100), 0–1;
     /// `None` where the driver does not provide it (MIG instances, drivers without it).
     pub sm_util: Option<f64>,
+    /// Whether the driver lists it as an MPS client: the MPS server runs its kernels.
+    pub mps_client: bool,
 }
 
 /// How one collector inside a source fared.

@@ -75,6 +75,8 @@ pub struct Process {
     pub pid: u32,
     /// Framebuffer bytes held, when the driver tells.
     pub used_memory: Option<u64>,
+    /// Whether the driver lists it as an MPS client (`nvmlDeviceGetMPSComputeRunningProcesses`).
+    pub mps_client: bool,
 }
 
 /// What went wrong in a driver call.
@@ -354,15 +356,23 @@ impl Driver for NvmlDriver {
             Err(e) => return Err(e.into()),
         };
         let compute = retry_on_growth(|| d.running_compute_processes())?;
-        for p in compute.into_iter().chain(mps) {
+        let listed = compute
+            .into_iter()
+            .map(|p| (p, false))
+            .chain(mps.into_iter().map(|p| (p, true)));
+        for (p, mps_client) in listed {
             let used_memory = match p.used_gpu_memory {
                 nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
                 nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
             };
-            by_pid.entry(p.pid).or_insert(Process {
-                pid: p.pid,
-                used_memory,
-            });
+            by_pid
+                .entry(p.pid)
+                .or_insert(Process {
+                    pid: p.pid,
+                    used_memory,
+                    mps_client,
+                })
+                .mps_client |= mps_client;
         }
         Ok(by_pid.into_values().collect())
     }

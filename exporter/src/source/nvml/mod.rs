@@ -215,6 +215,7 @@ impl<D: Driver> NvmlSource<D> {
                         pid: p.pid,
                         used_memory_bytes: p.used_memory,
                         sm_util: None,
+                        mps_client: p.mps_client,
                     }));
             }
             second.readings.push(Reading {
@@ -280,6 +281,7 @@ impl<D: Driver> NvmlSource<D> {
                 pid: p.pid,
                 used_memory_bytes: p.used_memory,
                 sm_util: sm.as_ref().map(|m| m.get(&p.pid).copied().unwrap_or(0.0)),
+                mps_client: p.mps_client,
             }));
     }
 
@@ -457,7 +459,11 @@ mod tests {
             Ok(350.5)
         }
         fn processes(&mut self, gpu: u32, mig: Option<u32>) -> Result<Vec<Process>, DriverError> {
-            let p = |pid, used_memory| Process { pid, used_memory };
+            let p = |pid, used_memory| Process {
+                pid,
+                used_memory,
+                mps_client: false,
+            };
             Ok(match (gpu, mig) {
                 (0, None) => panic!("a MIG-mode GPU's processes are asked of its MIG devices"),
                 // MIG device 0 is GPU instance 2.
