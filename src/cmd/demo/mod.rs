@@ -113,7 +113,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         spool_dir,
         otlp: args.otlp.clone(),
     };
-    super::runtime()?.block_on(serve(
+    // The runtime lives until the totals are printed, as it did before `serve` was split out.
+    let rt = super::runtime()?;
+    rt.block_on(serve(
         aggregator,
         prepare,
         args.listen,
