@@ -23,7 +23,7 @@ use crate::ship::{self, Finish, ShipConfig, Shipment};
 use crate::source::nvml::{NvmlDriver, NvmlSource};
 use crate::source::replay::ReplaySource;
 use crate::source::sim::{Fleet, SimSource};
-use crate::source::{CollectorOutcome, Source};
+use crate::source::{CollectorOutcome, Second, Source};
 
 /// How fast a recorded trace plays.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -247,51 +247,8 @@ impl Sampler {
                     return;
                 }
             }
-            for (a, failing) in self.attributors.iter_mut().zip(&mut attributor_failing) {
-                let started = Instant::now();
-                let refreshed = a.refresh();
-                // Once per failure streak: a kubelet that is away for an hour is one warning.
-                match (&refreshed, *failing) {
-                    (Err(e), false) => {
-                        tracing::warn!(attributor = a.name(), error = %e, "Attribution could not refresh; keeping its last state until it can.")
-                    }
-                    (Ok(()), true) => {
-                        tracing::info!(attributor = a.name(), "Attribution refreshes again.")
-                    }
-                    _ => {}
-                }
-                *failing = refreshed.is_err();
-                self.metrics.exporter.record_collector(&CollectorOutcome {
-                    collector: a.collector(),
-                    duration: started.elapsed(),
-                    success: refreshed.is_ok(),
-                });
-                a.apply(&mut second.readings);
-                if let Some(counts) = a.device_counts() {
-                    self.metrics.exporter.record_devices(a.name(), &counts);
-                }
-            }
-            // As in `apply`, the last attributor that names a reading's holders speaks for it.
-            let mut holders: Vec<Vec<gpuledger_schema::Attribution>> =
-                vec![Vec::new(); second.readings.len()];
-            for a in &self.attributors {
-                for (slot, named) in holders.iter_mut().zip(a.holders(&second.readings)) {
-                    if !named.is_empty() {
-                        *slot = named;
-                    }
-                }
-            }
-            let shares = shares::shares(
-                &second.readings,
-                &second.processes,
-                &holders,
-                |pid| self.procfs.owner(pid),
-                |owner| {
-                    self.attributors
-                        .iter()
-                        .find_map(|a| a.owner_attribution(owner))
-                },
-            );
+            self.refresh_attributors(&mut second, &mut attributor_failing);
+            let shares = self.shares_of(&second);
             {
                 let mut m = self
                     .metrics
@@ -306,27 +263,87 @@ impl Sampler {
                 .samples_collected
                 .inc_by(second.readings.len() as u64);
             self.metrics.exporter.last_sample.set(second.timestamp);
-            if let Some(tx) = &self.tx {
-                let timestamp = second.timestamp;
-                let shipment = Shipment {
-                    samples: second.into_samples(),
-                    shares: shares
-                        .into_iter()
-                        .map(|s| ShareSample {
-                            timestamp,
-                            instance: s.instance,
-                            attribution: s.attribution,
-                            processes: s.processes,
-                            memory_used_bytes: s.memory_used_bytes,
-                            sm_active: s.sm_active,
-                        })
-                        .collect(),
-                };
-                if tx.blocking_send(shipment).is_err() {
-                    return;
+            if !self.ship(second, shares) {
+                return;
+            }
+        }
+    }
+
+    /// Refreshes every attributor (a failure streak logged once, each refresh timed as its
+    /// collector) and lets each name the second's readings, in order.
+    fn refresh_attributors(&mut self, second: &mut Second, failing: &mut [bool]) {
+        for (a, failing) in self.attributors.iter_mut().zip(failing.iter_mut()) {
+            let started = Instant::now();
+            let refreshed = a.refresh();
+            // Once per failure streak: a kubelet that is away for an hour is one warning.
+            match (&refreshed, *failing) {
+                (Err(e), false) => {
+                    tracing::warn!(attributor = a.name(), error = %e, "Attribution could not refresh; keeping its last state until it can.")
+                }
+                (Ok(()), true) => {
+                    tracing::info!(attributor = a.name(), "Attribution refreshes again.")
+                }
+                _ => {}
+            }
+            *failing = refreshed.is_err();
+            self.metrics.exporter.record_collector(&CollectorOutcome {
+                collector: a.collector(),
+                duration: started.elapsed(),
+                success: refreshed.is_ok(),
+            });
+            a.apply(&mut second.readings);
+            if let Some(counts) = a.device_counts() {
+                self.metrics.exporter.record_devices(a.name(), &counts);
+            }
+        }
+    }
+
+    /// The second's shares of shared instances, from its processes and the attributors.
+    fn shares_of(&self, second: &Second) -> Vec<shares::Share> {
+        // As in `apply`, the last attributor that names a reading's holders speaks for it.
+        let mut holders: Vec<Vec<gpuledger_schema::Attribution>> =
+            vec![Vec::new(); second.readings.len()];
+        for a in &self.attributors {
+            for (slot, named) in holders.iter_mut().zip(a.holders(&second.readings)) {
+                if !named.is_empty() {
+                    *slot = named;
                 }
             }
         }
+        shares::shares(
+            &second.readings,
+            &second.processes,
+            &holders,
+            |pid| self.procfs.owner(pid),
+            |owner| {
+                self.attributors
+                    .iter()
+                    .find_map(|a| a.owner_attribution(owner))
+            },
+        )
+    }
+
+    /// Hands the second and its shares to the shipper, if there is one; false once it is gone.
+    fn ship(&self, second: Second, shares: Vec<shares::Share>) -> bool {
+        let Some(tx) = &self.tx else {
+            return true;
+        };
+        let timestamp = second.timestamp;
+        let shipment = Shipment {
+            samples: second.into_samples(),
+            shares: shares
+                .into_iter()
+                .map(|s| ShareSample {
+                    timestamp,
+                    instance: s.instance,
+                    attribution: s.attribution,
+                    processes: s.processes,
+                    memory_used_bytes: s.memory_used_bytes,
+                    sm_active: s.sm_active,
+                })
+                .collect(),
+        };
+        tx.blocking_send(shipment).is_ok()
     }
 }
 
