@@ -347,20 +347,9 @@ impl Sampler {
     }
 }
 
-/// Runs the exporter until `shutdown` resolves (or, with `--once`, until the trace is shipped).
-pub async fn run(
-    config: ExporterConfig,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), DaemonError> {
-    let once = matches!(config.source, SourceChoice::Replay { once: true, .. });
-    if once && config.ship.is_none() {
-        return Err(DaemonError::OnceWithoutAggregator);
-    }
-    let speed = match config.source {
-        SourceChoice::Replay { speed, .. } => speed,
-        _ => Speed::Times(1.0),
-    };
-    let source = open_source(&config.source, &config.node)?;
+/// The configured attributors, in the order they name a reading (the last one that names it
+/// wins): the static map, then Slurm's job map, then the kubelet.
+fn attributors(config: &ExporterConfig) -> Result<Vec<Box<dyn Attributor>>, DaemonError> {
     let mut attributors: Vec<Box<dyn Attributor>> = Vec::new();
     if let Some(path) = &config.attribution_map {
         attributors.push(Box::new(StaticMap::load(path)?));
@@ -375,19 +364,36 @@ pub async fn run(
     if let Some(kubelet) = &config.kubelet {
         attributors.push(Box::new(KubeletAttributor::start(kubelet.clone())));
     }
+    Ok(attributors)
+}
+
+/// The /metrics listener, with the address it took (port 0 picks one).
+async fn bind(
+    addr: std::net::SocketAddr,
+) -> Result<(tokio::net::TcpListener, std::net::SocketAddr), DaemonError> {
+    let listen = |source| DaemonError::Listen { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(listen)?;
+    let local = listener.local_addr().map_err(listen)?;
+    Ok((listener, local))
+}
+
+/// Runs the exporter until `shutdown` resolves (or, with `--once`, until the trace is shipped).
+pub async fn run(
+    config: ExporterConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let once = matches!(config.source, SourceChoice::Replay { once: true, .. });
+    if once && config.ship.is_none() {
+        return Err(DaemonError::OnceWithoutAggregator);
+    }
+    let speed = match config.source {
+        SourceChoice::Replay { speed, .. } => speed,
+        _ => Speed::Times(1.0),
+    };
+    let source = open_source(&config.source, &config.node)?;
+    let attributors = attributors(&config)?;
     let metrics = Metrics::new();
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| DaemonError::Listen {
-            addr: config.listen,
-            source,
-        })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| DaemonError::Listen {
-            addr: config.listen,
-            source,
-        })?;
+    let (listener, local) = bind(config.listen).await?;
     tracing::info!(listen = %local, source = source.name(), node = %config.node, "Serving /metrics.");
     // Started once the address is bound, so that no early return leaves a push to stop on an
     // async worker (stopping it pushes once more, over blocking HTTP).
