@@ -19,10 +19,10 @@
 //!   activity. When the whole instance is used by one owner, that owner gets all of it, with or
 //!   without per-process figures; so does the one owner on an instance whose processes include
 //!   the MPS server's listed clients (the driver counts their kernels against the server and
-//!   gives the clients no figure), the server's own share being zero. Otherwise, where the driver gives no per-process utilisation (MIG mode,
-//!   drivers without it), reports none while the instance was active, or counts the kernels of
-//!   several owners' clients against the MPS server, the split is **not attributable** and left
-//!   absent: never guessed.
+//!   gives the clients no figure), the server's own share being zero. Otherwise, where the
+//!   driver gives no per-process utilisation (MIG mode, drivers without it), reports none while
+//!   the instance was active, or counts kernels against the MPS server that are not one owner's
+//!   listed clients', the split is **not attributable** and left absent: never guessed.
 //! - A process whose owner cannot be named (exited, not in a pod or job, a pod UID unknown
 //!   without API-server access) is counted in a share with no tenant: unattributed, not dropped.
 //! - On a device the scheduler gave to several workloads ([`super::Attributor::holders`]), each
