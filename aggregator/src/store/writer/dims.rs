@@ -13,8 +13,8 @@ use super::rollups::Map;
 
 /// The dimension tables, mirrored in memory so that ids are assigned without a query per series.
 pub(super) struct Dims {
-    pub(super) instances: Interned<InstanceKey>,
-    pub(super) holders: Interned<HolderKey>,
+    pub(super) instances: Interned,
+    pub(super) holders: Interned,
     /// Each instance's GPU, as an index into `gpu_members` (GPUs are told apart by UUID).
     pub(super) gpu_of: Map<i32, usize>,
     pub(super) gpu_slots: HashMap<String, usize>,
@@ -26,6 +26,8 @@ pub(super) struct Dims {
     pub(super) next_holder: i32,
     pub(super) new_instances: Vec<(i32, InstanceKey)>,
     pub(super) new_holders: Vec<(i32, HolderKey)>,
+    /// A series' key, encoded for a look-up; kept to reuse its allocation.
+    scratch: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -41,44 +43,133 @@ pub(super) struct InstanceKey {
 
 pub(super) type HolderKey = (Option<String>, Option<String>, Option<String>);
 
-/// Owned keys found from a series' borrowed fields: a hash of the fields picks a bucket and
-/// equality is checked field by field, so a known series costs no allocation (building an owned
-/// key per series, 8 strings, was most of the writer's id assignment).
-#[derive(Debug, PartialEq)]
-pub(super) struct Interned<K> {
+/// Keys interned as bytes, found from a series' borrowed fields without an allocation.
+///
+/// The key decision: every key is encoded ([`Encoded`]) into one arena, and the table holds
+/// only its place there. A look-up encodes the series' fields into a scratch buffer, hashes
+/// those bytes, and compares them with the arena's, so it reads two places in memory (the
+/// table's slot and the key's bytes) rather than a bucket and each of a key's strings: at a
+/// fleet's 70,000 instances none of them is in cache, and those reads were most of what the
+/// writer spent assigning ids (BENCHMARKS.md, "Interned keys in one arena"). Equality is still
+/// checked byte for byte: a hash never stands for a key.
+#[derive(Debug, Default)]
+pub(super) struct Interned {
     /// Keyed by [`hash_of`]'s keyed hash already: FxHash of it is a multiply, not a second hash.
-    buckets: Map<u64, Vec<(K, i32)>>,
+    slots: Map<u64, Slot>,
+    /// Keys whose hash an earlier key has already, each chained from its slot.
+    collided: Vec<Slot>,
+    arena: Vec<u8>,
 }
 
-impl<K> Default for Interned<K> {
-    fn default() -> Self {
-        Interned {
-            buckets: Map::default(),
+/// One key's place in the arena, its id, and the next key with its hash (`collided[next - 1]`;
+/// 0 for none).
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    start: usize,
+    len: usize,
+    id: i32,
+    next: usize,
+}
+
+impl Interned {
+    fn bytes(&self, slot: &Slot) -> &[u8] {
+        &self.arena[slot.start..slot.start + slot.len]
+    }
+
+    fn get(&self, hash: u64, key: &[u8]) -> Option<i32> {
+        let mut slot = self.slots.get(&hash)?;
+        loop {
+            if self.bytes(slot) == key {
+                return Some(slot.id);
+            }
+            slot = self.collided.get(slot.next.checked_sub(1)?)?;
         }
     }
-}
 
-impl<K> Interned<K> {
-    fn get(&self, hash: u64, is: impl Fn(&K) -> bool) -> Option<i32> {
-        let bucket = self.buckets.get(&hash)?;
-        bucket.iter().find(|(k, _)| is(k)).map(|&(_, id)| id)
-    }
-
-    fn insert(&mut self, hash: u64, key: K, id: i32) {
-        self.buckets.entry(hash).or_default().push((key, id));
+    /// Adds a key that [`Interned::get`] did not find.
+    fn insert(&mut self, hash: u64, key: &[u8], id: i32) {
+        let mut slot = Slot {
+            start: self.arena.len(),
+            len: key.len(),
+            id,
+            next: 0,
+        };
+        self.arena.extend_from_slice(key);
+        if let Some(first) = self.slots.get_mut(&hash) {
+            slot.next = first.next;
+            self.collided.push(slot);
+            first.next = self.collided.len();
+        } else {
+            self.slots.insert(hash, slot);
+        }
     }
 
     fn ids(&self) -> impl Iterator<Item = i32> + '_ {
-        self.buckets.values().flatten().map(|&(_, id)| id)
+        self.slots
+            .values()
+            .chain(&self.collided)
+            .map(|slot| slot.id)
+    }
+
+    /// Every key's bytes with its id, sorted: two mirrors hold the same keys when these are equal.
+    #[cfg(test)]
+    fn sorted(&self) -> Vec<(&[u8], i32)> {
+        let mut all: Vec<_> = self
+            .slots
+            .values()
+            .chain(&self.collided)
+            .map(|slot| (self.bytes(slot), slot.id))
+            .collect();
+        all.sort_unstable();
+        all
     }
 }
 
-/// The hash of a key's fields; one process-wide random key, so that keys loaded and keys looked
+/// The hash of an encoded key; one process-wide random key, so that keys loaded and keys looked
 /// up hash alike and no sender can choose colliding names. aHash, keyed at run time: SipHash of
 /// every series' strings was a tenth of id assignment in the live load's profile.
-fn hash_of(fields: impl std::hash::Hash) -> u64 {
+fn hash_of(key: &[u8]) -> u64 {
     static STATE: std::sync::OnceLock<ahash::RandomState> = std::sync::OnceLock::new();
-    STATE.get_or_init(ahash::RandomState::new).hash_one(fields)
+    STATE.get_or_init(ahash::RandomState::new).hash_one(key)
+}
+
+/// A key's fields written one after another, each string after its length and each optional
+/// field after a present/absent byte, so that two different keys never encode alike.
+struct Encoded<'a>(&'a mut Vec<u8>);
+
+impl Encoded<'_> {
+    fn str(&mut self, s: &str) -> &mut Self {
+        self.0.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        self.0.extend_from_slice(s.as_bytes());
+        self
+    }
+
+    fn opt_str(&mut self, s: Option<&str>) -> &mut Self {
+        match s {
+            None => self.0.push(0),
+            Some(s) => {
+                self.0.push(1);
+                self.str(s);
+            }
+        }
+        self
+    }
+
+    fn int(&mut self, v: i32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    fn opt_int(&mut self, v: Option<i32>) -> &mut Self {
+        match v {
+            None => self.0.push(0),
+            Some(v) => {
+                self.0.push(1);
+                self.int(v);
+            }
+        }
+        self
+    }
 }
 
 /// A MIG id or placement as the ledger stores it. Validation bounds them far below i32::MAX
@@ -88,38 +179,29 @@ fn small(v: u32) -> i32 {
 }
 
 impl InstanceKey {
-    fn hash(&self) -> u64 {
-        hash_of((
-            &self.node,
-            &self.gpu_uuid,
-            self.gpu_instance_id,
-            &self.gpu_model,
-            self.mig_profile.as_deref(),
-            self.placement_start,
-            self.placement_size,
-        ))
+    /// Encodes the key into `buf` (cleared first), as [`InstanceKey::encode_series`] does `s`'s.
+    fn encode(&self, buf: &mut Vec<u8>) {
+        buf.clear();
+        Encoded(buf)
+            .str(&self.node)
+            .str(&self.gpu_uuid)
+            .int(self.gpu_instance_id)
+            .str(&self.gpu_model)
+            .opt_str(self.mig_profile.as_deref())
+            .opt_int(self.placement_start)
+            .opt_int(self.placement_size);
     }
 
-    fn hash_series(s: &Series) -> u64 {
-        hash_of((
-            &s.node,
-            &s.gpu_uuid,
-            s.gpu_instance_id.map_or(-1, small),
-            &s.gpu_model,
-            s.mig_profile.as_deref(),
-            s.placement_start.map(small),
-            s.placement_size.map(small),
-        ))
-    }
-
-    fn is(&self, s: &Series) -> bool {
-        self.node == s.node
-            && self.gpu_uuid == s.gpu_uuid
-            && self.gpu_instance_id == s.gpu_instance_id.map_or(-1, small)
-            && self.gpu_model == s.gpu_model
-            && self.mig_profile == s.mig_profile
-            && self.placement_start == s.placement_start.map(small)
-            && self.placement_size == s.placement_size.map(small)
+    fn encode_series(s: &Series, buf: &mut Vec<u8>) {
+        buf.clear();
+        Encoded(buf)
+            .str(&s.node)
+            .str(&s.gpu_uuid)
+            .int(s.gpu_instance_id.map_or(-1, small))
+            .str(&s.gpu_model)
+            .opt_str(s.mig_profile.as_deref())
+            .opt_int(s.placement_start.map(small))
+            .opt_int(s.placement_size.map(small));
     }
 
     pub(super) fn of(s: &Series) -> InstanceKey {
@@ -143,20 +225,30 @@ pub(super) fn holder_key(s: &Series) -> HolderKey {
     )
 }
 
-fn holder_hash(key: &HolderKey) -> u64 {
-    hash_of((key.0.as_deref(), key.1.as_deref(), key.2.as_deref()))
+fn encode_holder(
+    tenant: Option<&str>,
+    workload: Option<&str>,
+    slo_class: Option<&str>,
+    buf: &mut Vec<u8>,
+) {
+    buf.clear();
+    Encoded(buf)
+        .opt_str(tenant)
+        .opt_str(workload)
+        .opt_str(slo_class);
 }
 
-fn holder_hash_series(s: &Series) -> u64 {
-    hash_of((
+fn encode_holder_key(key: &HolderKey, buf: &mut Vec<u8>) {
+    encode_holder(key.0.as_deref(), key.1.as_deref(), key.2.as_deref(), buf);
+}
+
+fn encode_holder_series(s: &Series, buf: &mut Vec<u8>) {
+    encode_holder(
         s.tenant.as_deref(),
         s.workload.as_deref(),
         s.slo_class.map(|c| c.as_str()),
-    ))
-}
-
-fn holder_is(key: &HolderKey, s: &Series) -> bool {
-    key.0 == s.tenant && key.1 == s.workload && key.2.as_deref() == s.slo_class.map(|c| c.as_str())
+        buf,
+    );
 }
 
 impl Dims {
@@ -181,11 +273,13 @@ impl Dims {
         })?;
         let mut gpus = GpuIndex::default();
         let mut per_node: HashMap<String, usize> = HashMap::new();
+        let mut scratch = Vec::new();
         for row in rows {
             let (id, key) = row?;
             gpus.add(id, &key.gpu_uuid);
             *per_node.entry(key.node.clone()).or_default() += 1;
-            instances.insert(key.hash(), key, id);
+            key.encode(&mut scratch);
+            instances.insert(hash_of(&scratch), &scratch, id);
         }
         let mut holders = Interned::default();
         let mut stmt =
@@ -195,7 +289,8 @@ impl Dims {
         })?;
         for row in rows {
             let (id, key) = row?;
-            holders.insert(holder_hash(&key), key, id);
+            encode_holder_key(&key, &mut scratch);
+            holders.insert(hash_of(&scratch), &scratch, id);
         }
         Ok(Dims {
             next_instance: instances.ids().max().unwrap_or(0) + 1,
@@ -208,14 +303,16 @@ impl Dims {
             per_node,
             new_instances: Vec::new(),
             new_holders: Vec::new(),
+            scratch,
         })
     }
 
     /// The id of `s`'s instance; a new one is assigned in memory and written by [`Dims::flush`].
     /// `None` when a new one would give its node more than `max_per_node` instances.
     pub(super) fn instance_id(&mut self, s: &Series, max_per_node: usize) -> Option<i32> {
-        let hash = InstanceKey::hash_series(s);
-        if let Some(id) = self.instances.get(hash, |k| k.is(s)) {
+        InstanceKey::encode_series(s, &mut self.scratch);
+        let hash = hash_of(&self.scratch);
+        if let Some(id) = self.instances.get(hash, &self.scratch) {
             return Some(id);
         }
         let key = InstanceKey::of(s);
@@ -237,22 +334,22 @@ impl Dims {
         };
         self.gpu_of.insert(id, slot);
         self.gpu_members[slot].push(id);
-        self.new_instances.push((id, key.clone()));
-        self.instances.insert(hash, key, id);
+        self.new_instances.push((id, key));
+        self.instances.insert(hash, &self.scratch, id);
         Some(id)
     }
 
     /// The id of `s`'s holder; a new one is written by [`Dims::flush`].
     pub(super) fn holder_id(&mut self, s: &Series) -> i32 {
-        let hash = holder_hash_series(s);
-        if let Some(id) = self.holders.get(hash, |k| holder_is(k, s)) {
+        encode_holder_series(s, &mut self.scratch);
+        let hash = hash_of(&self.scratch);
+        if let Some(id) = self.holders.get(hash, &self.scratch) {
             return id;
         }
-        let key = holder_key(s);
         let id = self.next_holder;
         self.next_holder += 1;
-        self.new_holders.push((id, key.clone()));
-        self.holders.insert(hash, key, id);
+        self.new_holders.push((id, holder_key(s)));
+        self.holders.insert(hash, &self.scratch, id);
         id
     }
 
@@ -410,9 +507,11 @@ mod tests {
         dims.flush(&conn).unwrap();
         let mut reloaded = Dims::load(&conn).unwrap();
         assert_eq!(
-            reloaded.instances, dims.instances,
+            reloaded.instances.sorted(),
+            dims.instances.sorted(),
             "what was flushed loads back"
         );
+        assert_eq!(reloaded.holders.sorted(), dims.holders.sorted());
         assert_eq!(reloaded.next_instance, dims.next_instance);
         // A key loaded from the table and a series' fields hash alike: the same series finds
         // the same ids after a restart, and no new row is made.
@@ -427,6 +526,64 @@ mod tests {
         assert_eq!(reloaded.holder_id(&series("GPU-a", Some(8), Some("x"))), x);
         assert_eq!(reloaded.holder_id(&series("GPU-a", Some(8), None)), nobody);
         assert!(reloaded.new_instances.is_empty() && reloaded.new_holders.is_empty());
+    }
+
+    #[test]
+    fn keys_with_one_hash_are_all_found_and_never_confused() {
+        let mut interned = Interned::default();
+        interned.insert(7, b"first", 1);
+        interned.insert(7, b"second", 2);
+        interned.insert(7, b"third", 3);
+        interned.insert(8, b"other", 4);
+        assert_eq!(interned.get(7, b"first"), Some(1));
+        assert_eq!(interned.get(7, b"second"), Some(2));
+        assert_eq!(interned.get(7, b"third"), Some(3));
+        assert_eq!(interned.get(8, b"other"), Some(4));
+        assert_eq!(
+            interned.get(7, b"other"),
+            None,
+            "the hash alone finds nothing"
+        );
+        assert_eq!(interned.get(9, b"first"), None);
+        let mut ids: Vec<i32> = interned.ids().collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn fields_that_concatenate_alike_encode_apart() {
+        let key = |node: &str, uuid: &str, mig: Option<&str>| {
+            let mut buf = Vec::new();
+            InstanceKey {
+                node: node.into(),
+                gpu_uuid: uuid.into(),
+                gpu_instance_id: -1,
+                gpu_model: String::new(),
+                mig_profile: mig.map(str::to_owned),
+                placement_start: None,
+                placement_size: None,
+            }
+            .encode(&mut buf);
+            buf
+        };
+        assert_ne!(key("ab", "c", None), key("a", "bc", None));
+        assert_ne!(key("a", "b", None), key("a", "b", Some("")));
+        let holder = |t: Option<&str>, w: Option<&str>| {
+            let mut buf = Vec::new();
+            encode_holder(t, w, None, &mut buf);
+            buf
+        };
+        assert_ne!(holder(Some("x"), None), holder(None, Some("x")));
+        assert_ne!(holder(Some(""), None), holder(None, None));
+        // A series and the key it is stored as encode alike.
+        let s = series("GPU-a", Some(3), Some("t"));
+        let (mut from_series, mut from_key) = (Vec::new(), Vec::new());
+        InstanceKey::encode_series(&s, &mut from_series);
+        InstanceKey::of(&s).encode(&mut from_key);
+        assert_eq!(from_series, from_key);
+        encode_holder_series(&s, &mut from_series);
+        encode_holder_key(&holder_key(&s), &mut from_key);
+        assert_eq!(from_series, from_key);
     }
 
     #[test]
