@@ -2,6 +2,12 @@
 //! ids without a query per series, and the GPU index (which instances share a GPU, whose observed
 //! seconds are the union of theirs). New ids are appended in the caller's transaction; if it
 //! fails, the writer reloads the mirror from the database.
+//!
+//! Keys live as bytes in one arena per table ([`Interned`]), and each node's last batch is
+//! remembered as the places its entries' keys were found at: a node's next batch, the same
+//! entries in the same order, is checked against those bytes in order, and an entry is looked
+//! up in the table only when it differs. Either way a series gets an id only when its key's
+//! bytes equal the stored key's.
 
 use std::collections::HashMap;
 
@@ -28,6 +34,8 @@ pub(super) struct Dims {
     pub(super) new_holders: Vec<(i32, HolderKey)>,
     /// A series' key, encoded for a look-up; kept to reuse its allocation.
     scratch: Vec<u8>,
+    /// Each node's last batch: the slots its entries' keys were found at, in its order.
+    recent: HashMap<String, Vec<(Slot, Slot)>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -50,7 +58,7 @@ pub(super) type HolderKey = (Option<String>, Option<String>, Option<String>);
 /// those bytes, and compares them with the arena's, so it reads two places in memory (the
 /// table's slot and the key's bytes) rather than a bucket and each of a key's strings: at a
 /// fleet's 70,000 instances none of them is in cache, and those reads were most of what the
-/// writer spent assigning ids (BENCHMARKS.md, "Interned keys in one arena"). Equality is still
+/// writer spent assigning ids (BENCHMARKS.md, "Ids found in one arena, and from each node's last batch"). Equality is still
 /// checked byte for byte: a hash never stands for a key.
 #[derive(Debug, Default)]
 pub(super) struct Interned {
@@ -76,18 +84,23 @@ impl Interned {
         &self.arena[slot.start..slot.start + slot.len]
     }
 
+    #[cfg(test)]
     fn get(&self, hash: u64, key: &[u8]) -> Option<i32> {
+        self.find(hash, key).map(|slot| slot.id)
+    }
+
+    fn find(&self, hash: u64, key: &[u8]) -> Option<Slot> {
         let mut slot = self.slots.get(&hash)?;
         loop {
             if self.bytes(slot) == key {
-                return Some(slot.id);
+                return Some(*slot);
             }
             slot = self.collided.get(slot.next.checked_sub(1)?)?;
         }
     }
 
-    /// Adds a key that [`Interned::get`] did not find.
-    fn insert(&mut self, hash: u64, key: &[u8], id: i32) {
+    /// Adds a key that [`Interned::find`] did not find, and answers its slot.
+    fn insert(&mut self, hash: u64, key: &[u8], id: i32) -> Slot {
         let mut slot = Slot {
             start: self.arena.len(),
             len: key.len(),
@@ -102,6 +115,7 @@ impl Interned {
         } else {
             self.slots.insert(hash, slot);
         }
+        slot
     }
 
     fn ids(&self) -> impl Iterator<Item = i32> + '_ {
@@ -304,16 +318,21 @@ impl Dims {
             new_instances: Vec::new(),
             new_holders: Vec::new(),
             scratch,
+            recent: HashMap::new(),
         })
     }
 
     /// The id of `s`'s instance; a new one is assigned in memory and written by [`Dims::flush`].
     /// `None` when a new one would give its node more than `max_per_node` instances.
     pub(super) fn instance_id(&mut self, s: &Series, max_per_node: usize) -> Option<i32> {
+        self.instance_slot(s, max_per_node).map(|slot| slot.id)
+    }
+
+    fn instance_slot(&mut self, s: &Series, max_per_node: usize) -> Option<Slot> {
         InstanceKey::encode_series(s, &mut self.scratch);
         let hash = hash_of(&self.scratch);
-        if let Some(id) = self.instances.get(hash, &self.scratch) {
-            return Some(id);
+        if let Some(slot) = self.instances.find(hash, &self.scratch) {
+            return Some(slot);
         }
         let key = InstanceKey::of(s);
         let count = self.per_node.entry(key.node.clone()).or_default();
@@ -335,22 +354,34 @@ impl Dims {
         self.gpu_of.insert(id, slot);
         self.gpu_members[slot].push(id);
         self.new_instances.push((id, key));
-        self.instances.insert(hash, &self.scratch, id);
-        Some(id)
+        Some(self.instances.insert(hash, &self.scratch, id))
     }
 
     /// The id of `s`'s holder; a new one is written by [`Dims::flush`].
     pub(super) fn holder_id(&mut self, s: &Series) -> i32 {
+        self.holder_slot(s).id
+    }
+
+    fn holder_slot(&mut self, s: &Series) -> Slot {
         encode_holder_series(s, &mut self.scratch);
         let hash = hash_of(&self.scratch);
-        if let Some(id) = self.holders.get(hash, &self.scratch) {
-            return id;
+        if let Some(slot) = self.holders.find(hash, &self.scratch) {
+            return slot;
         }
         let id = self.next_holder;
         self.next_holder += 1;
         self.new_holders.push((id, holder_key(s)));
-        self.holders.insert(hash, &self.scratch, id);
-        id
+        self.holders.insert(hash, &self.scratch, id)
+    }
+
+    /// Whether `s`'s instance and holder keys are those at `slots`' places.
+    fn still(&mut self, s: &Series, (instance, holder): (Slot, Slot)) -> bool {
+        InstanceKey::encode_series(s, &mut self.scratch);
+        if self.instances.bytes(&instance) != self.scratch.as_slice() {
+            return false;
+        }
+        encode_holder_series(s, &mut self.scratch);
+        self.holders.bytes(&holder) == self.scratch.as_slice()
     }
 
     /// The (instance, holder) ids of every series and every share of the new batches, assigning
@@ -364,23 +395,42 @@ impl Dims {
     ) -> Result<Vec<BatchIds>, WriteError> {
         let mut ids = Vec::with_capacity(new.len());
         for &i in new {
+            let batch = batches[i].0;
+            // A node sends the same entries in the same order batch after batch: each entry is
+            // first checked against the keys its place had in the node's last batch, which sit
+            // side by side in the arenas (a node's first batch added them together), and looked
+            // up only when they differ.
+            let (node, last) = self
+                .recent
+                .remove_entry(batch.node.as_str())
+                .unwrap_or_else(|| (batch.node.clone(), Vec::new()));
+            let mut seen = Vec::with_capacity(last.len());
             let mut these = BatchIds::default();
-            for (list, j, s) in batches[i].0.entries() {
-                let Some(iid) = self.instance_id(s, max) else {
-                    return Err(WriteError::Rejected {
-                        field: format!("{list}[{j}]"),
-                        message: format!(
-                            "node {:?} would have more than {max} GPU instances in the ledger (--max-instances-per-node)",
-                            s.node
-                        ),
-                    });
+            for (k, (list, j, s)) in batch.entries().enumerate() {
+                let known = last.get(k).copied().filter(|&slots| self.still(s, slots));
+                let slots = match known {
+                    Some(slots) => slots,
+                    None => {
+                        let Some(instance) = self.instance_slot(s, max) else {
+                            return Err(WriteError::Rejected {
+                                field: format!("{list}[{j}]"),
+                                message: format!(
+                                    "node {:?} would have more than {max} GPU instances in the ledger (--max-instances-per-node)",
+                                    s.node
+                                ),
+                            });
+                        };
+                        (instance, self.holder_slot(s))
+                    }
                 };
-                let pair = (iid, self.holder_id(s));
+                seen.push(slots);
+                let pair = (slots.0.id, slots.1.id);
                 match list {
                     List::Series => these.series.push(pair),
                     List::Shares => these.shares.push(pair),
                 }
             }
+            self.recent.insert(node, seen);
             ids.push(these);
         }
         Ok(ids)
@@ -584,6 +634,45 @@ mod tests {
         encode_holder_series(&s, &mut from_series);
         encode_holder_key(&holder_key(&s), &mut from_key);
         assert_eq!(from_series, from_key);
+    }
+
+    #[test]
+    fn a_node_s_next_batch_gets_the_ids_of_its_entries_not_of_their_places() {
+        let conn = crate::store::open(std::path::Path::new(":memory:"))
+            .unwrap()
+            .0;
+        let mut dims = Dims::load(&conn).unwrap();
+        let batch = |series: Vec<Series>| {
+            let mut b = Batch::from_samples("n1", &[]);
+            b.series = series;
+            b
+        };
+        let mut assign = |b: &Batch| dims.assign_ids(10, &[(b, 0)], &[0]).unwrap().remove(0);
+        let (a, b) = (
+            series("GPU-a", None, Some("x")),
+            series("GPU-b", None, Some("y")),
+        );
+        let first = assign(&batch(vec![a.clone(), b.clone()])).series;
+        assert_ne!(first[0], first[1]);
+        assert_eq!(assign(&batch(vec![a.clone(), b.clone()])).series, first);
+        // The same entries in another order: the ids follow the entries.
+        assert_eq!(
+            assign(&batch(vec![b.clone(), a.clone()])).series,
+            vec![first[1], first[0]]
+        );
+        // A new holder at a known place, and a new instance after the known ones.
+        let moved = series("GPU-a", None, Some("z"));
+        let c = series("GPU-c", None, Some("x"));
+        let next = assign(&batch(vec![moved, b.clone(), c])).series;
+        assert_eq!(next[0].0, first[0].0, "the same instance");
+        assert_ne!(next[0].1, first[0].1, "another holder");
+        assert_eq!(next[1], first[1]);
+        assert!(next[2].0 != first[0].0 && next[2].0 != first[1].0);
+        assert_eq!(next[2].1, first[0].1, "holder x, known");
+        // A batch of another node with the same entries: the same ids.
+        let mut other = batch(vec![b.clone(), a.clone()]);
+        other.node = "n2".into();
+        assert_eq!(assign(&other).series, vec![first[1], first[0]]);
     }
 
     #[test]
