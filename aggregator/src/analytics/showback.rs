@@ -411,15 +411,50 @@ pub fn showback(
         .into_iter()
         .flat_map(|(a, b)| pieces(a, b))
         .collect();
-    let by_profile = settings.prices.has_profile_prices();
     for &(level, a, _) in &pieces {
         if level == Level::Raw && a < raw_from {
             let field = if a == from { "from" } else { "to" };
             return Err(ShowbackError::RawGone { field, raw_from });
         }
     }
+    let groups = group_figures(conn, &pieces, by, tenant, settings)?;
+    let (rows, mut totals) = rows_and_totals(groups, by.columns().len());
+    if tenant.is_some() {
+        return Ok(Showback { rows, totals });
+    }
+    // Fleet figures: capacity per model (for its cost), then unallocated = capacity − allocated.
+    let (capacity_gpu_seconds, capacity_cost) = capacity(conn, &pieces, settings)?;
+    totals.capacity_gpu_seconds = capacity_gpu_seconds;
+    totals.unallocated_gpu_seconds = totals.capacity_gpu_seconds - totals.allocated_gpu_seconds;
+    totals.unallocated_cost = capacity_cost - totals.cost;
+    (totals.stranded_gpu_seconds, totals.stranded_cost) = stranded(conn, &pieces, settings, to)?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT count(DISTINCT gpu_uuid) FROM rollup_gpu_1h WHERE bucket >= ? AND bucket < ?",
+    )?;
+    totals.gpus = stmt.query_row(params![from - from.rem_euclid(3600), to], |r| {
+        r.get::<_, i64>(0)
+    })? as u64;
+    let expected = totals.gpus as f64 * (to - from) as f64;
+    totals.coverage = if expected > 0.0 {
+        totals.capacity_gpu_seconds / expected
+    } else {
+        0.0
+    };
+    Ok(Showback { rows, totals })
+}
+
+/// Each group's figures over `pieces`, priced per piece (one price per model and profile in a
+/// piece).
+fn group_figures(
+    conn: &Connection,
+    pieces: &[(Level, i64, i64)],
+    by: GroupBy,
+    tenant: Option<&str>,
+    settings: &Settings,
+) -> Result<BTreeMap<(Option<String>, Option<String>), Figures>, ShowbackError> {
+    let by_profile = settings.prices.has_profile_prices();
     let mut groups: BTreeMap<(Option<String>, Option<String>), Figures> = BTreeMap::new();
-    for &(level, a, b) in &pieces {
+    for &(level, a, b) in pieces {
         let sql = group_query(level, by, tenant.is_some(), by_profile);
         let mut stmt = conn.prepare_cached(&sql)?;
         let map = |r: &duckdb::Row<'_>| -> duckdb::Result<Part> {
@@ -451,7 +486,14 @@ pub fn showback(
                 .add(allocated, used, measured, price);
         }
     }
-    let width = by.columns().len();
+    Ok(groups)
+}
+
+/// The rows, keyed by the first `width` group columns, and the totals of their figures.
+fn rows_and_totals(
+    groups: BTreeMap<(Option<String>, Option<String>), Figures>,
+    width: usize,
+) -> (Vec<Row>, Totals) {
     let mut totals = Totals::default();
     let rows: Vec<Row> = groups
         .into_iter()
@@ -466,12 +508,17 @@ pub fn showback(
         })
         .collect();
     totals.idle_gpu_seconds = totals.allocated_gpu_seconds - totals.used_gpu_seconds;
-    if tenant.is_some() {
-        return Ok(Showback { rows, totals });
-    }
-    // Fleet figures: capacity per model (for its cost), then unallocated = capacity − allocated.
-    let mut capacity_cost = 0.0;
-    for &(level, a, b) in &pieces {
+    (rows, totals)
+}
+
+/// The fleet's observed GPU-seconds over `pieces`, and their cost at each model's price.
+fn capacity(
+    conn: &Connection,
+    pieces: &[(Level, i64, i64)],
+    settings: &Settings,
+) -> Result<(f64, f64), ShowbackError> {
+    let (mut gpu_seconds, mut cost) = (0.0, 0.0);
+    for &(level, a, b) in pieces {
         let sql = match level {
             Level::Raw => CAPACITY_RAW,
             Level::Minute => CAPACITY_MINUTE,
@@ -483,21 +530,29 @@ pub fn showback(
         })?;
         for row in rows {
             let (model, seconds) = row?;
-            totals.capacity_gpu_seconds += seconds as f64;
-            capacity_cost += seconds as f64 * settings.prices.per_gpu_second(&model, None, a);
+            gpu_seconds += seconds as f64;
+            cost += seconds as f64 * settings.prices.per_gpu_second(&model, None, a);
         }
     }
-    totals.unallocated_gpu_seconds = totals.capacity_gpu_seconds - totals.allocated_gpu_seconds;
-    totals.unallocated_cost = capacity_cost - totals.cost;
-    // Stranded: stored per GPU-hour for whole hours, computed second by second at the edges.
-    let mut stranded_cost = 0.0;
+    Ok((gpu_seconds, cost))
+}
+
+/// Stranded GPU-seconds over `pieces`, and their cost: stored per GPU-hour for whole hours,
+/// computed second by second at the edges.
+fn stranded(
+    conn: &Connection,
+    pieces: &[(Level, i64, i64)],
+    settings: &Settings,
+    to: i64,
+) -> Result<(f64, f64), ShowbackError> {
+    let (mut stranded_gpu_seconds, mut stranded_cost) = (0.0, 0.0);
     let mut add_stranded = |model: &str, slice_seconds: f64, at: i64| {
         let gpu_seconds = slice_seconds / f64::from(gpuledger_schema::mig::SLICES_PER_GPU);
-        totals.stranded_gpu_seconds += gpu_seconds;
+        stranded_gpu_seconds += gpu_seconds;
         stranded_cost += gpu_seconds * settings.prices.per_gpu_second(model, None, at);
     };
     let mut demand: Option<(DemandMix, super::facts::Dims)> = None;
-    for &(level, a, b) in &pieces {
+    for &(level, a, b) in pieces {
         if matches!(level, Level::Hour | Level::Day) {
             let mut stmt = conn.prepare_cached(
                 "SELECT gpu_model, sum(stranded_slice_seconds) FROM fragmentation_1h
@@ -523,20 +578,7 @@ pub fn showback(
             }
         }
     }
-    totals.stranded_cost = stranded_cost;
-    let mut stmt = conn.prepare_cached(
-        "SELECT count(DISTINCT gpu_uuid) FROM rollup_gpu_1h WHERE bucket >= ? AND bucket < ?",
-    )?;
-    totals.gpus = stmt.query_row(params![from - from.rem_euclid(3600), to], |r| {
-        r.get::<_, i64>(0)
-    })? as u64;
-    let expected = totals.gpus as f64 * (to - from) as f64;
-    totals.coverage = if expected > 0.0 {
-        totals.capacity_gpu_seconds / expected
-    } else {
-        0.0
-    };
-    Ok(Showback { rows, totals })
+    Ok((stranded_gpu_seconds, stranded_cost))
 }
 
 #[cfg(test)]
