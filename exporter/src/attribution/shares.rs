@@ -157,6 +157,52 @@ struct Acc {
     sm_util: Option<f64>,
 }
 
+/// An instance: its GPU's UUID and MIG instance id.
+type Key<'a> = (&'a str, Option<u32>);
+
+/// What one instance's processes showed this second.
+struct Seen {
+    /// What each owner's processes add up to; an owner that could not be named has no tenant.
+    owners: BTreeMap<Attribution, Acc>,
+    /// Whether every process has a utilisation the split can use.
+    util_known: bool,
+    /// A process whose owner could not be named (the MPS server aside), or a busy MPS server
+    /// with no client listed (its clients are in another PID namespace): a holder without a
+    /// named process may own it, so it is not shown as idle.
+    unnamed: bool,
+    /// The owners with a process other than the MPS server.
+    users: HashSet<Attribution>,
+    /// Those of them with a process the driver lists as an MPS client.
+    client_owners: HashSet<Attribution>,
+    /// Whether the driver saw the MPS server running kernels.
+    server_busy: bool,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Seen {
+            owners: BTreeMap::new(),
+            util_known: true,
+            unnamed: false,
+            users: HashSet::new(),
+            client_owners: HashSet::new(),
+            server_busy: false,
+        }
+    }
+}
+
+impl Seen {
+    /// The one user beside the MPS server, when its clients are the ones listed: the server
+    /// runs its clients' kernels, so all the activity is that user's.
+    fn only_user(&self) -> Option<Attribution> {
+        let mut users = self.users.iter();
+        match (users.next(), users.next()) {
+            (Some(u), None) if self.client_owners.contains(u) => Some(u.clone()),
+            _ => None,
+        }
+    }
+}
+
 /// Groups the second's processes into shares per instance and owner. `holders[i]` are the
 /// workloads the scheduler gave reading `i` to (empty, or a short slice, where unknown): on a
 /// device several of them hold, each holder without a process gets a share of exactly zero, so
@@ -168,60 +214,54 @@ pub fn shares(
     owner_of: impl Fn(u32) -> Option<Owner>,
     name: impl Fn(&Owner) -> Option<Attribution>,
 ) -> Vec<Share> {
-    let by_key: HashMap<(&str, Option<u32>), &Reading> = readings
+    let mut seen = tally(readings, processes, owner_of, name);
+    let mut out = Vec::new();
+    for (i, reading) in readings.iter().enumerate() {
+        let key = (
+            reading.instance.gpu_uuid.as_str(),
+            reading.instance.gpu_instance_id,
+        );
+        let seen = seen.remove(&key).unwrap_or_default();
+        instance_shares(reading, seen, holders.get(i), &mut out);
+    }
+    out
+}
+
+/// What the processes on each instance read this second showed.
+fn tally<'a>(
+    readings: &'a [Reading],
+    processes: &'a [ProcessReading],
+    owner_of: impl Fn(u32) -> Option<Owner>,
+    name: impl Fn(&Owner) -> Option<Attribution>,
+) -> HashMap<Key<'a>, Seen> {
+    let read: HashSet<Key<'a>> = readings
         .iter()
-        .map(|r| {
-            (
-                (r.instance.gpu_uuid.as_str(), r.instance.gpu_instance_id),
-                r,
-            )
-        })
+        .map(|r| (r.instance.gpu_uuid.as_str(), r.instance.gpu_instance_id))
         .collect();
-    let mut groups: BTreeMap<(&str, Option<u32>), BTreeMap<Attribution, Acc>> = BTreeMap::new();
-    let mut per_util_known: HashMap<(&str, Option<u32>), bool> = HashMap::new();
-    // Instances with a process whose owner could not be named (the MPS server aside): a holder
-    // without a named process may own it, so it is not shown as idle.
-    let mut has_unnamed: HashSet<(&str, Option<u32>)> = HashSet::new();
-    // The owners with a process other than the MPS server, by instance, and those of them with
-    // an MPS client: the server runs its clients' kernels, so when the one owner there is
-    // owns clients, all the activity is that owner's.
-    let mut users: HashMap<(&str, Option<u32>), HashSet<Attribution>> = HashMap::new();
-    let mut client_owners: HashMap<(&str, Option<u32>), HashSet<Attribution>> = HashMap::new();
-    // Instances whose MPS server the driver saw running kernels.
-    let mut server_busy: HashSet<(&str, Option<u32>)> = HashSet::new();
+    let mut seen: HashMap<Key<'a>, Seen> = HashMap::new();
     for p in processes {
         let key = (p.gpu_uuid.as_str(), p.gpu_instance_id);
         // A process on an instance not read this second has nothing to be a share of.
-        if !by_key.contains_key(&key) {
+        if !read.contains(&key) {
             continue;
         }
+        let at = seen.entry(key).or_default();
         let owner = owner_of(p.pid);
         let attribution = owner.as_ref().and_then(&name).unwrap_or_default();
         // Kernels counted against the MPS server are its clients': the split cannot say whose.
         let mps_busy = owner == Some(Owner::MpsServer) && p.sm_util.is_some_and(|u| u > 0.0);
-        if mps_busy {
-            server_busy.insert(key);
-        }
+        at.server_busy |= mps_busy;
         if owner != Some(Owner::MpsServer) {
-            if attribution.tenant.is_none() {
-                has_unnamed.insert(key);
-            }
-            users.entry(key).or_default().insert(attribution.clone());
+            at.unnamed |= attribution.tenant.is_none();
+            at.users.insert(attribution.clone());
             if p.mps_client {
-                client_owners
-                    .entry(key)
-                    .or_default()
-                    .insert(attribution.clone());
+                at.client_owners.insert(attribution.clone());
             }
         }
-        let acc = groups
-            .entry(key)
-            .or_default()
-            .entry(attribution)
-            .or_insert_with(|| Acc {
-                memory_known: true,
-                ..Acc::default()
-            });
+        let acc = at.owners.entry(attribution).or_insert_with(|| Acc {
+            memory_known: true,
+            ..Acc::default()
+        });
         acc.processes += 1;
         match p.used_memory_bytes {
             Some(b) => acc.memory = Some(acc.memory.unwrap_or(0) + b),
@@ -230,78 +270,66 @@ pub fn shares(
         if let Some(u) = p.sm_util {
             acc.sm_util = Some(acc.sm_util.unwrap_or(0.0) + u);
         }
-        let known = per_util_known.entry(key).or_insert(true);
-        *known &= p.sm_util.is_some() && !mps_busy;
+        at.util_known &= p.sm_util.is_some() && !mps_busy;
     }
     // A busy server with no client listed runs kernels of processes the driver did not show
     // (another PID namespace): a holder without a named process may own them.
-    for key in &server_busy {
-        if !client_owners.contains_key(key) {
-            has_unnamed.insert(*key);
-        }
+    for at in seen.values_mut() {
+        at.unnamed |= at.server_busy && at.client_owners.is_empty();
     }
-    let mut out = Vec::new();
-    for (i, reading) in readings.iter().enumerate() {
-        let key = (
-            reading.instance.gpu_uuid.as_str(),
-            reading.instance.gpu_instance_id,
-        );
-        let idle_holders: Vec<&Attribution> = match holders.get(i) {
-            Some(h) if h.len() > 1 && !has_unnamed.contains(&key) => h
-                .iter()
-                .filter(|a| groups.get(&key).is_none_or(|g| !g.contains_key(*a)))
-                .collect(),
-            _ => Vec::new(),
+    seen
+}
+
+/// The shares of one instance: one per owner with a process, and a share of zero for each
+/// holder without one.
+fn instance_shares(
+    reading: &Reading,
+    seen: Seen,
+    holders: Option<&Vec<Attribution>>,
+    out: &mut Vec<Share>,
+) {
+    let idle_holders: Vec<&Attribution> = match holders {
+        Some(h) if h.len() > 1 && !seen.unnamed => {
+            h.iter().filter(|a| !seen.owners.contains_key(*a)).collect()
+        }
+        _ => Vec::new(),
+    };
+    let active = reading.counters.sm_active;
+    let total: f64 = seen.owners.values().filter_map(|a| a.sm_util).sum();
+    let single = seen.owners.len() == 1;
+    let only_user = seen.only_user();
+    for (attribution, acc) in seen.owners {
+        let sm_active = match active {
+            None => None,
+            Some(a) if single => Some(a),
+            Some(a) if only_user.is_some() => Some(if only_user.as_ref() == Some(&attribution) {
+                a
+            } else {
+                0.0
+            }),
+            Some(_) if !seen.util_known => None,
+            Some(a) if total > 0.0 => Some(a * acc.sm_util.unwrap_or(0.0) / total),
+            Some(a) if a == 0.0 => Some(0.0),
+            Some(_) => None,
         };
-        let owners = groups.remove(&key).unwrap_or_default();
-        let active = reading.counters.sm_active;
-        let total: f64 = owners.values().filter_map(|a| a.sm_util).sum();
-        let split_known = per_util_known.get(&key).copied().unwrap_or(true);
-        let single = owners.len() == 1;
-        // One user beside the MPS server, and its clients are the ones listed: the server's
-        // kernels were that user's.
-        let clients = client_owners.remove(&key).unwrap_or_default();
-        let only_user = users
-            .remove(&key)
-            .filter(|u| u.len() == 1)
-            .and_then(|u| u.into_iter().next())
-            .filter(|u| clients.contains(u));
-        for (attribution, acc) in owners {
-            let sm_active = match active {
-                None => None,
-                Some(a) if single => Some(a),
-                Some(a) if only_user.is_some() => {
-                    Some(if only_user.as_ref() == Some(&attribution) {
-                        a
-                    } else {
-                        0.0
-                    })
-                }
-                Some(_) if !split_known => None,
-                Some(a) if total > 0.0 => Some(a * acc.sm_util.unwrap_or(0.0) / total),
-                Some(a) if a == 0.0 => Some(0.0),
-                Some(_) => None,
-            };
-            out.push(Share {
-                instance: reading.instance.clone(),
-                attribution,
-                processes: acc.processes,
-                memory_used_bytes: acc.memory.filter(|_| acc.memory_known),
-                sm_active,
-            });
-        }
-        // A holder with no process used nothing: exactly zero, not unknown.
-        for attribution in idle_holders {
-            out.push(Share {
-                instance: reading.instance.clone(),
-                attribution: attribution.clone(),
-                processes: 0,
-                memory_used_bytes: Some(0),
-                sm_active: active.map(|_| 0.0),
-            });
-        }
+        out.push(Share {
+            instance: reading.instance.clone(),
+            attribution,
+            processes: acc.processes,
+            memory_used_bytes: acc.memory.filter(|_| acc.memory_known),
+            sm_active,
+        });
     }
-    out
+    // A holder with no process used nothing: exactly zero, not unknown.
+    for attribution in idle_holders {
+        out.push(Share {
+            instance: reading.instance.clone(),
+            attribution: attribution.clone(),
+            processes: 0,
+            memory_used_bytes: Some(0),
+            sm_active: active.map(|_| 0.0),
+        });
+    }
 }
 
 #[cfg(test)]
