@@ -165,10 +165,37 @@ impl ReclaimerFile {
 /// What the reclaimer did with one request (its JSON answer).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Answer {
-    /// acted | already_acted | dry_run | ignored.
-    pub outcome: String,
+    /// What became of the request.
+    pub outcome: Outcome,
     /// What was or would be done, in words.
     pub action: String,
+}
+
+/// What became of one request, as its answer names it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The action was taken now.
+    Acted,
+    /// An earlier request with this webhook-id took it; not taken again.
+    AlreadyActed,
+    /// Dry run: what would be done.
+    DryRun,
+    /// The event needs no action.
+    Ignored,
+}
+
+impl Outcome {
+    /// A 200 answer with this outcome.
+    fn answer(self, action: String) -> Response {
+        answer(
+            StatusCode::OK,
+            &Answer {
+                outcome: self,
+                action,
+            },
+        )
+    }
 }
 
 /// Why an action could not be taken now.
@@ -325,37 +352,19 @@ async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) 
             workload = event.data.workload.as_deref().unwrap_or("-"),
             "Noted an event that needs no action."
         );
-        return answer(
-            StatusCode::OK,
-            &Answer {
-                outcome: "ignored".into(),
-                action: format!("{} needs no action", event.kind.as_str()),
-            },
-        );
+        return Outcome::Ignored.answer(format!("{} needs no action", event.kind.as_str()));
     }
     if r.acted.lock().expect("acted lock").ids.contains(&id) {
         tracing::info!(
             webhook_id = id,
             "Already acted on this webhook-id; not acting again."
         );
-        return answer(
-            StatusCode::OK,
-            &Answer {
-                outcome: "already_acted".into(),
-                action: r.describe(&event),
-            },
-        );
+        return Outcome::AlreadyActed.answer(r.describe(&event));
     }
     let what = r.describe(&event);
     if r.dry_run || event.data.dry_run {
         tracing::info!(webhook_id = id, action = what, "Dry run: would act.");
-        return answer(
-            StatusCode::OK,
-            &Answer {
-                outcome: "dry_run".into(),
-                action: what,
-            },
-        );
+        return Outcome::DryRun.answer(what);
     }
     if !r.inflight.lock().expect("inflight lock").insert(id.clone()) {
         return ApiError::unavailable(
@@ -367,18 +376,18 @@ async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) 
     // Acted on while this request waited (the first attempt finished and left the in-flight set).
     if r.acted.lock().expect("acted lock").ids.contains(&id) {
         r.inflight.lock().expect("inflight lock").remove(&id);
-        return answer(
-            StatusCode::OK,
-            &Answer {
-                outcome: "already_acted".into(),
-                action: r.describe(&event),
-            },
-        );
+        return Outcome::AlreadyActed.answer(r.describe(&event));
     }
-    // Run to the end even if the sender hangs up (its timeout): the outcome is recorded, so the
-    // retry finds it acted on instead of acting again.
+    let outcome = act_once(&r, &id, &event).await;
+    respond(&id, &event, outcome)
+}
+
+/// Acts on `event`, which this request holds in the in-flight set under `id`, and records `id`
+/// as acted on when it succeeds. It runs to the end even if the sender hangs up (its timeout):
+/// the outcome is recorded, so the retry finds it acted on instead of acting again.
+async fn act_once(r: &Arc<Reclaimer>, id: &str, event: &Event) -> Result<String, ActError> {
     let task = {
-        let (r, id, event) = (r.clone(), id.clone(), event.clone());
+        let (r, id, event) = (r.clone(), id.to_owned(), event.clone());
         tokio::spawn(async move {
             let outcome = r.act(&event).await;
             if outcome.is_ok()
@@ -390,13 +399,17 @@ async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) 
             outcome
         })
     };
-    let outcome = match task.await {
+    match task.await {
         Ok(o) => o,
         Err(e) => Err(ActError::Later {
             retry_after: 30,
             message: format!("the action failed: {e}"),
         }),
-    };
+    }
+}
+
+/// The answer to an action taken or refused, logged.
+fn respond(id: &str, event: &Event, outcome: Result<String, ActError>) -> Response {
     match outcome {
         Ok(done) => {
             tracing::info!(
@@ -406,13 +419,7 @@ async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) 
                 reason = event.data.policy.reason,
                 "Reclaimed."
             );
-            answer(
-                StatusCode::OK,
-                &Answer {
-                    outcome: "acted".into(),
-                    action: done,
-                },
-            )
+            Outcome::Acted.answer(done)
         }
         Err(ActError::Later {
             retry_after,
