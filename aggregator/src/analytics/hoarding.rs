@@ -368,70 +368,8 @@ pub fn recompute(
     let newest_hour: Option<i64> =
         conn.query_row("SELECT max(bucket) FROM rollup_gpu_1h", [], |r| r.get(0))?;
     let base_point = newest_hour.map_or(i64::MAX, reach);
-    // The episodes each plan needs, fetched again while a plan starts before what was fetched
-    // (a continued run's point is usually an hour before the earliest change).
-    let mut fetched = dirty.values().map(|&h| reach(h)).min().unwrap_or(0) - 3600;
-    let plans: HashMap<&String, Plan> = loop {
-        let stored = stored_episodes(conn, fetched)?;
-        let plans: HashMap<&String, Plan> = dirty
-            .iter()
-            .map(|(g, &h)| {
-                let none = Vec::new();
-                (g, plan(reach(h), stored.get(g).unwrap_or(&none)))
-            })
-            .collect();
-        let from = plans.values().map(|p| p.from).min().unwrap_or(fetched);
-        if from >= fetched {
-            break plans;
-        }
-        fetched = from;
-    };
-    conn.execute_batch(
-        "CREATE TEMP TABLE IF NOT EXISTS hoarding_scan (gpu_uuid VARCHAR, from_bucket BIGINT);
-         DELETE FROM hoarding_scan;",
-    )?;
-    {
-        let mut app = conn.appender("hoarding_scan")?;
-        for (g, p) in &plans {
-            app.append_row(params![g, p.from])?;
-        }
-        app.flush()?;
-    }
-    let from = plans.values().map(|p| p.from).min().unwrap_or(0);
-    // (instance, holder) → (size, minutes); the newest second per GPU.
-    let mut allocations: FxHashMap<(i32, i32), (f64, Vec<MinuteRow>)> = FxHashMap::default();
-    let mut newest: FxHashMap<usize, i64> = FxHashMap::default();
-    for_each_minute_fact(
-        conn,
-        "SELECT r.bucket, r.instance_id, r.holder_id, r.seconds_mask, r.sm_active_samples, r.sm_active_sum
-         FROM rollup_1m r
-         JOIN instances i USING (instance_id)
-         JOIN temp.hoarding_scan s ON s.gpu_uuid = i.gpu_uuid
-         WHERE r.bucket >= ? AND r.bucket >= s.from_bucket",
-        [from],
-        |f| {
-            let Some(inst) = dims.instance(f.instance_id) else {
-                return;
-            };
-            let minute = MinuteRow {
-                bucket: f.bucket,
-                mask: f.mask,
-                sm_samples: f.sm_samples,
-                sm_sum: f.sm_sum,
-            };
-            if minute.mask != 0 {
-                let n = newest.entry(inst.gpu).or_insert(i64::MIN);
-                *n = (*n).max(minute.last_second());
-            }
-            if dims.is_allocated(f.holder_id) {
-                allocations
-                    .entry((f.instance_id, f.holder_id))
-                    .or_insert_with(|| (inst.gpu_equivalents, Vec::new()))
-                    .1
-                    .push(minute);
-            }
-        },
-    )?;
+    let plans = plans(conn, dirty, reach)?;
+    let (mut allocations, newest) = scan_minutes(conn, dims, &plans)?;
     // A continued run whose allocation held nothing since still ends (or stays open) here.
     let mut seeds: HashMap<(i32, i32), Run> = HashMap::new();
     for p in plans.values() {
@@ -482,6 +420,90 @@ pub fn recompute(
             .collect(),
         episodes,
     })
+}
+
+/// Each dirty GPU's plan: from where its minutes are scanned again, and the runs it continues.
+/// The episodes each plan needs are fetched again while a plan starts before what was fetched
+/// (a continued run's point is usually an hour before the earliest change).
+fn plans<'a>(
+    conn: &Connection,
+    dirty: &'a HashMap<String, i64>,
+    reach: impl Fn(i64) -> i64,
+) -> duckdb::Result<HashMap<&'a String, Plan>> {
+    let mut fetched = dirty.values().map(|&h| reach(h)).min().unwrap_or(0) - 3600;
+    loop {
+        let stored = stored_episodes(conn, fetched)?;
+        let plans: HashMap<&String, Plan> = dirty
+            .iter()
+            .map(|(g, &h)| {
+                let none = Vec::new();
+                (g, plan(reach(h), stored.get(g).unwrap_or(&none)))
+            })
+            .collect();
+        let from = plans.values().map(|p| p.from).min().unwrap_or(fetched);
+        if from >= fetched {
+            return Ok(plans);
+        }
+        fetched = from;
+    }
+}
+
+/// An allocation's size and minutes, by (instance, holder).
+type Allocations = FxHashMap<(i32, i32), (f64, Vec<MinuteRow>)>;
+
+/// The minutes of the planned GPUs from each plan's start: the allocated ones by (instance,
+/// holder), and the newest second each GPU was seen in.
+fn scan_minutes(
+    conn: &Connection,
+    dims: &Dims,
+    plans: &HashMap<&String, Plan>,
+) -> duckdb::Result<(Allocations, FxHashMap<usize, i64>)> {
+    conn.execute_batch(
+        "CREATE TEMP TABLE IF NOT EXISTS hoarding_scan (gpu_uuid VARCHAR, from_bucket BIGINT);
+         DELETE FROM hoarding_scan;",
+    )?;
+    {
+        let mut app = conn.appender("hoarding_scan")?;
+        for (g, p) in plans {
+            app.append_row(params![g, p.from])?;
+        }
+        app.flush()?;
+    }
+    let from = plans.values().map(|p| p.from).min().unwrap_or(0);
+    let mut allocations = Allocations::default();
+    let mut newest: FxHashMap<usize, i64> = FxHashMap::default();
+    for_each_minute_fact(
+        conn,
+        "SELECT r.bucket, r.instance_id, r.holder_id, r.seconds_mask, r.sm_active_samples, r.sm_active_sum
+         FROM rollup_1m r
+         JOIN instances i USING (instance_id)
+         JOIN temp.hoarding_scan s ON s.gpu_uuid = i.gpu_uuid
+         WHERE r.bucket >= ? AND r.bucket >= s.from_bucket",
+        [from],
+        |f| {
+            let Some(inst) = dims.instance(f.instance_id) else {
+                return;
+            };
+            let minute = MinuteRow {
+                bucket: f.bucket,
+                mask: f.mask,
+                sm_samples: f.sm_samples,
+                sm_sum: f.sm_sum,
+            };
+            if minute.mask != 0 {
+                let n = newest.entry(inst.gpu).or_insert(i64::MIN);
+                *n = (*n).max(minute.last_second());
+            }
+            if dims.is_allocated(f.holder_id) {
+                allocations
+                    .entry((f.instance_id, f.holder_id))
+                    .or_insert_with(|| (inst.gpu_equivalents, Vec::new()))
+                    .1
+                    .push(minute);
+            }
+        },
+    )?;
+    Ok((allocations, newest))
 }
 
 /// Replaces the recomputed GPUs' episodes, in the writer's transaction.
