@@ -90,6 +90,51 @@ pub async fn run_with(
             addr: config.listen,
             source,
         })?;
+    let (state, thread, compactor) = open(config, prepare.is_some())?;
+    let otlp = start_otlp(&state)?;
+    let background = spawn_background(&state, &compactor, prepare)?;
+    // A ledger DuckDB has invalidated ends the service, so that its supervisor restarts it: until
+    // the file is opened again every statement fails, and `/healthz` would keep it running.
+    let (invalid_tx, invalid) = tokio::sync::watch::channel(None);
+    let watchdog = tokio::spawn(watch_validity(state.readers.clone(), invalid_tx));
+    let mut until_invalid = invalid.clone();
+    let served = axum::serve(listener, crate::router::router(state.clone()))
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                () = shutdown => {}
+                _ = until_invalid.wait_for(Option::is_some) => {}
+            }
+        })
+        .await;
+    watchdog.abort();
+    // A rewrite in progress ends after its slice (its blocking thread is not aborted with the
+    // loop that started it).
+    compactor.stop();
+    for task in background {
+        task.abort();
+    }
+    if let Some(push) = otlp {
+        // Its last export blocks on HTTP and its callbacks hold the state: before the writer ends.
+        tokio::task::block_in_place(|| push.shutdown());
+    }
+    drop(state);
+    // The writer thread ends once every handle is gone and its queue is written.
+    tokio::task::block_in_place(|| {
+        let _ = thread.join();
+    });
+    served.map_err(ServeError::Serve)?;
+    match invalid.borrow().clone() {
+        Some(why) => Err(ServeError::LedgerInvalidated(why)),
+        None => Ok(()),
+    }
+}
+
+/// Opens the ledger and starts its writer: the service's state, the writer's thread, and the
+/// compactor that rewrites closed hours beside it on a connection of its own.
+fn open(
+    config: Config,
+    preparing: bool,
+) -> Result<(AppState, std::thread::JoinHandle<()>, store::Compactor), ServeError> {
     let path = config.db.clone();
     let (conn, found) = tokio::task::block_in_place(|| {
         store::open_with(&path, Some(config.limits.duckdb_memory_limit.as_str()))
@@ -100,7 +145,6 @@ pub async fn run_with(
         (path.as_os_str() != ":memory:").then(|| path.clone()),
     )?;
     let metrics = Arc::new(AggregatorMetrics::new());
-    // Closed hours are rewritten beside the writer, on a connection of their own.
     let compactor = store::Compactor::new(&conn)?;
     let (writer, thread) = Writer::spawn_limited(
         conn,
@@ -121,26 +165,36 @@ pub async fn run_with(
         readiness: tokio::sync::Mutex::new(None),
         deliveries: Arc::new(tokio::sync::Notify::new()),
         sessions: crate::ui::session::Sessions::default(),
-        preparing: std::sync::Mutex::new(prepare.as_ref().map(|_| "starting".to_owned())),
+        preparing: std::sync::Mutex::new(preparing.then(|| "starting".to_owned())),
     }));
-    let otlp = match &state.config.otlp {
-        None => None,
-        Some(otlp) => {
-            let app = state.clone();
-            let service = gpuledger_otel::Service::aggregator(state.config.listen);
-            // The first rendering (it names the instruments) reads the ledger: not on a worker.
-            let push = tokio::task::block_in_place(|| {
-                gpuledger_otel::MetricsPush::start(
-                    otlp,
-                    &service,
-                    Arc::new(move || {
-                        app.render_metrics(Some(&None), exposition::Format::OpenMetrics)
-                    }),
-                )
-            })?;
-            Some(push)
-        }
+    Ok((state, thread, compactor))
+}
+
+/// The OTLP push, when configured.
+fn start_otlp(state: &AppState) -> Result<Option<gpuledger_otel::MetricsPush>, ServeError> {
+    let Some(otlp) = &state.config.otlp else {
+        return Ok(None);
     };
+    let app = state.clone();
+    let service = gpuledger_otel::Service::aggregator(state.config.listen);
+    // The first rendering (it names the instruments) reads the ledger: not on a worker.
+    let push = tokio::task::block_in_place(|| {
+        gpuledger_otel::MetricsPush::start(
+            otlp,
+            &service,
+            Arc::new(move || app.render_metrics(Some(&None), exposition::Format::OpenMetrics)),
+        )
+    })?;
+    Ok(Some(push))
+}
+
+/// Starts the service's loops (the startup step, retention and the rewrite, analytics, webhook
+/// deliveries, Alertmanager's silences), answering them in the order they are stopped.
+fn spawn_background(
+    state: &AppState,
+    compactor: &store::Compactor,
+    prepare: Option<Prepare>,
+) -> Result<Vec<tokio::task::AbortHandle>, ServeError> {
     let prepared =
         prepare.map(|prepare| tokio::spawn(prepare_then_evaluate(state.clone(), prepare)));
     let retention = tokio::spawn(retention_loop(state.clone(), compactor.clone()));
@@ -166,46 +220,11 @@ pub async fn run_with(
         .alertmanager
         .clone()
         .map(|am| tokio::spawn(alertmanager_loop(state.clone(), am, client)));
-    // A ledger DuckDB has invalidated ends the service, so that its supervisor restarts it: until
-    // the file is opened again every statement fails, and `/healthz` would keep it running.
-    let (invalid_tx, invalid) = tokio::sync::watch::channel(None);
-    let watchdog = tokio::spawn(watch_validity(state.readers.clone(), invalid_tx));
-    let mut until_invalid = invalid.clone();
-    let served = axum::serve(listener, crate::router::router(state.clone()))
-        .with_graceful_shutdown(async move {
-            tokio::select! {
-                () = shutdown => {}
-                _ = until_invalid.wait_for(Option::is_some) => {}
-            }
-        })
-        .await;
-    watchdog.abort();
-    // A rewrite in progress ends after its slice (its blocking thread is not aborted with the
-    // loop that started it).
-    compactor.stop();
-    retention.abort();
-    analytics.abort();
-    if let Some(p) = prepared {
-        p.abort();
-    }
-    deliveries.abort();
-    if let Some(a) = alerts {
-        a.abort();
-    }
-    if let Some(push) = otlp {
-        // Its last export blocks on HTTP and its callbacks hold the state: before the writer ends.
-        tokio::task::block_in_place(|| push.shutdown());
-    }
-    drop(state);
-    // The writer thread ends once every handle is gone and its queue is written.
-    tokio::task::block_in_place(|| {
-        let _ = thread.join();
-    });
-    served.map_err(ServeError::Serve)?;
-    match invalid.borrow().clone() {
-        Some(why) => Err(ServeError::LedgerInvalidated(why)),
-        None => Ok(()),
-    }
+    let mut tasks = vec![retention.abort_handle(), analytics.abort_handle()];
+    tasks.extend(prepared.map(|p| p.abort_handle()));
+    tasks.push(deliveries.abort_handle());
+    tasks.extend(alerts.map(|a| a.abort_handle()));
+    Ok(tasks)
 }
 
 /// How often the service asks whether DuckDB has invalidated the ledger.
