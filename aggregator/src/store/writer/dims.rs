@@ -159,14 +159,7 @@ impl Encoded<'_> {
     }
 
     fn opt_str(&mut self, s: Option<&str>) -> &mut Self {
-        match s {
-            None => self.0.push(0),
-            Some(s) => {
-                self.0.push(1);
-                self.str(s);
-            }
-        }
-        self
+        self.opt(s, Self::str)
     }
 
     fn int(&mut self, v: i32) -> &mut Self {
@@ -175,11 +168,15 @@ impl Encoded<'_> {
     }
 
     fn opt_int(&mut self, v: Option<i32>) -> &mut Self {
+        self.opt(v, Self::int)
+    }
+
+    fn opt<T>(&mut self, v: Option<T>, put: impl FnOnce(&mut Self, T) -> &mut Self) -> &mut Self {
         match v {
             None => self.0.push(0),
             Some(v) => {
                 self.0.push(1);
-                self.int(v);
+                put(self, v);
             }
         }
         self
@@ -529,12 +526,18 @@ mod tests {
         Series::describing(&instance, &holder)
     }
 
-    #[test]
-    fn ids_are_assigned_once_and_instances_are_grouped_by_gpu() {
+    /// A new in-memory ledger and its (empty) mirror.
+    fn in_memory() -> (Connection, Dims) {
         let conn = crate::store::open(std::path::Path::new(":memory:"))
             .unwrap()
             .0;
-        let mut dims = Dims::load(&conn).unwrap();
+        let dims = Dims::load(&conn).unwrap();
+        (conn, dims)
+    }
+
+    #[test]
+    fn ids_are_assigned_once_and_instances_are_grouped_by_gpu() {
+        let (conn, mut dims) = in_memory();
         let a = dims
             .instance_id(&series("GPU-a", Some(7), None), 10)
             .unwrap();
@@ -638,10 +641,7 @@ mod tests {
 
     #[test]
     fn a_node_s_next_batch_gets_the_ids_of_its_entries_not_of_their_places() {
-        let conn = crate::store::open(std::path::Path::new(":memory:"))
-            .unwrap()
-            .0;
-        let mut dims = Dims::load(&conn).unwrap();
+        let (_conn, mut dims) = in_memory();
         let batch = |series: Vec<Series>| {
             let mut b = Batch::from_samples("n1", &[]);
             b.series = series;
@@ -677,10 +677,7 @@ mod tests {
 
     #[test]
     fn a_node_past_its_bound_gets_no_new_instance() {
-        let conn = crate::store::open(std::path::Path::new(":memory:"))
-            .unwrap()
-            .0;
-        let mut dims = Dims::load(&conn).unwrap();
+        let (_conn, mut dims) = in_memory();
         assert!(
             dims.instance_id(&series("GPU-a", Some(7), None), 1)
                 .is_some()
