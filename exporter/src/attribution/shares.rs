@@ -221,7 +221,19 @@ pub fn shares(
             reading.instance.gpu_uuid.as_str(),
             reading.instance.gpu_instance_id,
         );
-        let seen = seen.remove(&key).unwrap_or_default();
+        // A second reading of one instance (none is expected) gets no owners again, but what
+        // the processes said of the instance still holds for it.
+        let seen = match seen.get_mut(&key) {
+            Some(at) => std::mem::replace(
+                at,
+                Seen {
+                    unnamed: at.unnamed,
+                    util_known: at.util_known,
+                    ..Seen::default()
+                },
+            ),
+            None => Seen::default(),
+        };
         instance_shares(reading, seen, holders.get(i), &mut out);
     }
     out
