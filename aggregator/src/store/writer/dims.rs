@@ -427,7 +427,9 @@ impl Dims {
                     List::Shares => these.shares.push(pair),
                 }
             }
-            self.recent.insert(node, seen);
+            if !seen.is_empty() {
+                self.recent.insert(node, seen);
+            }
             ids.push(these);
         }
         Ok(ids)
