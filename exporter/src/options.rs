@@ -214,20 +214,45 @@ impl ExporterOptions {
     }
 
     /// Checks the options and fills in the defaults.
-    pub fn resolve(self) -> Result<ExporterConfig, OptionsError> {
-        let node = match self.node {
+    pub fn resolve(mut self) -> Result<ExporterConfig, OptionsError> {
+        let node = match self.node.take() {
             Some(n) => n,
             None => default_node()?,
         };
-        let source = self.source.unwrap_or_else(|| "nvml".into());
-        let source = match source.as_str() {
+        let source = self.source_choice()?;
+        let ship = self.ship(&node)?;
+        let slurm = self.slurm()?;
+        let kubelet = self.kubelet(&node)?;
+        Ok(ExporterConfig {
+            slurm,
+            kubelet,
+            source,
+            listen: self
+                .listen
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9835))),
+            node,
+            ship,
+            attribution_map: self.attribution_map,
+            proc_path: self.proc_path.unwrap_or_else(|| "/proc".into()),
+            drain_timeout: Duration::from_secs(5),
+            otlp: self.otlp.resolve()?,
+        })
+    }
+
+    /// Where readings come from: NVML (the default), the simulator, or a trace replayed.
+    fn source_choice(&mut self) -> Result<SourceChoice, OptionsError> {
+        let source = self.source.take().unwrap_or_else(|| "nvml".into());
+        Ok(match source.as_str() {
             "nvml" => SourceChoice::Nvml {
-                disabled: self.disable_collector,
+                disabled: std::mem::take(&mut self.disable_collector),
             },
-            "sim" => SourceChoice::Sim { fleet: self.fleet },
+            "sim" => SourceChoice::Sim {
+                fleet: self.fleet.take(),
+            },
             "replay" => SourceChoice::Replay {
                 file: self
                     .replay_file
+                    .take()
                     .ok_or_else(|| invalid("--source replay needs --replay-file"))?,
                 speed: self
                     .speed
@@ -243,104 +268,111 @@ impl ExporterOptions {
                     SOURCES.iter().map(|s| s.name).collect::<Vec<_>>()
                 )));
             }
+        })
+    }
+
+    /// Shipping to the aggregator, when `--aggregator` is given.
+    fn ship(&mut self, node: &str) -> Result<Option<ShipConfig>, OptionsError> {
+        let Some(url) = self.aggregator.take() else {
+            return Ok(None);
         };
-        let ship = match self.aggregator {
-            None => None,
-            Some(url) => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(invalid(format!(
-                        "--aggregator {url:?} must be an http:// or https:// URL"
-                    )));
-                }
-                let token_file = self.token_file.ok_or_else(|| {
-                    invalid("--aggregator needs --token-file: ingest is authenticated")
-                })?;
-                Some(ShipConfig {
-                    aggregator: url,
-                    token: read_token(&token_file)?,
-                    node: node.clone(),
-                    spool_dir: self
-                        .spool_dir
-                        .unwrap_or_else(|| "/var/lib/gpuledger/spool".into()),
-                    spool_max_bytes: self.spool_max_bytes.unwrap_or(1 << 30),
-                    interval: self.ship_interval.unwrap_or(Duration::from_secs(5)),
-                    max_batch_samples: 50_000,
-                    wait_when_full: false,
-                    request_timeout: Duration::from_secs(30),
-                    format: self.wire_format.unwrap_or_default(),
-                    msgpack_retry: self.msgpack_retry.unwrap_or(Duration::from_secs(3600)),
-                })
-            }
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(invalid(format!(
+                "--aggregator {url:?} must be an http:// or https:// URL"
+            )));
+        }
+        let token_file = self
+            .token_file
+            .take()
+            .ok_or_else(|| invalid("--aggregator needs --token-file: ingest is authenticated"))?;
+        Ok(Some(ShipConfig {
+            aggregator: url,
+            token: read_token(&token_file)?,
+            node: node.to_owned(),
+            spool_dir: self
+                .spool_dir
+                .take()
+                .unwrap_or_else(|| "/var/lib/gpuledger/spool".into()),
+            spool_max_bytes: self.spool_max_bytes.unwrap_or(1 << 30),
+            interval: self.ship_interval.unwrap_or(Duration::from_secs(5)),
+            max_batch_samples: 50_000,
+            wait_when_full: false,
+            request_timeout: Duration::from_secs(30),
+            format: self.wire_format.take().unwrap_or_default(),
+            msgpack_retry: self.msgpack_retry.unwrap_or(Duration::from_secs(3600)),
+        }))
+    }
+
+    /// Slurm's job map, when `--slurm-job-dir` is given.
+    fn slurm(&mut self) -> Result<Option<SlurmConfig>, OptionsError> {
+        let Some(dir) = self.slurm_job_dir.take() else {
+            return Ok(None);
         };
-        let slurm = match self.slurm_job_dir {
-            None => None,
-            Some(dir) => Some(SlurmConfig {
-                dir,
-                tenant: self
-                    .slurm_tenant
-                    .as_deref()
-                    .unwrap_or("account")
-                    .parse::<TenantField>()
-                    .map_err(|e| invalid(format!("--slurm-tenant: {e}")))?,
-                qos_classes: map(self.slurm_qos_class),
-            }),
-        };
-        let apiserver = match self.kube_apiserver {
-            None => None,
-            Some(url) => {
-                let in_cluster = url == "in-cluster";
-                let sa = |f: &str| {
-                    in_cluster.then(|| PathBuf::from(apiserver::SERVICE_ACCOUNT_DIR).join(f))
-                };
-                Some(apiserver::ApiServerConfig {
-                    url: if in_cluster {
-                        apiserver::ApiServerConfig::in_cluster_url().ok_or_else(|| {
-                            invalid(
-                                "--kube-apiserver in-cluster: KUBERNETES_SERVICE_HOST is not set (not in a pod?)",
-                            )
-                        })?
-                    } else {
-                        url
-                    },
-                    token_file: self.kube_token_file.or_else(|| sa("token")),
-                    ca_file: self.kube_ca_file.or_else(|| sa("ca.crt")),
-                    node: node.clone(),
-                    refresh: self
-                        .kube_refresh_interval
-                        .unwrap_or(Duration::from_secs(30)),
-                    tenant_label: self.kube_tenant_label,
-                    tenant_annotation: self.kube_tenant_annotation,
-                    class_label: self.kube_class_label,
-                    priority_classes: map(self.kube_priority_class),
-                })
-            }
-        };
+        Ok(Some(SlurmConfig {
+            dir,
+            tenant: self
+                .slurm_tenant
+                .as_deref()
+                .unwrap_or("account")
+                .parse::<TenantField>()
+                .map_err(|e| invalid(format!("--slurm-tenant: {e}")))?,
+            qos_classes: map(std::mem::take(&mut self.slurm_qos_class)),
+        }))
+    }
+
+    /// The kubelet's attribution, when `--kubelet-socket` is given, refined by the API server's
+    /// when `--kube-apiserver` is too.
+    fn kubelet(&mut self, node: &str) -> Result<Option<KubeletConfig>, OptionsError> {
+        let apiserver = self.apiserver(node)?;
         if apiserver.is_some() && self.kubelet_socket.is_none() {
             return Err(invalid(
                 "--kube-apiserver refines the kubelet's attribution: it needs --kubelet-socket",
             ));
         }
-        let kubelet = self.kubelet_socket.map(|socket| KubeletConfig {
+        let Some(socket) = self.kubelet_socket.take() else {
+            return Ok(None);
+        };
+        Ok(Some(KubeletConfig {
             apiserver,
             socket,
             poll_interval: self.kubelet_poll_interval.unwrap_or(Duration::from_secs(5)),
-            namespace_tenants: map(self.kubelet_namespace_tenant),
-            namespace_classes: map(self.kubelet_namespace_class),
-        });
-        Ok(ExporterConfig {
-            slurm,
-            kubelet,
-            source,
-            listen: self
-                .listen
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9835))),
-            node,
-            ship,
-            attribution_map: self.attribution_map,
-            proc_path: self.proc_path.unwrap_or_else(|| "/proc".into()),
-            drain_timeout: Duration::from_secs(5),
-            otlp: self.otlp.resolve()?,
-        })
+            namespace_tenants: map(std::mem::take(&mut self.kubelet_namespace_tenant)),
+            namespace_classes: map(std::mem::take(&mut self.kubelet_namespace_class)),
+        }))
+    }
+
+    /// The API server's pod labels and annotations, when `--kube-apiserver` is given.
+    fn apiserver(
+        &mut self,
+        node: &str,
+    ) -> Result<Option<apiserver::ApiServerConfig>, OptionsError> {
+        let Some(url) = self.kube_apiserver.take() else {
+            return Ok(None);
+        };
+        let in_cluster = url == "in-cluster";
+        let sa =
+            |f: &str| in_cluster.then(|| PathBuf::from(apiserver::SERVICE_ACCOUNT_DIR).join(f));
+        Ok(Some(apiserver::ApiServerConfig {
+            url: if in_cluster {
+                apiserver::ApiServerConfig::in_cluster_url().ok_or_else(|| {
+                    invalid(
+                        "--kube-apiserver in-cluster: KUBERNETES_SERVICE_HOST is not set (not in a pod?)",
+                    )
+                })?
+            } else {
+                url
+            },
+            token_file: self.kube_token_file.take().or_else(|| sa("token")),
+            ca_file: self.kube_ca_file.take().or_else(|| sa("ca.crt")),
+            node: node.to_owned(),
+            refresh: self
+                .kube_refresh_interval
+                .unwrap_or(Duration::from_secs(30)),
+            tenant_label: self.kube_tenant_label.take(),
+            tenant_annotation: self.kube_tenant_annotation.take(),
+            class_label: self.kube_class_label.take(),
+            priority_classes: map(std::mem::take(&mut self.kube_priority_class)),
+        }))
     }
 }
 
