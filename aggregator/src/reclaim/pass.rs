@@ -473,22 +473,8 @@ fn record(
 ) {
     let before = stored.get(&id);
     let state = policy::next_state(before.map(|b| b.state), &step);
-    let data = match &row {
-        Some(e) => episode_data(&id, e, policy.clone(), analytics, settings.dry_run),
-        None => {
-            let Some(mut d) =
-                before.and_then(|b| serde_json::from_str::<EpisodeData>(&b.data).ok())
-            else {
-                tracing::error!(
-                    episode_id = id,
-                    "A followed episode's stored data cannot be read; it is skipped."
-                );
-                return;
-            };
-            d.policy = policy.clone();
-            d.dry_run = settings.dry_run;
-            d
-        }
+    let Some(data) = current_data(&id, row.as_ref(), before, &policy, analytics, settings) else {
+        return;
     };
     let data_json = serde_json::to_string(&data).expect("episode data serializes");
     let (tenant, workload, node) = (
@@ -536,37 +522,7 @@ fn record(
                 .push(decision("close", "ended_before_notice".into(), None));
         }
         Step::Send(kind, cause) => {
-            let event_id = webhook::event_id(&id, kind);
-            let mut data = data;
-            if kind == EventType::HoardingResolved {
-                data.ended_at = data.ended_at.or_else(|| Some(webhook::rfc3339(plan.now)));
-            }
-            let body = serde_json::to_string(&Event {
-                kind,
-                timestamp: webhook::rfc3339(plan.now),
-                data,
-            })
-            .expect("events serialize");
-            for ep in &settings.endpoints {
-                if ep.events.is_empty() || ep.events.contains(&kind) {
-                    plan.outbox.push(OutboxWrite {
-                        event_id: event_id.clone(),
-                        endpoint: ep.name.clone(),
-                        kind,
-                        episode_id: id.clone(),
-                        body: body.clone(),
-                    });
-                }
-            }
-            // A request that is cancelled, or whose episode ended, must never go out later (a
-            // disabled endpoint enabled again, a replay, another endpoint still retrying).
-            if kind == EventType::ReclaimCancelled
-                || before.is_some_and(|b| b.state == State::Requested)
-            {
-                plan.withdraw
-                    .push(webhook::event_id(&id, EventType::ReclaimRequested));
-            }
-            *plan.report.events.entry(kind.as_str().into()).or_default() += 1;
+            let event_id = queue_event(plan, settings, &id, kind, data, before);
             match kind {
                 EventType::HoardingDetected => write.notified_at = Some(plan.now),
                 EventType::ReclaimRequested => write.requested_at = Some(plan.now),
@@ -585,6 +541,79 @@ fn record(
         }
     }
     plan.episodes.push(write);
+}
+
+/// The episode's data for this pass: from its row while the analytics still report it, else
+/// as stored, with this pass's policy either way. `None` (logged) when the stored data cannot
+/// be read.
+fn current_data(
+    id: &str,
+    row: Option<&EpisodeRow>,
+    before: Option<&Stored>,
+    policy: &PolicyData,
+    analytics: &analytics::Settings,
+    settings: &Settings,
+) -> Option<EpisodeData> {
+    if let Some(e) = row {
+        return Some(episode_data(
+            id,
+            e,
+            policy.clone(),
+            analytics,
+            settings.dry_run,
+        ));
+    }
+    let Some(mut d) = before.and_then(|b| serde_json::from_str::<EpisodeData>(&b.data).ok()) else {
+        tracing::error!(
+            episode_id = id,
+            "A followed episode's stored data cannot be read; it is skipped."
+        );
+        return None;
+    };
+    d.policy = policy.clone();
+    d.dry_run = settings.dry_run;
+    Some(d)
+}
+
+/// Queues event `kind` of episode `id` in the outbox, once per endpoint that takes it, withdraws
+/// a reclaim request that must not go out any more, and counts the event. Answers its id.
+fn queue_event(
+    plan: &mut Plan,
+    settings: &Settings,
+    id: &str,
+    kind: EventType,
+    mut data: EpisodeData,
+    before: Option<&Stored>,
+) -> String {
+    let event_id = webhook::event_id(id, kind);
+    if kind == EventType::HoardingResolved {
+        data.ended_at = data.ended_at.or_else(|| Some(webhook::rfc3339(plan.now)));
+    }
+    let body = serde_json::to_string(&Event {
+        kind,
+        timestamp: webhook::rfc3339(plan.now),
+        data,
+    })
+    .expect("events serialize");
+    for ep in &settings.endpoints {
+        if ep.events.is_empty() || ep.events.contains(&kind) {
+            plan.outbox.push(OutboxWrite {
+                event_id: event_id.clone(),
+                endpoint: ep.name.clone(),
+                kind,
+                episode_id: id.to_owned(),
+                body: body.clone(),
+            });
+        }
+    }
+    // A request that is cancelled, or whose episode ended, must never go out later (a disabled
+    // endpoint enabled again, a replay, another endpoint still retrying).
+    if kind == EventType::ReclaimCancelled || before.is_some_and(|b| b.state == State::Requested) {
+        plan.withdraw
+            .push(webhook::event_id(id, EventType::ReclaimRequested));
+    }
+    *plan.report.events.entry(kind.as_str().into()).or_default() += 1;
+    event_id
 }
 
 /// The episode as events carry it.
