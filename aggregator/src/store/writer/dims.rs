@@ -58,8 +58,8 @@ pub(super) type HolderKey = (Option<String>, Option<String>, Option<String>);
 /// those bytes, and compares them with the arena's, so it reads two places in memory (the
 /// table's slot and the key's bytes) rather than a bucket and each of a key's strings: at a
 /// fleet's 70,000 instances none of them is in cache, and those reads were most of what the
-/// writer spent assigning ids (BENCHMARKS.md, "Ids found in one arena, and from each node's last batch"). Equality is still
-/// checked byte for byte: a hash never stands for a key.
+/// writer spent assigning ids (BENCHMARKS.md, "Ids found in one arena, and from each node's
+/// last batch"). Equality is still checked byte for byte: a hash never stands for a key.
 #[derive(Debug, Default)]
 pub(super) struct Interned {
     /// Keyed by [`hash_of`]'s keyed hash already: FxHash of it is a multiply, not a second hash.
@@ -192,27 +192,27 @@ fn small(v: u32) -> i32 {
 impl InstanceKey {
     /// Encodes the key into `buf` (cleared first), as [`InstanceKey::encode_series`] does `s`'s.
     fn encode(&self, buf: &mut Vec<u8>) {
-        buf.clear();
-        Encoded(buf)
-            .str(&self.node)
-            .str(&self.gpu_uuid)
-            .int(self.gpu_instance_id)
-            .str(&self.gpu_model)
-            .opt_str(self.mig_profile.as_deref())
-            .opt_int(self.placement_start)
-            .opt_int(self.placement_size);
+        encode_instance(
+            &self.node,
+            &self.gpu_uuid,
+            self.gpu_instance_id,
+            &self.gpu_model,
+            self.mig_profile.as_deref(),
+            (self.placement_start, self.placement_size),
+            buf,
+        );
     }
 
     fn encode_series(s: &Series, buf: &mut Vec<u8>) {
-        buf.clear();
-        Encoded(buf)
-            .str(&s.node)
-            .str(&s.gpu_uuid)
-            .int(s.gpu_instance_id.map_or(-1, small))
-            .str(&s.gpu_model)
-            .opt_str(s.mig_profile.as_deref())
-            .opt_int(s.placement_start.map(small))
-            .opt_int(s.placement_size.map(small));
+        encode_instance(
+            &s.node,
+            &s.gpu_uuid,
+            s.gpu_instance_id.map_or(-1, small),
+            &s.gpu_model,
+            s.mig_profile.as_deref(),
+            (s.placement_start.map(small), s.placement_size.map(small)),
+            buf,
+        );
     }
 
     pub(super) fn of(s: &Series) -> InstanceKey {
@@ -226,6 +226,27 @@ impl InstanceKey {
             placement_size: s.placement_size.map(small),
         }
     }
+}
+
+/// An instance key's encoding, one function for a stored key and a series' fields alike.
+fn encode_instance(
+    node: &str,
+    gpu_uuid: &str,
+    gpu_instance_id: i32,
+    gpu_model: &str,
+    mig_profile: Option<&str>,
+    (placement_start, placement_size): (Option<i32>, Option<i32>),
+    buf: &mut Vec<u8>,
+) {
+    buf.clear();
+    Encoded(buf)
+        .str(node)
+        .str(gpu_uuid)
+        .int(gpu_instance_id)
+        .str(gpu_model)
+        .opt_str(mig_profile)
+        .opt_int(placement_start)
+        .opt_int(placement_size);
 }
 
 pub(super) fn holder_key(s: &Series) -> HolderKey {
