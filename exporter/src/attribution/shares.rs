@@ -221,20 +221,10 @@ pub fn shares(
             reading.instance.gpu_uuid.as_str(),
             reading.instance.gpu_instance_id,
         );
-        // A second reading of one instance (none is expected) gets no owners again, but what
-        // the processes said of the instance still holds for it.
-        let seen = match seen.get_mut(&key) {
-            Some(at) => std::mem::replace(
-                at,
-                Seen {
-                    unnamed: at.unnamed,
-                    util_known: at.util_known,
-                    ..Seen::default()
-                },
-            ),
-            None => Seen::default(),
-        };
-        instance_shares(reading, seen, holders.get(i), &mut out);
+        match seen.get_mut(&key) {
+            Some(at) => instance_shares(reading, at, holders.get(i), &mut out),
+            None => instance_shares(reading, &mut Seen::default(), holders.get(i), &mut out),
+        }
     }
     out
 }
@@ -294,9 +284,12 @@ fn tally<'a>(
 
 /// The shares of one instance: one per owner with a process, and a share of zero for each
 /// holder without one.
+///
+/// The instance's owners are taken from `seen`: a second reading of one instance (none is
+/// expected) gets no owners again, while what the processes said of the instance still holds.
 fn instance_shares(
     reading: &Reading,
-    seen: Seen,
+    seen: &mut Seen,
     holders: Option<&Vec<Attribution>>,
     out: &mut Vec<Share>,
 ) {
@@ -310,7 +303,7 @@ fn instance_shares(
     let total: f64 = seen.owners.values().filter_map(|a| a.sm_util).sum();
     let single = seen.owners.len() == 1;
     let only_user = seen.only_user();
-    for (attribution, acc) in seen.owners {
+    for (attribution, acc) in std::mem::take(&mut seen.owners) {
         let sm_active = match active {
             None => None,
             Some(a) if single => Some(a),
