@@ -308,13 +308,36 @@ const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
 
 impl ReclaimFile {
     /// Checks every key and resolves the defaults; `webhooks` and `alertmanager` are the
-    /// config file's other two tables.
+    /// config file's other two tables. Keys are checked in this order, so the first bad one is
+    /// the one named: the limits, the classes, the overrides, the exemptions, the webhooks,
+    /// Alertmanager.
     pub fn resolve(
         self,
         webhooks: Vec<WebhookFile>,
         alertmanager: Option<AlertmanagerFile>,
     ) -> Result<Settings, ConfigError> {
         let mut s = Settings::default();
+        self.limits(&mut s)?;
+        for (class, rule) in self.classes {
+            class_known(&format!("reclaim.classes.{class}"), &class)?;
+            let rule = rule.resolve(&class, s.classes[&class])?;
+            s.classes.insert(class, rule);
+        }
+        s.overrides = (self.overrides.into_iter().enumerate())
+            .map(|(i, o)| o.resolve(i))
+            .collect::<Result<_, _>>()?;
+        s.exemptions = (self.exemptions.into_iter().enumerate())
+            .map(|(i, e)| e.resolve(i))
+            .collect::<Result<_, _>>()?;
+        s.endpoints = endpoints(webhooks)?;
+        if let Some(a) = alertmanager {
+            s.alertmanager = Some(a.resolve()?);
+        }
+        Ok(s)
+    }
+
+    /// The dry-run switch, the staleness bound, the two caps and the Alertmanager gate.
+    fn limits(&self, s: &mut Settings) -> Result<(), ConfigError> {
         s.dry_run = self.dry_run.unwrap_or(s.dry_run);
         if let Some(Span(d)) = self.max_staleness {
             if d.is_zero() {
@@ -345,91 +368,100 @@ impl ReclaimFile {
             }
         }
         s.alertmanager_confirmation = self.alertmanager_confirmation.map(|d| d.0);
-        for (class, rule) in self.classes {
-            let key = format!("reclaim.classes.{class}");
-            class_known(&key, &class)?;
-            let base = s.classes[&class];
-            let action = rule.action.unwrap_or(base.action);
-            if action == Action::Reclaim && class == SloClass::LatencyCritical.as_str() {
-                tracing::warn!(
-                    "reclaim.classes.latency_critical has action = \"reclaim\": latency-critical work will be reclaimed when idle"
-                );
-            }
-            s.classes.insert(
-                class,
-                Rule {
-                    action,
-                    after: rule.after.map_or(base.after, |d| d.0),
-                    notice: rule.notice.map_or(base.notice, |d| d.0),
-                },
+        Ok(())
+    }
+}
+
+impl RuleFile {
+    /// `reclaim.classes.<class>`: what it sets, over the class's default rule `base`.
+    fn resolve(self, class: &str, base: Rule) -> Result<Rule, ConfigError> {
+        let action = self.action.unwrap_or(base.action);
+        if action == Action::Reclaim && class == SloClass::LatencyCritical.as_str() {
+            tracing::warn!(
+                "reclaim.classes.latency_critical has action = \"reclaim\": latency-critical work will be reclaimed when idle"
             );
         }
-        for (i, o) in self.overrides.into_iter().enumerate() {
-            if let Some(c) = &o.class {
-                class_known(&format!("reclaim.overrides[{i}].class"), c)?;
-            }
-            if o.tenant.is_none() && o.workload.is_none() && o.class.is_none() {
-                return Err(err(
-                    format!("reclaim.overrides[{i}]"),
-                    "names no tenant, workload or class; set the class's rule instead",
-                ));
-            }
-            s.overrides.push(Override {
-                tenant: o.tenant,
-                workload: o.workload,
-                class: o.class,
-                rule: o.rule,
-            });
+        Ok(Rule {
+            action,
+            after: self.after.map_or(base.after, |d| d.0),
+            notice: self.notice.map_or(base.notice, |d| d.0),
+        })
+    }
+}
+
+impl OverrideFile {
+    /// `reclaim.overrides[i]`.
+    fn resolve(self, i: usize) -> Result<Override, ConfigError> {
+        if let Some(c) = &self.class {
+            class_known(&format!("reclaim.overrides[{i}].class"), c)?;
         }
-        for (i, e) in self.exemptions.into_iter().enumerate() {
-            let key = format!("reclaim.exemptions[{i}]");
-            let mut days = Vec::new();
-            for d in &e.days {
-                let n = DAYS
-                    .iter()
-                    .position(|x| x.eq_ignore_ascii_case(d))
-                    .ok_or_else(|| {
-                        err(
-                            format!("{key}.days"),
-                            format!("{d:?} is not one of {DAYS:?}"),
-                        )
-                    })?;
-                days.push(n as u32);
-            }
-            let from_minute =
-                minute_of_day(&format!("{key}.from"), e.from.as_deref().unwrap_or("00:00"))?;
-            let to_minute =
-                minute_of_day(&format!("{key}.to"), e.to.as_deref().unwrap_or("24:00"))?;
-            if from_minute >= to_minute {
-                return Err(err(format!("{key}.to"), "must be after from"));
-            }
-            s.exemptions.push(Window {
-                tenant: e.tenant,
-                workload: e.workload,
-                days,
-                from_minute,
-                to_minute,
-                reason: e
-                    .reason
-                    .unwrap_or_else(|| format!("configured exemption {i}")),
-            });
-        }
-        for (i, w) in webhooks.into_iter().enumerate() {
-            s.endpoints.push(w.resolve(i)?);
-        }
-        let mut names: Vec<&str> = s.endpoints.iter().map(|e| e.name.as_str()).collect();
-        names.sort();
-        if let Some(d) = names.windows(2).find(|w| w[0] == w[1]) {
+        if self.tenant.is_none() && self.workload.is_none() && self.class.is_none() {
             return Err(err(
-                "webhooks",
-                format!("two endpoints are named {:?}; give each a name", d[0]),
+                format!("reclaim.overrides[{i}]"),
+                "names no tenant, workload or class; set the class's rule instead",
             ));
         }
-        if let Some(a) = alertmanager {
-            s.alertmanager = Some(a.resolve()?);
-        }
-        Ok(s)
+        Ok(Override {
+            tenant: self.tenant,
+            workload: self.workload,
+            class: self.class,
+            rule: self.rule,
+        })
     }
+}
+
+impl ExemptionFile {
+    /// `reclaim.exemptions[i]`: its days and its window within them.
+    fn resolve(self, i: usize) -> Result<Window, ConfigError> {
+        let key = format!("reclaim.exemptions[{i}]");
+        let mut days = Vec::new();
+        for d in &self.days {
+            let n = DAYS
+                .iter()
+                .position(|x| x.eq_ignore_ascii_case(d))
+                .ok_or_else(|| {
+                    err(
+                        format!("{key}.days"),
+                        format!("{d:?} is not one of {DAYS:?}"),
+                    )
+                })?;
+            days.push(n as u32);
+        }
+        let from_minute = minute_of_day(
+            &format!("{key}.from"),
+            self.from.as_deref().unwrap_or("00:00"),
+        )?;
+        let to_minute = minute_of_day(&format!("{key}.to"), self.to.as_deref().unwrap_or("24:00"))?;
+        if from_minute >= to_minute {
+            return Err(err(format!("{key}.to"), "must be after from"));
+        }
+        Ok(Window {
+            tenant: self.tenant,
+            workload: self.workload,
+            days,
+            from_minute,
+            to_minute,
+            reason: self
+                .reason
+                .unwrap_or_else(|| format!("configured exemption {i}")),
+        })
+    }
+}
+
+/// `[[webhooks]]`: each receiver, and no two of one name.
+fn endpoints(webhooks: Vec<WebhookFile>) -> Result<Vec<Endpoint>, ConfigError> {
+    let endpoints = (webhooks.into_iter().enumerate())
+        .map(|(i, w)| w.resolve(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
+    names.sort();
+    if let Some(d) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(err(
+            "webhooks",
+            format!("two endpoints are named {:?}; give each a name", d[0]),
+        ));
+    }
+    Ok(endpoints)
 }
 
 impl WebhookFile {
@@ -617,6 +649,26 @@ mod tests {
             ),
         ] {
             let e = parse(text).unwrap_err();
+            assert!(e.starts_with(key), "{text}: {e}");
+        }
+        let secret = Secret::encode(b"0123456789abcdef01234567");
+        let hook = format!("[[webhooks]]\nurl = \"http://x:1/a\"\nsecret = \"{secret}\"\n");
+        for (text, key) in [
+            (
+                "[reclaim]\nmax_staleness = \"0s\"".to_owned(),
+                "reclaim.max_staleness",
+            ),
+            (
+                "[[reclaim.exemptions]]\nfrom = \"10:00\"\nto = \"09:00\"".into(),
+                "reclaim.exemptions[0].to",
+            ),
+            (
+                "[[reclaim.overrides]]\nclass = \"gold\"".into(),
+                "reclaim.overrides[0].class",
+            ),
+            (hook.replace("/a", "/b") + &hook, "webhooks"),
+        ] {
+            let e = parse(&text).unwrap_err();
             assert!(e.starts_with(key), "{text}: {e}");
         }
         let e = parse("[reclaim.classes.batch]\naction = \"evict\"").unwrap_err();
