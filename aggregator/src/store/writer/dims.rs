@@ -456,6 +456,21 @@ impl Dims {
         Ok(ids)
     }
 
+    /// Every instance of the GPUs of `instances`, sorted, each once: whose masks a group reads (a
+    /// GPU's observed seconds are the union of its instances').
+    pub(super) fn gpu_mates(&self, instances: impl IntoIterator<Item = i32>) -> Vec<i32> {
+        let mut gpus: Vec<usize> = instances.into_iter().map(|i| self.gpu_of[&i]).collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        let mut ids: Vec<i32> = gpus
+            .into_iter()
+            .flat_map(|g| self.gpu_members[g].iter().copied())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// The seconds each GPU was observed in, per minute, given the instances' covered masks.
     pub(super) fn gpu_seen(&self, covered: &Map<(i32, i64), u64>) -> Map<(usize, i64), u64> {
         let mut gpu_seen: Map<(usize, i64), u64> = Map::default();

@@ -288,6 +288,7 @@ mod tests {
             observer: Arc::new(()),
             max_instances_per_node: usize::MAX,
             held: Held::default(),
+            recent: Default::default(),
             needs_recovery: false,
             checkpoints: Default::default(),
             last_group: None,

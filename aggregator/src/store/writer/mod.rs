@@ -42,6 +42,7 @@ mod held;
 mod minutes;
 mod pass;
 mod raw;
+mod recent;
 mod retention;
 mod rollups;
 
@@ -278,6 +279,7 @@ impl Writer {
                     observer,
                     max_instances_per_node,
                     held: held::Held::default(),
+                    recent: recent::Recent::default(),
                     needs_recovery: false,
                     checkpoints: Checkpoints::default(),
                     last_group: None,
@@ -382,6 +384,8 @@ impl Writer {
     }
 
     /// Runs `write` in one transaction on the writer's connection, between ingest groups.
+    /// `write` must not change `samples_raw`, `rollup_1m` or `fold_pending`: the writer's dedup
+    /// keeps the recent minutes' stored seconds in memory and would not see it ([`recent`]).
     pub async fn apply(&self, write: ApplyFn) -> Result<(), StoreError> {
         let (reply, rx) = oneshot::channel();
         self.tx
@@ -518,6 +522,8 @@ struct WriterThread {
     max_instances_per_node: usize,
     /// Deltas stored but not yet folded ([`held`]).
     held: held::Held,
+    /// The seconds stored in the last minutes, for dedup ([`recent`]).
+    recent: recent::Recent,
     /// What is held may be ahead of the ledger: set while a group's deltas are taken in and not
     /// yet committed, and kept when that write failed and re-deriving what is held from the
     /// ledger failed too. No batch is written until it is re-derived (dedup would miss the held
@@ -558,6 +564,18 @@ impl WriterThread {
                     None => break,
                 },
             };
+            // Only an ingest group keeps the recent minutes' seconds up to date; a job that
+            // writes raw rows or rollups has them read again ([`recent`]). A caller's job
+            // ([`Writer::apply`]) writes neither.
+            if !matches!(
+                job,
+                Job::Ingest(_)
+                    | Job::Probe { .. }
+                    | Job::CompactingCheckpoint { .. }
+                    | Job::Apply { .. }
+            ) {
+                self.recent.forget();
+            }
             match job {
                 Job::Retention {
                     now,
@@ -660,6 +678,7 @@ impl WriterThread {
     /// Re-derives from the ledger what was stored but not folded, and folds it.
     fn recover(&mut self) -> Result<(), StoreError> {
         self.held.folded();
+        self.recent.forget();
         match held::recover(&mut self.conn) {
             Ok(samples) => {
                 self.needs_recovery = false;
@@ -728,6 +747,7 @@ impl WriterThread {
         }
         let result = self.try_write(batches, behind);
         if result.is_err() {
+            self.recent.forget();
             self.reload_dims();
             // What is held may have taken this group's deltas (only then is `needs_recovery` set):
             // derive it again from the ledger. A write refused before that (a per-node limit, a
@@ -785,8 +805,9 @@ impl WriterThread {
         };
         self.dims.flush(&tx)?;
         write_shares(&tx, group, raw_cutoff)?;
-        let covered = pass::covered(&tx, &self.dims, &self.held, group)?;
-        let pass = pass::pass(&self.dims, covered, group, raw_cutoff, &mut outcomes)?;
+        let covered = pass::covered(&tx, &self.dims, &self.held, &mut self.recent, group)?;
+        let mut pass = pass::pass(&self.dims, covered, group, raw_cutoff, &mut outcomes)?;
+        let masks = std::mem::take(&mut pass.masks);
         if !pass.raw.is_empty() {
             // The Arrow path: one columnar chunk per 2,048 rows instead of a call per value.
             let mut app = tx.appender("samples_raw")?;
@@ -810,6 +831,7 @@ impl WriterThread {
         }
         batch_ids::record(&tx, batches, &new, &outcomes)?;
         tx.commit()?;
+        self.recent.stored(&masks);
         self.needs_recovery = false;
         if folding {
             self.held.folded();

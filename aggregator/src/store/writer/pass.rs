@@ -18,6 +18,7 @@ use duckdb::Connection;
 use super::dims::Dims;
 use super::held::Held;
 use super::raw::RawColumns;
+use super::recent::Recent;
 use super::rollups::{Map, MinuteDelta, add_gpu_counts, covered_masks, minute_of};
 use super::{IngestOutcome, NewBatches, WriteError};
 
@@ -36,6 +37,9 @@ pub(super) struct Pass {
     /// Seconds kept that are older than the raw window: they have no raw row, so the group's
     /// folds cannot be held (a restart could not re-derive them).
     pub(super) rollup_only: usize,
+    /// Per (instance, minute) of the group's instances: the seconds covered before the pass and
+    /// those it kept, i.e. what is stored once the group commits ([`Recent::stored`]).
+    pub(super) masks: Map<(i32, i64), u64>,
 }
 
 /// One series' seconds in one minute, while the pass is in it: the instance's covered seconds,
@@ -78,30 +82,35 @@ impl Maps {
 
 /// The seconds the ledger holds (in the minute masks, and held) for the instances of the
 /// group's series and of their GPUs (a GPU's observed seconds are the union of its
-/// instances'), in the group's minutes.
+/// instances'), in the group's minutes: from the writer's [`Recent`] minutes when the group's
+/// are among them, else from the ledger.
 pub(super) fn covered(
     tx: &Connection,
     dims: &Dims,
     held: &Held,
+    recent: &mut Recent,
     group: NewBatches<'_>,
 ) -> duckdb::Result<Map<(i32, i64), u64>> {
-    let (mut lo_t, mut hi_t, mut lo_i, mut hi_i) = (i64::MAX, i64::MIN, i32::MAX, i32::MIN);
+    let (mut lo_t, mut hi_t) = (i64::MAX, i64::MIN);
+    let mut instances = Vec::new();
     for (_, batch, ids) in group.iter() {
         for (s, &(iid, _)) in batch.series.iter().zip(&ids.series) {
             if let (Some(&first), Some(&last)) = (s.t.iter().min(), s.t.iter().max()) {
                 lo_t = lo_t.min(first);
                 hi_t = hi_t.max(last);
-                for &m in &dims.gpu_members[dims.gpu_of[&iid]] {
-                    lo_i = lo_i.min(m);
-                    hi_i = hi_i.max(m);
-                }
+                instances.push(iid);
             }
         }
     }
     if lo_t > hi_t {
         return Ok(Map::default());
     }
+    let ids = dims.gpu_mates(instances);
     let minutes = (minute_of(lo_t).0, hi_t);
+    if let Some(covered) = recent.covered(tx, held, minutes, &ids)? {
+        return Ok(covered);
+    }
+    let (lo_i, hi_i) = (ids[0], ids[ids.len() - 1]);
     let mut covered = covered_masks(tx, minutes.0, minutes.1, lo_i, hi_i)?;
     held.add_masks(&mut covered, minutes, (lo_i, hi_i));
     Ok(covered)
@@ -137,6 +146,7 @@ pub(super) fn pass(
         outcomes[i].stored = stored;
     }
     out.deltas = maps.deltas;
+    out.masks = maps.covered;
     Ok(out)
 }
 
