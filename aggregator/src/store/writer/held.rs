@@ -267,7 +267,7 @@ pub(super) fn recover(conn: &mut Connection) -> duckdb::Result<Option<u64>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
 
     use gpuledger_schema::wire::Batch;
@@ -279,7 +279,7 @@ mod tests {
 
     /// A writer thread's state on the ledger at `path`, opened as a start opens it (folding what
     /// a stopped writer held), driven here without its loop so that the test says when it holds.
-    fn writer(path: &std::path::Path) -> WriterThread {
+    pub(in super::super) fn writer(path: &std::path::Path) -> WriterThread {
         let (mut conn, _) = crate::store::open(path).unwrap();
         recover(&mut conn).unwrap();
         WriterThread {

@@ -112,30 +112,12 @@ impl Recent {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use gpuledger_schema::wire::Batch;
     use gpuledger_schema::{Counters, Instance, Sample};
 
     use super::super::WriterThread;
-    use super::super::dims::Dims;
+    use super::super::held::tests::writer;
     use super::*;
-
-    fn writer(path: &std::path::Path) -> WriterThread {
-        let (mut conn, _) = crate::store::open(path).unwrap();
-        super::super::held::recover(&mut conn).unwrap();
-        WriterThread {
-            dims: Dims::load(&conn).unwrap(),
-            conn,
-            observer: Arc::new(()),
-            max_instances_per_node: usize::MAX,
-            held: Held::default(),
-            recent: Recent::default(),
-            needs_recovery: false,
-            checkpoints: Default::default(),
-            last_group: None,
-        }
-    }
 
     /// A batch of node `node`'s two instances (one GPU each) over `[from, to)`, with `tx`
     /// NVLink bytes sent each second.
