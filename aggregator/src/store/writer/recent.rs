@@ -8,8 +8,9 @@
 //! those seconds itself for the minutes live batches reach.
 //!
 //! What it keeps is the set of seconds **stored**: the minute masks of `rollup_1m` together with
-//! the seconds held back from them ([`held`](super::held)). Folding and recovery move seconds
-//! from held to folded and leave that set as it is; only a committed write adds to it. Hence:
+//! the seconds held back from them ([`held`](super::held); in the ledger, the raw rows from
+//! `fold_pending.from_ts` on that no mask has). Folding and recovery move seconds from held to
+//! folded and leave that set as it is; only a committed write adds to it. Hence:
 //! - a minute is read whole (every instance, folded and held) the first time a group reaches it;
 //! - once a group has committed, the masks its pass ended with (what was covered plus what it
 //!   kept) are added to the minutes kept; a write that fails adds nothing;
@@ -171,15 +172,18 @@ mod tests {
             stored
         };
         // Three nodes send 5 s batches for 10 minutes, holding some groups' folds and folding
-        // others; every fourth batch is sent twice, the second time a little later.
+        // others; every fourth batch's seconds are sent again at once, as a new batch (another
+        // batch id, so that only the masks can tell).
         for (k, s) in (t0..t0 + 600).step_by(5).enumerate() {
             for node in ["a", "b", "c"] {
                 let b = batch(node, s, s + 5, 7);
                 expected += 10;
                 assert_eq!(write(&mut w, &b, k % 3 != 0).unwrap(), 10, "{node} at {s}");
                 if k % 4 == 0 {
+                    let again = batch(node, s, s + 5, 7);
+                    assert_ne!(again.batch_id, b.batch_id);
                     assert_eq!(
-                        write(&mut w, &b, false).unwrap(),
+                        write(&mut w, &again, false).unwrap(),
                         0,
                         "the re-send of {node} at {s}"
                     );
@@ -193,7 +197,7 @@ mod tests {
             2
         );
         expected += 2;
-        // A write that fails adds nothing: its seconds can be stored afterwards.
+        // A write the pass refuses adds nothing: its seconds can be stored afterwards.
         let bad = batch("b", t0 + 600, t0 + 605, u64::MAX); // its minute's sum overflows
         assert!(write(&mut w, &bad, true).is_err());
         assert_eq!(
