@@ -70,14 +70,14 @@ impl Recent {
             let whole = (i32::MIN, i32::MAX);
             let mut read = covered_masks(tx, first, last + 59, whole.0, whole.1)?;
             held.add_masks(&mut read, (first, last + 59), whole);
-            for &m in &missing {
-                self.minutes.insert(m, Map::default());
-            }
+            let mut loaded: BTreeMap<i64, Map<i32, u64>> =
+                missing.iter().map(|&m| (m, Map::default())).collect();
             for ((iid, bucket), mask) in read {
-                if missing.binary_search(&bucket).is_ok() {
-                    self.minutes.entry(bucket).or_default().insert(iid, mask);
+                if let Some(m) = loaded.get_mut(&bucket) {
+                    m.insert(iid, mask);
                 }
             }
+            self.minutes.extend(loaded);
         }
         let mut covered = Map::default();
         for (&bucket, masks) in self.minutes.range(lo_bucket..=hi_bucket) {
