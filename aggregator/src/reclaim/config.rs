@@ -320,7 +320,7 @@ impl ReclaimFile {
         self.limits(&mut s)?;
         for (class, rule) in self.classes {
             class_known(&format!("reclaim.classes.{class}"), &class)?;
-            let rule = rule.resolve(&class, s.classes[&class])?;
+            let rule = rule.resolve(&class, s.classes[&class]);
             s.classes.insert(class, rule);
         }
         s.overrides = (self.overrides.into_iter().enumerate())
@@ -374,18 +374,18 @@ impl ReclaimFile {
 
 impl RuleFile {
     /// `reclaim.classes.<class>`: what it sets, over the class's default rule `base`.
-    fn resolve(self, class: &str, base: Rule) -> Result<Rule, ConfigError> {
+    fn resolve(self, class: &str, base: Rule) -> Rule {
         let action = self.action.unwrap_or(base.action);
         if action == Action::Reclaim && class == SloClass::LatencyCritical.as_str() {
             tracing::warn!(
                 "reclaim.classes.latency_critical has action = \"reclaim\": latency-critical work will be reclaimed when idle"
             );
         }
-        Ok(Rule {
+        Rule {
             action,
             after: self.after.map_or(base.after, |d| d.0),
             notice: self.notice.map_or(base.notice, |d| d.0),
-        })
+        }
     }
 }
 
