@@ -482,3 +482,58 @@ fn a_full_queue_refuses_without_waiting_and_a_batch_larger_than_the_queue_is_too
     drop(held);
     assert!(writer.try_reserve(100).is_ok());
 }
+
+/// Minute rows written between live batches are seen by the next batch's dedup: the writer's
+/// copy of the recent minutes' stored seconds and batch ids (`store/writer/recent.rs`) is read
+/// again after a job that is not an ingest, and a batch sent again whole is still its duplicate.
+#[tokio::test]
+async fn minute_rows_between_live_batches_are_seen_by_the_next_batch() {
+    use gpuledger_aggregator::store::writer::{MinuteBatch, MinuteRow};
+    use gpuledger_schema::wire::Series;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (writer, thread) = open(&dir.path().join("l.duckdb"));
+    let t0 = 1_767_225_600; // a minute's first second
+    let minute: Vec<Sample> = samples(t0)
+        .into_iter()
+        .filter(|s| s.timestamp < t0 + 60)
+        .collect();
+    let (early, late): (Vec<Sample>, Vec<Sample>) =
+        minute.iter().cloned().partition(|s| s.timestamp < t0 + 30);
+    // The minute's first half live: the writer now keeps this minute.
+    let first = Batch::from_samples("n1", &early);
+    assert_eq!(
+        write_all(&writer, vec![first.clone()], 0).await,
+        (early.len() as u64, 0)
+    );
+    // Its second half as minute rows, one per instance and holder (each second reading the
+    // same counters).
+    let mut rows = MinuteBatch::default();
+    for s in late.iter().filter(|s| s.timestamp == t0 + 30) {
+        rows.entries
+            .push(Series::describing(&s.instance, &s.attribution));
+        rows.rows.push(MinuteRow {
+            entry: rows.entries.len() - 1,
+            bucket: t0,
+            mask: ((1u64 << 60) - 1) & !((1u64 << 30) - 1),
+            counters: s.counters,
+        });
+    }
+    let o = writer.ingest_minutes(rows).await.unwrap();
+    assert_eq!(o.stored_seconds, late.len() as u64, "{o:?}");
+    // The second half sent live as well, under a new batch id: every second is stored already.
+    let (stored, duplicate) = write_all(&writer, vec![Batch::from_samples("n1", &late)], 0).await;
+    assert_eq!((stored, duplicate), (0, late.len() as u64));
+    // The first batch again, whole: a duplicate by its id.
+    let r = writer.try_reserve(first.sample_count()).unwrap();
+    let again = writer.ingest(first, 0, r).await.unwrap();
+    assert!(again.duplicate_batch && again.stored == 0, "{again:?}");
+    drop(writer);
+    thread.join().unwrap();
+    let (conn, _) = store::open(&dir.path().join("l.duckdb")).unwrap();
+    assert_eq!(
+        count(&conn, "SELECT sum(samples)::BIGINT FROM rollup_1m") as usize,
+        minute.len(),
+        "every second of the minute once"
+    );
+}
