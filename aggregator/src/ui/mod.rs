@@ -383,13 +383,52 @@ pub async fn overview(
         Ok((b, d, o))
     })
     .await?;
+    let kpis = overview_kpis(&bill);
+    let fleet = req.tenant.is_none();
+    let mut top = views::bill_lines(&bill, &req.query());
+    top.id = "top_idle";
+    top.footer = None;
+    top.sort_by("idle_cost", true);
+    top.rows.truncate(10);
+    let sections = vec![
+        Section::table(
+            "Daily trend",
+            "GPU-hours per UTC day, from the hourly rollups.",
+            views::trend(&days, fleet),
+        )
+        .with_chart(trend_chart(&days, fleet)),
+        Section::table(
+            "Top idle spenders",
+            "Tenants by the cost of GPU-hours they held but did not use.",
+            top,
+        ),
+        Section::table(
+            "Open hoarding episodes",
+            "Allocations idle for longer than the detection window, still held.",
+            views::episodes(&open, "open_episodes", &req.query()),
+        ),
+    ];
+    render(
+        &req,
+        "/",
+        "/",
+        format!("Overview — {}", req.period.label),
+        kpis,
+        sections,
+        &[],
+        "overview",
+    )
+}
+
+/// The overview's headline figures: the fleet's split of capacity (allocated, used, idle,
+/// unallocated, stranded) when the bill has the fleet's figures, else a tenant's own.
+fn overview_kpis(bill: &Bill) -> Vec<Kpi> {
     let cur = bill.currency.clone();
     let allocated: f64 = bill.lines.iter().map(|l| l.allocated_gpu_hours).sum();
     let used: f64 = bill.lines.iter().map(|l| l.used_gpu_hours).sum();
     let idle_cost: Money = bill.lines.iter().map(|l| l.idle_cost).sum();
     let charged: Money = bill.lines.iter().map(|l| l.total).sum();
     let mut kpis = Vec::new();
-    let fleet = req.tenant.is_none();
     if let (Some(cap), Some(o), Some(cost)) =
         (bill.capacity_gpu_hours, &bill.overhead, bill.fleet_cost)
     {
@@ -433,39 +472,35 @@ pub async fn overview(
         ));
         kpis.push(money_kpi("Bill", charged, &cur, String::new()));
     }
-    let mut top = views::bill_lines(&bill, &req.query());
-    top.id = "top_idle";
-    top.footer = None;
-    top.sort_by("idle_cost", true);
-    top.rows.truncate(10);
-    let sections = vec![
-        Section::table(
-            "Daily trend",
-            "GPU-hours per UTC day, from the hourly rollups.",
-            views::trend(&days, fleet),
-        )
-        .with_chart(trend_chart(&days, fleet)),
-        Section::table(
-            "Top idle spenders",
-            "Tenants by the cost of GPU-hours they held but did not use.",
-            top,
-        ),
-        Section::table(
-            "Open hoarding episodes",
-            "Allocations idle for longer than the detection window, still held.",
-            views::episodes(&open, "open_episodes", &req.query()),
-        ),
-    ];
-    render(
-        &req,
-        "/",
-        "/",
-        format!("Overview — {}", req.period.label),
-        kpis,
-        sections,
-        &[],
-        "overview",
-    )
+    kpis
+}
+
+/// A tenant page's headline figures, from the tenant's line of the bill (none without one).
+fn tenant_kpis(bill: &Bill) -> Vec<Kpi> {
+    let mut kpis = Vec::new();
+    if let Some(l) = bill.lines.first() {
+        kpis.push(kpi("Allocated", l.allocated_gpu_hours, String::new()));
+        kpis.push(kpi(
+            "Used",
+            l.used_gpu_hours,
+            format!("{:.1} % efficiency", 100.0 * l.efficiency.unwrap_or(0.0)),
+        ));
+        kpis.push(money_kpi(
+            "Idle cost",
+            l.idle_cost,
+            &bill.currency,
+            String::new(),
+        ));
+        kpis.push(money_kpi(
+            "Total",
+            l.total,
+            &bill.currency,
+            l.budget
+                .map(|b| format!("of {b} budget"))
+                .unwrap_or_default(),
+        ));
+    }
+    kpis
 }
 
 fn pct(a: f64, b: f64) -> f64 {
@@ -586,29 +621,7 @@ pub async fn tenant(
         ))
     })
     .await?;
-    let mut kpis = Vec::new();
-    if let Some(l) = bill.lines.first() {
-        kpis.push(kpi("Allocated", l.allocated_gpu_hours, String::new()));
-        kpis.push(kpi(
-            "Used",
-            l.used_gpu_hours,
-            format!("{:.1} % efficiency", 100.0 * l.efficiency.unwrap_or(0.0)),
-        ));
-        kpis.push(money_kpi(
-            "Idle cost",
-            l.idle_cost,
-            &bill.currency,
-            String::new(),
-        ));
-        kpis.push(money_kpi(
-            "Total",
-            l.total,
-            &bill.currency,
-            l.budget
-                .map(|b| format!("of {b} budget"))
-                .unwrap_or_default(),
-        ));
-    }
+    let kpis = tenant_kpis(&bill);
     let mut bill_table = views::bill_lines(&bill, &req.query());
     bill_table.footer = None;
     let sections = vec![
