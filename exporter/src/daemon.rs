@@ -397,18 +397,7 @@ pub async fn run(
     tracing::info!(listen = %local, source = source.name(), node = %config.node, "Serving /metrics.");
     // Started once the address is bound, so that no early return leaves a push to stop on an
     // async worker (stopping it pushes once more, over blocking HTTP).
-    let otlp = match &config.otlp {
-        None => None,
-        Some(otlp) => {
-            let m = metrics.clone();
-            let service = gpuledger_otel::Service::exporter(&config.node);
-            Some(gpuledger_otel::MetricsPush::start(
-                otlp,
-                &service,
-                Arc::new(move || m.render(gpuledger_schema::exposition::Format::OpenMetrics)),
-            )?)
-        }
-    };
+    let otlp = start_otlp(&config, &metrics)?;
     let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
         axum::serve(listener, crate::server::router(metrics.clone()))
@@ -420,18 +409,10 @@ pub async fn run(
 
     let (finish_tx, finish_rx) = watch::channel(Finish::Running);
     let (tx, shipper) = match config.ship.clone() {
-        Some(mut ship_config) => {
-            ship_config.wait_when_full = source.is_recorded();
-            let (tx, rx) = mpsc::channel(16);
-            (
-                Some(tx),
-                Some(tokio::spawn(ship::run(
-                    ship_config,
-                    metrics.clone(),
-                    rx,
-                    finish_rx,
-                ))),
-            )
+        Some(ship_config) => {
+            let (tx, shipper) =
+                start_shipper(ship_config, source.is_recorded(), &metrics, finish_rx);
+            (Some(tx), Some(shipper))
         }
         None => (None, None),
     };
@@ -447,31 +428,7 @@ pub async fn run(
         speed,
     };
     let sampler = tokio::task::spawn_blocking(move || sampler.run());
-    tokio::pin!(sampler);
-    tokio::pin!(shutdown);
-
-    let mut sampler_done = false;
-    tokio::select! {
-        _ = &mut shutdown => {
-            tracing::info!("Shutting down: sealing and sending what is buffered.");
-        }
-        _ = &mut sampler => {
-            sampler_done = true;
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    if !sampler_done {
-        let _ = sampler.await;
-    }
-    let finish = if once && sampler_done {
-        Finish::Drain(None)
-    } else if sampler_done {
-        // A replay without --once keeps serving its last values and shipping until told to stop.
-        shutdown.await;
-        Finish::Drain(Some(tokio::time::Instant::now() + config.drain_timeout))
-    } else {
-        Finish::Drain(Some(tokio::time::Instant::now() + config.drain_timeout))
-    };
+    let finish = sampled(sampler, shutdown, &stop, once, config.drain_timeout).await;
     let _ = finish_tx.send(finish);
     let shipped = match shipper {
         Some(shipper) => shipper.await.expect("the shipper does not panic"),
@@ -487,6 +444,76 @@ pub async fn run(
         let _ = tokio::task::spawn_blocking(move || otlp.shutdown()).await;
     }
     Ok(shipped?)
+}
+
+/// Waits for the sampler to end (a replay's trace ran out) or for `shutdown`, stops the sampler,
+/// and answers how the shipper finishes: a `--once` replay drains all it has; otherwise the
+/// shipper gets `drain_timeout` to send what is buffered (a finished replay without `--once`
+/// keeps serving its last values until `shutdown`).
+async fn sampled(
+    sampler: tokio::task::JoinHandle<()>,
+    shutdown: impl std::future::Future<Output = ()>,
+    stop: &AtomicBool,
+    once: bool,
+    drain_timeout: Duration,
+) -> Finish {
+    tokio::pin!(sampler);
+    tokio::pin!(shutdown);
+    let mut sampler_done = false;
+    tokio::select! {
+        _ = &mut shutdown => {
+            tracing::info!("Shutting down: sealing and sending what is buffered.");
+        }
+        _ = &mut sampler => {
+            sampler_done = true;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    if !sampler_done {
+        let _ = sampler.await;
+    }
+    if once && sampler_done {
+        return Finish::Drain(None);
+    }
+    if sampler_done {
+        // A replay without --once keeps serving its last values and shipping until told to stop.
+        shutdown.await;
+    }
+    Finish::Drain(Some(tokio::time::Instant::now() + drain_timeout))
+}
+
+/// The OTLP push of the exporter's own metrics, when `--otlp-endpoint` asks for one.
+fn start_otlp(
+    config: &ExporterConfig,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<gpuledger_otel::MetricsPush>, DaemonError> {
+    let Some(otlp) = &config.otlp else {
+        return Ok(None);
+    };
+    let m = metrics.clone();
+    let service = gpuledger_otel::Service::exporter(&config.node);
+    Ok(Some(gpuledger_otel::MetricsPush::start(
+        otlp,
+        &service,
+        Arc::new(move || m.render(gpuledger_schema::exposition::Format::OpenMetrics)),
+    )?))
+}
+
+/// The shipper's task, and the channel the sampler hands it each second's shipment on. A
+/// recorded source (a replay) waits for room in a full spool rather than drop its oldest batch.
+fn start_shipper(
+    mut ship_config: ShipConfig,
+    recorded: bool,
+    metrics: &Arc<Metrics>,
+    finish: watch::Receiver<Finish>,
+) -> (
+    mpsc::Sender<Shipment>,
+    tokio::task::JoinHandle<Result<(), ship::ShipError>>,
+) {
+    ship_config.wait_when_full = recorded;
+    let (tx, rx) = mpsc::channel(16);
+    let shipper = tokio::spawn(ship::run(ship_config, metrics.clone(), rx, finish));
+    (tx, shipper)
 }
 
 #[cfg(test)]
