@@ -8,40 +8,30 @@
 //! 48 ms instead of 29 ms per group of one batch (`cargo bench --bench aggregator -- writer-live`). A batch without seconds is
 //! looked up among the rows without one. Missing an id is never wrong, only slower: the minute
 //! masks still store each second once.
-//!
-//! Batches that start in the last few minutes are looked up in the writer's own copy of those
-//! minutes' ids ([`Recent`]), which DuckDB would otherwise plan a query for every group (8 % of
-//! the writer at a fleet's pace, BENCHMARKS.md); the others in the ledger.
 
 use std::collections::HashSet;
 
 use duckdb::{Connection, params};
 use gpuledger_schema::wire::Batch;
-use uuid::Uuid;
 
 use super::IngestOutcome;
-use super::recent::Recent;
 
 /// Which of `batches` are new: neither stored before nor repeated earlier in the group. Answers
 /// an outcome per batch (a duplicate's says so; a new one's `stored` is filled in later) and the
 /// indices of the new ones.
 pub(super) fn new_batches(
     tx: &Connection,
-    recent: &mut Recent,
     batches: &[(&Batch, i64)],
 ) -> duckdb::Result<(Vec<IngestOutcome>, Vec<usize>)> {
-    let (mut stored_before, unknown) = recent.stored_batches(tx, batches)?;
-    if !unknown.is_empty() {
-        let unknown: Vec<&Batch> = unknown.iter().map(|&i| batches[i].0).collect();
-        stored_before.extend(self::stored_before(tx, &unknown)?);
-    }
+    let stored_before = stored_before(tx, batches)?;
     let mut seen = HashSet::new();
     let mut new = Vec::new();
     let outcomes = batches
         .iter()
         .enumerate()
         .map(|(i, (batch, _))| {
-            let duplicate = stored_before.contains(&batch.batch_id) || !seen.insert(batch.batch_id);
+            let duplicate =
+                stored_before.contains(&batch.batch_id.to_string()) || !seen.insert(batch.batch_id);
             if !duplicate {
                 new.push(i);
             }
@@ -57,12 +47,12 @@ pub(super) fn new_batches(
     Ok((outcomes, new))
 }
 
-/// The ids of `batches` the ledger holds already. One query for the batches with seconds and
-/// one, when any, for those without (a UUID's text never holds a comma).
-fn stored_before(tx: &Connection, batches: &[&Batch]) -> duckdb::Result<HashSet<Uuid>> {
+/// The ids (as text) of `batches` the ledger holds already. One query for the batches with
+/// seconds and one, when any, for those without (a UUID's text never holds a comma).
+fn stored_before(tx: &Connection, batches: &[(&Batch, i64)]) -> duckdb::Result<HashSet<String>> {
     let (mut lo, mut hi) = (i64::MAX, i64::MIN);
     let (mut timed, mut untimed) = (Vec::new(), Vec::new());
-    for b in batches {
+    for (b, _) in batches {
         match b.first_second() {
             Some(t) => {
                 lo = lo.min(t);
@@ -76,7 +66,7 @@ fn stored_before(tx: &Connection, batches: &[&Batch]) -> duckdb::Result<HashSet<
     let mut collect = |sql: &str, p: &[&dyn duckdb::ToSql]| -> duckdb::Result<()> {
         let mut stmt = tx.prepare_cached(sql)?;
         for row in stmt.query_map(p, |r| r.get::<_, String>(0))? {
-            stored.insert(parse_id(&row?)?);
+            stored.insert(row?);
         }
         Ok(())
     };
@@ -97,13 +87,6 @@ fn stored_before(tx: &Connection, batches: &[&Batch]) -> duckdb::Result<HashSet<
         )?;
     }
     Ok(stored)
-}
-
-/// A batch id read from the ledger's UUID column as text (which always parses).
-pub(super) fn parse_id(text: &str) -> duckdb::Result<Uuid> {
-    Uuid::parse_str(text).map_err(|e| {
-        duckdb::Error::FromSqlConversionFailure(0, duckdb::types::Type::Text, Box::new(e))
-    })
 }
 
 /// Records the batches `new` (indexes into `batches`) with what became of them, through an
@@ -182,9 +165,12 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert_eq!(firsts, vec![None, Some(1_000), Some(1_005)]);
-        let found = stored_before(&conn, &[&later, &b, &empty, &a]).unwrap();
-        let expected: HashSet<Uuid> = [&a, &b, &empty].iter().map(|b| b.batch_id).collect();
+        let found = stored_before(&conn, &[(&later, 0), (&b, 0), (&empty, 0), (&a, 0)]).unwrap();
+        let expected: HashSet<String> = [&a, &b, &empty]
+            .iter()
+            .map(|b| b.batch_id.to_string())
+            .collect();
         assert_eq!(found, expected);
-        assert!(stored_before(&conn, &[&later]).unwrap().is_empty());
+        assert!(stored_before(&conn, &[(&later, 0)]).unwrap().is_empty());
     }
 }

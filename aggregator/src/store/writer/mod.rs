@@ -384,9 +384,8 @@ impl Writer {
     }
 
     /// Runs `write` in one transaction on the writer's connection, between ingest groups.
-    /// `write` must not change `samples_raw`, `rollup_1m`, `fold_pending` or `ingested_batches`:
-    /// the writer's dedup keeps the recent minutes' stored seconds and batch ids in memory and
-    /// would not see it ([`recent`]).
+    /// `write` must not change `samples_raw`, `rollup_1m` or `fold_pending`: the writer's dedup
+    /// keeps the recent minutes' stored seconds in memory and would not see it ([`recent`]).
     pub async fn apply(&self, write: ApplyFn) -> Result<(), StoreError> {
         let (reply, rx) = oneshot::channel();
         self.tx
@@ -788,7 +787,7 @@ impl WriterThread {
         behind: &dyn Fn() -> usize,
     ) -> Result<Vec<IngestOutcome>, WriteError> {
         let tx = self.conn.transaction()?;
-        let (mut outcomes, new) = batch_ids::new_batches(&tx, &mut self.recent, batches)?;
+        let (mut outcomes, new) = batch_ids::new_batches(&tx, batches)?;
         if new.is_empty() {
             tx.commit()?;
             return Ok(outcomes);
@@ -833,7 +832,6 @@ impl WriterThread {
         batch_ids::record(&tx, batches, &new, &outcomes)?;
         tx.commit()?;
         self.recent.stored(&masks);
-        self.recent.stored_batch_ids(batches, &new);
         self.needs_recovery = false;
         if folding {
             self.held.folded();

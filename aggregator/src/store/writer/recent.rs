@@ -21,21 +21,11 @@
 //!   job given by a caller ([`Writer::apply`](super::Writer::apply): the analytics' results,
 //!   reclaim's records) writes other tables, and keeps them: after each one, reading every
 //!   instance's current minutes again stalled a three-fleet load (BENCHMARKS.md).
-//!
-//! It keeps the ids of the batches stored in the same minutes too, by their first second (the
-//! ledger's `first_ts`, which [`batch_ids`](super::batch_ids) looks ids up by), with the same
-//! rules: a minute's ids are read whole the first time a group's batch starts in it, a committed
-//! group adds its new ids, and whatever drops the masks drops them. Only ids read from the ledger
-//! or committed are in it, so it never calls a new batch stored; and where it cannot answer (a
-//! batch without seconds, or one starting before the minutes kept) the ledger is asked.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::BTreeMap;
 
-use duckdb::{Connection, params};
-use gpuledger_schema::wire::Batch;
-use uuid::Uuid;
+use duckdb::Connection;
 
-use super::batch_ids::parse_id;
 use super::held::Held;
 use super::rollups::{Map, covered_masks, minute_of};
 
@@ -49,9 +39,6 @@ pub(super) const KEEP: i64 = 5 * 60;
 pub(super) struct Recent {
     /// Per minute start: every instance's stored seconds in it (absent: none).
     minutes: BTreeMap<i64, Map<i32, u64>>,
-    /// Per minute start: the ids of the stored batches whose first second is in it (absent: not
-    /// read yet).
-    batches: BTreeMap<i64, HashSet<Uuid>>,
     /// The newest minute start a group reached.
     newest: Option<i64>,
 }
@@ -68,7 +55,10 @@ impl Recent {
         ids: &[i32],
     ) -> duckdb::Result<Option<Map<(i32, i64), u64>>> {
         let hi_bucket = minute_of(hi_t).0;
-        let floor = self.advance(hi_bucket);
+        let newest = self.newest.map_or(hi_bucket, |n| n.max(hi_bucket));
+        self.newest = Some(newest);
+        let floor = newest - KEEP;
+        self.minutes = self.minutes.split_off(&floor);
         if lo_bucket < floor {
             return Ok(None);
         }
@@ -100,68 +90,6 @@ impl Recent {
         Ok(Some(covered))
     }
 
-    /// Makes `bucket` the newest minute reached if it is newer, drops what is kept from before
-    /// [`KEEP`] behind the newest, and answers the first minute still kept.
-    fn advance(&mut self, bucket: i64) -> i64 {
-        let newest = self.newest.map_or(bucket, |n| n.max(bucket));
-        self.newest = Some(newest);
-        let floor = newest - KEEP;
-        self.minutes = self.minutes.split_off(&floor);
-        self.batches = self.batches.split_off(&floor);
-        floor
-    }
-
-    /// Of `batches`, the ids stored before among those whose first second is in a minute kept,
-    /// and the indexes of the others (no second, or an older first one), for the caller to look
-    /// up in the ledger. Reads from `tx` the minutes it lacks.
-    pub(super) fn stored_batches(
-        &mut self,
-        tx: &Connection,
-        batches: &[(&Batch, i64)],
-    ) -> duckdb::Result<(HashSet<Uuid>, Vec<usize>)> {
-        let firsts: Vec<Option<i64>> = batches
-            .iter()
-            .map(|(b, _)| b.first_second().map(|t| minute_of(t).0))
-            .collect();
-        let Some(newest) = firsts.iter().flatten().max() else {
-            return Ok((HashSet::new(), (0..batches.len()).collect()));
-        };
-        let floor = self.advance(*newest);
-        let missing: BTreeSet<i64> = firsts
-            .iter()
-            .flatten()
-            .filter(|&&m| m >= floor && !self.batches.contains_key(&m))
-            .copied()
-            .collect();
-        self.batches.extend(read_batch_ids(tx, &missing)?);
-        let mut stored = HashSet::new();
-        let mut unknown = Vec::new();
-        for (i, ((b, _), m)) in batches.iter().zip(&firsts).enumerate() {
-            match m.filter(|m| *m >= floor) {
-                Some(m) if self.batches[&m].contains(&b.batch_id) => {
-                    stored.insert(b.batch_id);
-                }
-                Some(_) => {}
-                None => unknown.push(i),
-            }
-        }
-        Ok((stored, unknown))
-    }
-
-    /// Adds the ids of a committed group's new batches (`new`, indexes into `batches`) to the
-    /// minutes kept.
-    pub(super) fn stored_batch_ids(&mut self, batches: &[(&Batch, i64)], new: &[usize]) {
-        for &i in new {
-            let b = batches[i].0;
-            if let Some(ids) = b
-                .first_second()
-                .and_then(|t| self.batches.get_mut(&minute_of(t).0))
-            {
-                ids.insert(b.batch_id);
-            }
-        }
-    }
-
     /// Adds the masks of a committed group (per instance and minute start) to the minutes kept.
     pub(super) fn stored(&mut self, masks: &Map<(i32, i64), u64>) {
         for (&(iid, bucket), &mask) in masks {
@@ -174,7 +102,6 @@ impl Recent {
     /// Drops every minute kept: the next group reads its minutes from the ledger again.
     pub(super) fn forget(&mut self) {
         self.minutes.clear();
-        self.batches.clear();
     }
 
     /// The minutes kept, for tests to compare with the ledger.
@@ -182,38 +109,6 @@ impl Recent {
     fn kept(&self) -> &BTreeMap<i64, Map<i32, u64>> {
         &self.minutes
     }
-
-    /// The batch ids kept, for tests to compare with the ledger.
-    #[cfg(test)]
-    fn kept_batches(&self) -> &BTreeMap<i64, HashSet<Uuid>> {
-        &self.batches
-    }
-}
-
-/// The ids of the batches the ledger holds whose first second is in one of the minutes `missing`,
-/// per minute (each minute of `missing` present, maybe empty).
-fn read_batch_ids(
-    tx: &Connection,
-    missing: &BTreeSet<i64>,
-) -> duckdb::Result<BTreeMap<i64, HashSet<Uuid>>> {
-    let mut loaded: BTreeMap<i64, HashSet<Uuid>> =
-        missing.iter().map(|&m| (m, HashSet::new())).collect();
-    let (Some(&first), Some(&last)) = (missing.first(), missing.last()) else {
-        return Ok(loaded);
-    };
-    let mut stmt = tx.prepare_cached(
-        "SELECT first_ts, batch_id::VARCHAR FROM ingested_batches WHERE first_ts BETWEEN ? AND ?",
-    )?;
-    let rows = stmt.query_map(params![first, last + 59], |r| {
-        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-    })?;
-    for row in rows {
-        let (t, id) = row?;
-        if let Some(ids) = loaded.get_mut(&minute_of(t).0) {
-            ids.insert(parse_id(&id)?);
-        }
-    }
-    Ok(loaded)
 }
 
 #[cfg(test)]
@@ -262,19 +157,6 @@ mod tests {
             let want: Map<i32, u64> = want.into_iter().map(|((i, _), m)| (i, m)).collect();
             assert_eq!(kept, &want, "minute {bucket}");
         }
-        for (&bucket, kept) in w.recent.kept_batches() {
-            let want: HashSet<Uuid> = w
-                .conn
-                .prepare(
-                    "SELECT batch_id::VARCHAR FROM ingested_batches WHERE first_ts BETWEEN ? AND ?",
-                )
-                .unwrap()
-                .query_map(params![bucket, bucket + 59], |r| r.get::<_, String>(0))
-                .unwrap()
-                .map(|id| parse_id(&id.unwrap()).unwrap())
-                .collect();
-            assert_eq!(kept, &want, "the batch ids of minute {bucket}");
-        }
     }
 
     #[test]
@@ -283,29 +165,20 @@ mod tests {
         let mut w = writer(&dir.path().join("l.duckdb"));
         let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600;
         let mut expected = 0u64;
-        let write_whole = |w: &mut WriterThread, b: &Batch, hold: bool| {
+        let write = |w: &mut WriterThread, b: &Batch, hold: bool| {
             let behind = if hold { usize::MAX } else { 0 };
-            let outcome = w.write(&[(b, 0)], &|| behind).map(|o| o[0].clone());
+            let stored = w.write(&[(b, 0)], &|| behind).map(|o| o[0].stored);
             assert_kept_is_the_ledger(w);
-            outcome
+            stored
         };
-        let write =
-            |w: &mut WriterThread, b: &Batch, hold: bool| write_whole(w, b, hold).map(|o| o.stored);
         // Three nodes send 5 s batches for 10 minutes, holding some groups' folds and folding
         // others; every fourth batch's seconds are sent again at once, as a new batch (another
-        // batch id, so that only the masks can tell), and every fifth batch is sent again whole
-        // (its id tells).
-        let mut sent = Vec::new();
+        // batch id, so that only the masks can tell).
         for (k, s) in (t0..t0 + 600).step_by(5).enumerate() {
             for node in ["a", "b", "c"] {
                 let b = batch(node, s, s + 5, 7);
                 expected += 10;
                 assert_eq!(write(&mut w, &b, k % 3 != 0).unwrap(), 10, "{node} at {s}");
-                if k % 5 == 0 {
-                    let o = write_whole(&mut w, &b, false).unwrap();
-                    assert!(o.duplicate_batch, "{node}'s batch at {s} again");
-                }
-                sent.push(b.clone());
                 if k % 4 == 0 {
                     let again = batch(node, s, s + 5, 7);
                     assert_ne!(again.batch_id, b.batch_id);
@@ -332,21 +205,8 @@ mod tests {
             10
         );
         expected += 10;
-        // A re-send from before the minutes kept reads the ledger, and stores nothing; so does
-        // a batch sent again whole from then, found by its id in the ledger.
+        // A re-send from before the minutes kept reads the ledger, and stores nothing.
         assert_eq!(write(&mut w, &batch("c", t0, t0 + 5, 7), false).unwrap(), 0);
-        assert!(
-            write_whole(&mut w, &sent[0], false)
-                .unwrap()
-                .duplicate_batch
-        );
-        // Every batch id of the minutes kept is found in them: a group of every batch sent is
-        // all duplicates.
-        let all: Vec<(&Batch, i64)> = sent.iter().map(|b| (b, 0)).collect();
-        let outcomes = w.write(&all, &|| 0).unwrap();
-        assert!(outcomes.iter().all(|o| o.duplicate_batch && o.stored == 0));
-        assert_kept_is_the_ledger(&w);
-        assert!(!w.recent.kept_batches().is_empty(), "batch ids are kept");
         // After a recovery the minutes are read again, and still agree.
         w.recover().unwrap();
         assert!(w.recent.kept().is_empty());
