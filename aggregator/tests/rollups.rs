@@ -484,7 +484,7 @@ fn a_full_queue_refuses_without_waiting_and_a_batch_larger_than_the_queue_is_too
 }
 
 /// Minute rows written between live batches are seen by the next batch's dedup: the writer's
-/// copy of the recent minutes' stored seconds and batch ids (`store/writer/recent.rs`) is read
+/// copy of the recent minutes' stored seconds (`store/writer/recent.rs`) is read
 /// again after a job that is not an ingest, and a batch sent again whole is still its duplicate.
 #[tokio::test]
 async fn minute_rows_between_live_batches_are_seen_by_the_next_batch() {
