@@ -115,7 +115,9 @@ pub(super) fn record(
 
 #[cfg(test)]
 mod tests {
-    use gpuledger_schema::{Counters, Instance, Sample};
+    use gpuledger_schema::{Counters, Sample};
+
+    use super::super::tests::whole_h100;
 
     use super::*;
 
@@ -123,15 +125,7 @@ mod tests {
         let samples: Vec<Sample> = (from..from + seconds)
             .map(|t| Sample {
                 timestamp: t,
-                instance: Instance {
-                    node: "n1".into(),
-                    gpu_uuid: "GPU-1".into(),
-                    gpu_model: "NVIDIA H100 80GB HBM3".into(),
-                    mig_profile: None,
-                    gpu_instance_id: None,
-                    placement_start: None,
-                    placement_size: None,
-                },
+                instance: whole_h100("n1", "GPU-1".into()),
                 attribution: Default::default(),
                 counters: Counters::default(),
             })

@@ -881,6 +881,19 @@ mod tests {
 
     use super::*;
 
+    /// A whole H100 (no MIG) of `node`, for the writer's tests.
+    pub(super) fn whole_h100(node: &str, gpu_uuid: String) -> gpuledger_schema::Instance {
+        gpuledger_schema::Instance {
+            node: node.into(),
+            gpu_uuid,
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+            mig_profile: None,
+            gpu_instance_id: None,
+            placement_start: None,
+            placement_size: None,
+        }
+    }
+
     #[test]
     fn the_writer_pauses_only_while_batches_trickle_in() {
         let just_now = Some((Instant::now(), true));

@@ -114,10 +114,11 @@ impl Recent {
 #[cfg(test)]
 mod tests {
     use gpuledger_schema::wire::Batch;
-    use gpuledger_schema::{Counters, Instance, Sample};
+    use gpuledger_schema::{Counters, Sample};
 
     use super::super::WriterThread;
     use super::super::held::tests::writer;
+    use super::super::tests::whole_h100;
     use super::*;
 
     /// A batch of node `node`'s two instances (one GPU each) over `[from, to)`, with `tx`
@@ -127,15 +128,7 @@ mod tests {
             .flat_map(|t| {
                 (0..2).map(move |g| Sample {
                     timestamp: t,
-                    instance: Instance {
-                        node: node.into(),
-                        gpu_uuid: format!("GPU-{node}-{g}"),
-                        gpu_model: "NVIDIA H100 80GB HBM3".into(),
-                        mig_profile: None,
-                        gpu_instance_id: None,
-                        placement_start: None,
-                        placement_size: None,
-                    },
+                    instance: whole_h100(node, format!("GPU-{node}-{g}")),
                     attribution: Default::default(),
                     counters: Counters {
                         sm_active: Some(0.5),
