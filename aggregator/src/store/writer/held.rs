@@ -6,16 +6,21 @@
 //! (BENCHMARKS.md, "Where the time goes now"). So when samples already wait behind a group,
 //! the writer commits the group's raw rows and batch ids but keeps its minute and GPU deltas in
 //! memory, summed per (instance, holder, minute): twelve 5 s batches of a series become one row.
-//! It folds what it holds, with the group at hand, when nothing waits, once it has held for
-//! [`HOLD_FOR`] (while [`HOLD_BEHIND`] samples or more wait) or [`HOLD_BRIEFLY`] (while fewer
-//! do) or [`HOLD_ROWS`] rows, before retention and minute rows, when it is idle and when it
-//! stops. So under load the rollups show an acknowledged batch at most [`HOLD_FOR`] later;
-//! otherwise the group that stores a batch also folds it.
+//! Once it has held for [`HOLD_FOR`] (while [`HOLD_BEHIND`] samples or more wait) or
+//! [`HOLD_BRIEFLY`] (while fewer do) or [`HOLD_ROWS`] rows, it hands what it holds to the fold
+//! thread ([`folder`](super::folder)) and goes on; the groups written meanwhile hold theirs. A
+//! group that finds nothing waiting folds what is held with its own deltas, in its transaction
+//! (or, if it began beside a fold in flight, right after it and that fold, before it is
+//! answered); so do retention and minute rows before they write, an idle writer, and a writer
+//! that stops. So under load the rollups show an acknowledged batch at most [`HOLD_FOR`] and a
+//! fold later; otherwise the group that stores a batch also folds it.
 //!
-//! Exactly-once stays a matter of data. While the writer holds anything, `fold_pending.from_ts`
-//! (committed with the group that started holding, lowered by any group with older seconds) is
-//! the oldest second held, and a second is in the ledger iff its minute's mask in `rollup_1m` has
-//! it or a raw row from `from_ts` on has it. Dedup reads the masks and adds the held ones. Only a
+//! Exactly-once stays a matter of data. While the writer holds anything or a fold is in flight,
+//! `fold_pending.from_ts` (committed with the group that started holding, lowered by any group
+//! with older seconds, raised by the first group that holds after a fold landed) is at most the
+//! oldest second held or in flight, and a second is in the ledger iff its minute's mask in
+//! `rollup_1m` has it or a raw row from `from_ts` on has it. Dedup reads the masks and adds the
+//! held ones and those in flight (until the writer knows the fold committed). Only a
 //! group whose every stored sample went to `samples_raw` is held. A start (after a crash), or a
 //! failed write, re-derives the unfolded seconds from the raw rows the masks lack
 //! ([`UNFOLDED_DELTAS`], [`UNFOLDED_GPU`]) and folds them in one transaction ([`recover`]).
@@ -25,6 +30,7 @@ use std::time::{Duration, Instant};
 use duckdb::{Connection, params};
 
 use super::WriteError;
+use super::folder::FoldJob;
 use super::rollups::{
     GPU_ROLLUP, Map, MinuteDelta, add_gpu_counts, fold_delta_rows, fold_gpu_deltas,
     fold_minute_deltas, rollup_statements,
@@ -107,7 +113,8 @@ FROM u LEFT JOIN gm ON gm.gpu_uuid = u.gpu_uuid AND gm.bucket = u.minute
 WHERE coalesce(gm.mask, 0) & u.bit = 0
 GROUP BY u.ts - u.ts % 3600, u.gpu_uuid";
 
-/// What the writer holds: minute and GPU deltas committed as raw rows but not yet folded.
+/// What the writer holds: minute and GPU deltas committed as raw rows but not yet folded, and the
+/// masks of a fold in flight on the fold thread ([`folder`](super::folder)).
 #[derive(Default)]
 pub(super) struct Held {
     deltas: Map<(i32, i32, i64), MinuteDelta>,
@@ -116,18 +123,42 @@ pub(super) struct Held {
     gpu: Map<(i32, i64), (i64, i64)>,
     /// When the first held group was written.
     since: Option<Instant>,
-    /// `fold_pending.from_ts` as this group's transaction leaves it.
+    /// The oldest second held.
+    oldest: Option<i64>,
+    /// The fold in flight, handed to the fold thread and not yet known to have committed.
+    flight: Option<Flight>,
+    /// `fold_pending.from_ts` as the writer's transactions leave it: never newer than the oldest
+    /// second held or in flight (it may be older: a fold that landed raises it lazily).
     from_ts: Option<i64>,
 }
 
+/// A fold in flight: until it commits, its seconds count as held for dedup.
+struct Flight {
+    masks: Map<(i32, i64), u64>,
+    rows: usize,
+    oldest: Option<i64>,
+}
+
 impl Held {
+    /// Whether nothing is held (a fold may be in flight).
     pub(super) fn is_empty(&self) -> bool {
         self.since.is_none()
     }
 
-    /// The (instance, holder, minute) deltas held.
+    /// Whether nothing is held, nothing is in flight and the ledger records nothing pending.
+    pub(super) fn settled(&self) -> bool {
+        self.is_empty() && self.flight.is_none() && self.from_ts.is_none()
+    }
+
+    /// The (instance, holder, minute) deltas held or in flight.
     pub(super) fn rows(&self) -> usize {
-        self.deltas.len()
+        self.deltas.len() + self.flight.as_ref().map_or(0, |f| f.rows)
+    }
+
+    /// Whether what is held has reached [`HOLD_ROWS`]: the writer holds no more than that beside
+    /// a fold in flight.
+    pub(super) fn full(&self) -> bool {
+        self.deltas.len() >= HOLD_ROWS
     }
 
     /// Whether what is held must be folded now, with `behind` samples waiting behind the group.
@@ -137,7 +168,7 @@ impl Held {
         } else {
             HOLD_BRIEFLY
         };
-        self.since.is_some_and(|s| s.elapsed() >= limit) || self.deltas.len() >= HOLD_ROWS
+        self.since.is_some_and(|s| s.elapsed() >= limit) || self.full()
     }
 
     /// ORs the held seconds of instances `lo_i..=hi_i` in the minutes `lo_bucket..=hi_t` into
@@ -148,7 +179,8 @@ impl Held {
         (lo_bucket, hi_t): (i64, i64),
         (lo_i, hi_i): (i32, i32),
     ) {
-        for (&(iid, bucket), &mask) in &self.masks {
+        let flight = self.flight.iter().flat_map(|f| &f.masks);
+        for (&(iid, bucket), &mask) in self.masks.iter().chain(flight) {
             if (lo_i..=hi_i).contains(&iid) && (lo_bucket..=hi_t).contains(&bucket) {
                 *covered.entry((iid, bucket)).or_insert(0) |= mask;
             }
@@ -165,13 +197,8 @@ impl Held {
         gpu: Map<(i32, i64), (i64, i64)>,
         oldest: i64,
     ) -> Result<(), WriteError> {
-        if self.from_ts.is_none_or(|f| oldest < f) {
-            tx.execute(
-                "UPDATE fold_pending SET from_ts = ? WHERE id = 0",
-                params![oldest],
-            )?;
-            self.from_ts = Some(oldest);
-        }
+        self.oldest = Some(self.oldest.map_or(oldest, |o| o.min(oldest)));
+        self.record_from_ts(tx)?;
         for ((iid, hid, bucket), d) in deltas {
             *self.masks.entry((iid, bucket)).or_insert(0) |= d.mask;
             merge(self.deltas.entry((iid, hid, bucket)).or_default(), &d)?;
@@ -181,6 +208,46 @@ impl Held {
         }
         self.since.get_or_insert_with(Instant::now);
         Ok(())
+    }
+
+    /// Brings `fold_pending.from_ts` in `tx` to the oldest second held or in flight: lowered in
+    /// the transaction that holds an older second, raised (or cleared) by the first that holds
+    /// anything after a fold landed.
+    fn record_from_ts(&mut self, tx: &Connection) -> Result<(), WriteError> {
+        let flight = self.flight.as_ref().and_then(|f| f.oldest);
+        let wanted = match (self.oldest, flight) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if wanted != self.from_ts {
+            tx.execute(
+                "UPDATE fold_pending SET from_ts = ? WHERE id = 0",
+                params![wanted],
+            )?;
+            self.from_ts = wanted;
+        }
+        Ok(())
+    }
+
+    /// Takes what is held for the fold thread. Its seconds stay covered for dedup until
+    /// [`Held::landed`], and `from_ts` stays as it is.
+    pub(super) fn take(&mut self) -> FoldJob {
+        debug_assert!(self.flight.is_none(), "one fold at a time");
+        self.flight = Some(Flight {
+            masks: std::mem::take(&mut self.masks),
+            rows: self.deltas.len(),
+            oldest: self.oldest.take(),
+        });
+        self.since = None;
+        FoldJob {
+            deltas: std::mem::take(&mut self.deltas),
+            gpu: std::mem::take(&mut self.gpu),
+        }
+    }
+
+    /// The fold in flight has committed: its seconds are in the rollups' masks now.
+    pub(super) fn landed(&mut self) {
+        self.flight = None;
     }
 
     /// Folds what is held together with a group's deltas in `tx`, and clears the record. `self`
@@ -195,12 +262,15 @@ impl Held {
         deltas: Map<(i32, i32, i64), MinuteDelta>,
         mut gpu: Map<(i32, i64), (i64, i64)>,
     ) -> Result<(), WriteError> {
+        debug_assert!(self.flight.is_none(), "no fold beside one in flight");
+        if self.from_ts.is_some() {
+            tx.execute("UPDATE fold_pending SET from_ts = NULL WHERE id = 0", [])?;
+        }
         if self.is_empty() {
             fold_minute_deltas(tx, &deltas)?;
             fold_gpu_deltas(tx, &gpu)?;
             return Ok(());
         }
-        tx.execute("UPDATE fold_pending SET from_ts = NULL WHERE id = 0", [])?;
         // The group's rows, each merged with what is held for the same key; then the held rows
         // the group has no key for.
         let mut group = Vec::with_capacity(deltas.len());
@@ -275,6 +345,7 @@ pub(super) mod tests {
 
     use super::super::WriterThread;
     use super::super::dims::Dims;
+    use super::super::folder::Folder;
     use super::*;
 
     /// A writer thread's state on the ledger at `path`, opened as a start opens it (folding what
@@ -282,8 +353,10 @@ pub(super) mod tests {
     pub(in super::super) fn writer(path: &std::path::Path) -> WriterThread {
         let (mut conn, _) = crate::store::open(path).unwrap();
         recover(&mut conn).unwrap();
+        let folder = Folder::spawn(conn.try_clone().unwrap(), Box::new(|| {})).unwrap();
         WriterThread {
             dims: Dims::load(&conn).unwrap(),
+            folder,
             conn,
             observer: Arc::new(()),
             max_instances_per_node: usize::MAX,
@@ -455,5 +528,101 @@ pub(super) mod tests {
             .query_row("SELECT from_ts FROM fold_pending", [], |r| r.get(0))
             .unwrap();
         assert_eq!(pending, None);
+    }
+
+    fn from_ts(path: &std::path::Path) -> Option<i64> {
+        duckdb::Connection::open(path)
+            .unwrap()
+            .query_row("SELECT from_ts FROM fold_pending", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn folds_on_the_fold_thread_give_the_direct_rollups_even_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 3540;
+        let all = batches(t0);
+        let direct = dir.path().join("direct.duckdb");
+        let mut w = writer(&direct);
+        let stored = write_all(&mut w, &all, false);
+        drop(w);
+        let expected = rollups(&direct);
+
+        for crash in [false, true] {
+            let path = dir.path().join(format!("flight-{crash}.duckdb"));
+            let mut w = writer(&path);
+            let (first, rest) = all.split_at(20);
+            let (rest, last) = rest.split_at(rest.len() - 1);
+            let before = write_all(&mut w, first, true);
+            w.start_fold();
+            assert!(w.folder.busy() && w.held.is_empty());
+            // While it is in flight every group holds, and dedup counts its seconds (the rest
+            // re-sends some): read from the ledger, not the writer's recent minutes.
+            w.recent.forget();
+            let after = write_all(&mut w, rest, true);
+            assert!(
+                w.folder.busy() && !w.held.is_empty(),
+                "a group begun beside a fold holds"
+            );
+            let end = if crash {
+                w.settle_fold().unwrap();
+                assert_eq!(
+                    from_ts(&path),
+                    Some(t0),
+                    "what landed is pending until it is raised"
+                );
+                drop(w); // the process dies: the next start folds only what was held.
+                let (mut conn, _) = crate::store::open(&path).unwrap();
+                assert_eq!(recover(&mut conn).unwrap(), Some(after));
+                drop(conn);
+                write_all(&mut writer(&path), last, false)
+            } else {
+                // A group with nothing behind it is answered once all it stored is folded, even
+                // if it began beside a fold.
+                let end = write_all(&mut w, last, false);
+                assert!(!w.folder.busy() && w.held.settled());
+                drop(w);
+                end
+            };
+            assert_eq!(before + after + end, stored);
+            assert_eq!(from_ts(&path), None);
+            assert_eq!(rollups(&path), expected, "crash: {crash}");
+        }
+    }
+
+    #[test]
+    fn a_fold_that_fails_on_the_fold_thread_is_derived_again_from_the_raw_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 3540;
+        let all = batches(t0);
+        let direct = dir.path().join("direct.duckdb");
+        let mut w = writer(&direct);
+        let stored = write_all(&mut w, &all, false);
+        drop(w);
+        let expected = rollups(&direct);
+
+        let path = dir.path().join("failed.duckdb");
+        let mut w = writer(&path);
+        let (first, rest) = all.split_at(10);
+        let mut n = write_all(&mut w, first, false);
+        n += write_all(&mut w, &rest[..10], true);
+        // Another transaction has changed the minute rows the fold must update: DuckDB refuses
+        // the fold's update ("Conflict on update"), and its transaction rolls back.
+        let other = w.conn.try_clone().unwrap();
+        other
+            .execute_batch("BEGIN; UPDATE rollup_1m SET samples = samples")
+            .unwrap();
+        w.start_fold();
+        let result = w.folder.wait();
+        assert!(result.as_ref().is_some_and(Result::is_err), "{result:?}");
+        other.execute_batch("ROLLBACK").unwrap();
+        drop(other);
+        w.fold_result(result).unwrap();
+        assert!(w.held.settled(), "re-derived and folded at once");
+        n += write_all(&mut w, &rest[10..], false);
+        assert_eq!(n, stored);
+        drop(w);
+        assert_eq!(rollups(&path), expected);
+        assert_eq!(from_ts(&path), None);
     }
 }

@@ -38,6 +38,7 @@ mod batch_ids;
 mod checkpoints;
 mod compact;
 mod dims;
+mod folder;
 mod held;
 mod minutes;
 mod pass;
@@ -126,6 +127,8 @@ enum Job {
         batch: MinuteBatch,
         reply: oneshot::Sender<Result<MinutesOutcome, StoreError>>,
     },
+    /// The fold thread has a result ([`folder`]): only wakes the writer, which takes it.
+    FoldLanded,
 }
 
 struct IngestJob {
@@ -264,6 +267,16 @@ impl Writer {
         }
         let dims = Dims::load(&conn).map_err(StoreError::from_db)?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let wake = tx.downgrade();
+        let folder = folder::Folder::spawn(
+            conn.try_clone().map_err(StoreError::from_db)?,
+            Box::new(move || {
+                if let Some(tx) = wake.upgrade() {
+                    let _ = tx.send(Job::FoldLanded);
+                }
+            }),
+        )
+        .map_err(|e| StoreError::Io(format!("cannot start the fold thread: {e}")))?;
         let capacity = queue_samples.clamp(1, Semaphore::MAX_PERMITS);
         let queue = Arc::new(Semaphore::new(capacity));
         let waiting = Waiting {
@@ -279,6 +292,7 @@ impl Writer {
                     observer,
                     max_instances_per_node,
                     held: held::Held::default(),
+                    folder,
                     recent: recent::Recent::default(),
                     needs_recovery: false,
                     checkpoints: Checkpoints::default(),
@@ -516,6 +530,9 @@ impl Waiting {
 }
 
 struct WriterThread {
+    /// Where held folds run while batches wait ([`folder`]). Declared first: dropped first, it
+    /// lets a fold in flight end before the writer's connection closes.
+    folder: folder::Folder,
     conn: Connection,
     dims: Dims,
     observer: Arc<dyn WriteObserver>,
@@ -552,8 +569,9 @@ impl WriterThread {
     fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>, waiting: Waiting) {
         let mut pending: Option<Job> = None;
         loop {
-            if pending.is_none() && rx.is_empty() && !self.held.is_empty() {
-                // Idle: fold what is held, so that readers see it.
+            if pending.is_none() && rx.is_empty() && !self.folder.busy() && !self.held.settled() {
+                // Idle: fold what is held, so that readers see it. (With a fold in flight, its
+                // landing wakes the writer.)
                 let _ = self.fold_held();
             }
             self.observer.held(self.held.rows());
@@ -573,6 +591,7 @@ impl WriterThread {
                     | Job::Probe { .. }
                     | Job::CompactingCheckpoint { .. }
                     | Job::Apply { .. }
+                    | Job::FoldLanded
             ) {
                 self.recent.forget();
             }
@@ -589,9 +608,13 @@ impl WriterThread {
                     let _ = reply.send(result);
                 }
                 Job::CompactRaw { from, to, reply } => {
-                    let _ = reply.send(self.compact_raw(from, to));
+                    // Its checkpoints are refused while another transaction has changes.
+                    let result = self.settle_fold().and_then(|()| self.compact_raw(from, to));
+                    let _ = reply.send(result);
                 }
                 Job::CompactingCheckpoint { reply } => {
+                    // A checkpoint is refused while another transaction has changes.
+                    let _ = self.settle_fold();
                     checkpoints::checkpoint_after_commit(&self.conn, "an hour's rewrite");
                     let _ = reply.send(Ok(()));
                 }
@@ -621,6 +644,9 @@ impl WriterThread {
                     });
                     let _ = reply.send(result.map_err(StoreError::from_db));
                 }
+                Job::FoldLanded => {
+                    let _ = self.fold_landed(false);
+                }
                 Job::Ingest(first) => {
                     std::thread::sleep(gather_pause(self.last_group, waiting.behind(0)));
                     let mut samples = first.batch.sample_count();
@@ -631,6 +657,8 @@ impl WriterThread {
                                 samples += j.batch.sample_count();
                                 group.push(j);
                             }
+                            // Taken when the group is written.
+                            Ok(Job::FoldLanded) => {}
                             Ok(other) => {
                                 pending = Some(other);
                                 break;
@@ -652,9 +680,10 @@ impl WriterThread {
         tracing::info!("The writer thread stopped: every queued batch was written.");
     }
 
-    /// Folds what is held, in a transaction of its own.
+    /// Folds what is held, in a transaction of its own, once the fold in flight has landed.
     fn fold_held(&mut self) -> Result<(), StoreError> {
-        if self.held.is_empty() && !self.needs_recovery {
+        self.settle_fold()?;
+        if self.held.settled() && !self.needs_recovery {
             return Ok(());
         }
         let result = self
@@ -675,8 +704,57 @@ impl WriterThread {
         }
     }
 
+    /// Waits for the fold in flight; an error is that of the recovery after a failed fold.
+    fn settle_fold(&mut self) -> Result<(), StoreError> {
+        self.fold_landed(true)
+    }
+
+    /// Takes the result of the fold in flight, waiting for it if `wait` ([`Self::fold_result`]).
+    fn fold_landed(&mut self, wait: bool) -> Result<(), StoreError> {
+        let result = if wait {
+            self.folder.wait()
+        } else {
+            self.folder.poll()
+        };
+        self.fold_result(result)
+    }
+
+    /// Once a fold has landed its seconds are in the rollups' masks; if it failed, what it took
+    /// is re-derived from the raw rows ([`Self::recover`]), whose error this is.
+    fn fold_result(&mut self, result: Option<duckdb::Result<()>>) -> Result<(), StoreError> {
+        match result {
+            None => Ok(()),
+            Some(Ok(())) => {
+                self.held.landed();
+                Ok(())
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "A held fold failed on the fold thread; folding what is stored but not folded from the raw rows.");
+                self.recover()
+            }
+        }
+    }
+
+    /// Hands what is held to the fold thread. While a fold is in flight it keeps holding, up to
+    /// [`held::HOLD_ROWS`] rows; past them it waits for that fold (the memory bound).
+    fn start_fold(&mut self) {
+        if self.held.is_empty() || (self.folder.busy() && !self.held.full()) {
+            return;
+        }
+        if self.settle_fold().is_err() || self.held.is_empty() {
+            return;
+        }
+        let job = self.held.take();
+        if self.folder.start(job).is_err() {
+            tracing::error!("The fold thread has stopped; folding on the writer's thread.");
+            self.needs_recovery = true;
+        }
+    }
+
     /// Re-derives from the ledger what was stored but not folded, and folds it.
     fn recover(&mut self) -> Result<(), StoreError> {
+        // What the fold in flight did, or failed to do, is read from the ledger.
+        let _ = self.folder.wait();
         self.held.folded();
         self.recent.forget();
         match held::recover(&mut self.conn) {
@@ -745,6 +823,11 @@ impl WriterThread {
         if self.needs_recovery {
             self.recover()?;
         }
+        self.fold_landed(false)?;
+        if self.folder.busy() && reaches_past_raw_window(batches) {
+            // Such a group folds in its own transaction, which may not begin beside a fold.
+            self.settle_fold()?;
+        }
         let result = self.try_write(batches, behind);
         if result.is_err() {
             self.recent.forget();
@@ -786,6 +869,8 @@ impl WriterThread {
         batches: &[(&Batch, i64)],
         behind: &dyn Fn() -> usize,
     ) -> Result<Vec<IngestOutcome>, WriteError> {
+        // A transaction begun beside a fold in flight leaves the rollups alone ([`folder`]).
+        let fold_free = !self.folder.busy();
         let tx = self.conn.transaction()?;
         let (mut outcomes, new) = batch_ids::new_batches(&tx, batches)?;
         if new.is_empty() {
@@ -814,10 +899,11 @@ impl WriterThread {
             app.append_record_batch(pass.raw.into_record_batch()?)?;
             app.flush()?;
         }
-        // Hold the group's folds while samples wait behind it (see `held`), else fold them with
-        // whatever is held.
+        // Fold the group's deltas with whatever is held when nothing waits behind it; else hold
+        // them (see `held`), and hand what is held to the fold thread once it is due.
         let behind = behind();
-        let folding = pass.rollup_only > 0 || behind == 0 || self.held.due(behind);
+        debug_assert!(fold_free || pass.rollup_only == 0, "see `write`");
+        let folding = pass.rollup_only > 0 || (fold_free && behind == 0);
         if folding {
             self.held.fold_with(&tx, pass.deltas, pass.gpu_deltas)?;
         } else if let Some(oldest) = pass.oldest {
@@ -835,12 +921,30 @@ impl WriterThread {
         self.needs_recovery = false;
         if folding {
             self.held.folded();
+        } else if behind == 0 {
+            // Nothing waits, but a fold was in flight: fold what is held before the group is
+            // answered, as when none is.
+            if let Err(e) = self.fold_held() {
+                tracing::warn!(error = %e, "Cannot fold what is held after a group; the next fold or start does.");
+            }
+        } else if self.held.due(behind) {
+            self.start_fold();
         }
         if let Some(newest) = pass.newest {
             self.observer.newest_sample(newest);
         }
         Ok(outcomes)
     }
+}
+
+/// Whether any sample of `batches` is older than the group's raw window (the latest cutoff of
+/// its batches): the pass keeps such seconds in the rollups only, folded in the group's own
+/// transaction.
+fn reaches_past_raw_window(batches: &[(&Batch, i64)]) -> bool {
+    let cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
+    batches
+        .iter()
+        .any(|(b, _)| b.series.iter().any(|s| s.t.iter().any(|&t| t < cutoff)))
 }
 
 /// Appends the new batches' share seconds inside the raw window (older ones could not be told

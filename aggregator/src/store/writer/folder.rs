@@ -1,0 +1,129 @@
+//! The held folds, run on a thread and a connection of their own.
+//!
+//! Under load the writer holds a group's minute and GPU deltas back ([`held`](super::held)) and
+//! folds what it holds about once a second, or once every 30 s while it is far behind. On the
+//! writer's own thread such a fold stopped the writer: at three fleets' pace it took 544–1,403 ms
+//! (five `MERGE`s, about 10.7 µs a held row), and every batch that arrived meanwhile waited for it
+//! (BENCHMARKS.md, "What sets the three fleets' tail: the held fold"). So a fold that falls due
+//! while batches wait is handed to this thread, which folds it in a transaction of its own while
+//! the writer goes on committing raw rows.
+//!
+//! DuckDB lets the two transactions run side by side as long as they do not change the same
+//! rows: the fold changes only the rollups (and appends to `gpu_hours_changed`), the writer's
+//! groups only raw rows, batch ids, dimensions, shares and `fold_pending`. The writer keeps to
+//! that: while a fold is in flight it holds every group's deltas, and a transaction it begins
+//! with a fold in flight never touches the rollups (DuckDB would refuse its update of a row the
+//! fold changed after it began: "Conflict on update"). Everything else that writes the rollups
+//! (minute rows, retention, a recovery, the idle fold) waits for the fold in flight first.
+//!
+//! One fold at a time. Its result comes back on a channel; the writer is also woken (`wake`),
+//! so that an idle writer learns of it without waiting for the next batch.
+
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use duckdb::Connection;
+
+use super::rollups::{Map, MinuteDelta, fold_delta_rows, fold_gpu_deltas};
+
+/// What a fold takes: the held minute deltas and GPU deltas.
+pub(super) struct FoldJob {
+    pub(super) deltas: Map<(i32, i32, i64), MinuteDelta>,
+    pub(super) gpu: Map<(i32, i64), (i64, i64)>,
+}
+
+/// The handle the writer holds: at most one fold in flight.
+pub(super) struct Folder {
+    jobs: Option<mpsc::Sender<FoldJob>>,
+    done: mpsc::Receiver<duckdb::Result<()>>,
+    busy: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Folder {
+    /// Starts the fold thread on `conn` (a connection to the writer's database). `wake` is
+    /// called after each fold's result is sent.
+    pub(super) fn spawn(conn: Connection, wake: Box<dyn Fn() + Send>) -> std::io::Result<Folder> {
+        let (jobs, rx) = mpsc::channel::<FoldJob>();
+        let (tx, done) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("gpuledger-fold".into())
+            .spawn(move || {
+                let mut conn = conn;
+                for job in rx {
+                    let result = fold(&mut conn, job);
+                    if tx.send(result).is_err() {
+                        break;
+                    }
+                    wake();
+                }
+            })?;
+        Ok(Folder {
+            jobs: Some(jobs),
+            done,
+            busy: false,
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether a fold is in flight (its result not yet taken).
+    pub(super) fn busy(&self) -> bool {
+        self.busy
+    }
+
+    /// Hands `job` to the fold thread. Fails only when the thread is gone; then the job is lost
+    /// and the caller must re-derive what it held ([`held::recover`](super::held::recover)).
+    pub(super) fn start(&mut self, job: FoldJob) -> Result<(), ()> {
+        debug_assert!(!self.busy, "one fold at a time");
+        let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
+        self.busy = sent;
+        if sent { Ok(()) } else { Err(()) }
+    }
+
+    /// The result of the fold in flight, if it has ended.
+    pub(super) fn poll(&mut self) -> Option<duckdb::Result<()>> {
+        if !self.busy {
+            return None;
+        }
+        let result = match self.done.try_recv() {
+            Ok(r) => r,
+            Err(mpsc::TryRecvError::Empty) => return None,
+            Err(mpsc::TryRecvError::Disconnected) => Err(gone()),
+        };
+        self.busy = false;
+        Some(result)
+    }
+
+    /// The result of the fold in flight, waiting for it to end; `None` if none is in flight.
+    pub(super) fn wait(&mut self) -> Option<duckdb::Result<()>> {
+        if !self.busy {
+            return None;
+        }
+        self.busy = false;
+        Some(self.done.recv().unwrap_or_else(|_| Err(gone())))
+    }
+}
+
+impl Drop for Folder {
+    /// Lets the fold in flight end and closes the thread's connection before the writer's own
+    /// is closed.
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn gone() -> duckdb::Error {
+    duckdb::Error::InvalidParameterName("the fold thread has stopped".into())
+}
+
+/// Folds `job` into the rollups in one transaction.
+fn fold(conn: &mut Connection, job: FoldJob) -> duckdb::Result<()> {
+    let _span = tracing::info_span!("writer.fold", rows = job.deltas.len()).entered();
+    let tx = conn.transaction()?;
+    fold_delta_rows(&tx, job.deltas.len(), job.deltas.into_iter())?;
+    fold_gpu_deltas(&tx, &job.gpu)?;
+    tx.commit()
+}
