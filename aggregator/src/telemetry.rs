@@ -181,6 +181,8 @@ pub struct AggregatorMetrics {
     pub held_rows: Gauge,
     /// Samples folded into the rollups by a recovery (after a crash or a failed write).
     pub recovered_samples: Counter,
+    /// Time the fold thread takes to fold what the writer held.
+    pub fold_seconds: Histogram,
     /// Rows per table.
     pub rows: Family<TableLabels, Gauge>,
     /// Database file + WAL bytes.
@@ -241,6 +243,7 @@ impl AggregatorMetrics {
             newest_sample: Gauge::default(),
             held_rows: Gauge::default(),
             recovered_samples: Counter::default(),
+            fold_seconds: Histogram::new([0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
             rows: Family::default(),
             database_bytes: Gauge::default(),
             store_memory_bytes: Gauge::default(),
@@ -329,6 +332,12 @@ impl AggregatorMetrics {
             "gpuledger_aggregator_writer_recovered_samples",
             "Samples stored before a crash or a failed write and folded into the rollups only by the recovery that followed",
             self.recovered_samples.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_aggregator_writer_fold_duration",
+            "Time the fold thread takes to fold the deltas the writer held while batches waited into the rollups (one transaction, beside the writer's)",
+            Unit::Seconds,
+            self.fold_seconds.clone(),
         );
         r.register_with_unit(
             "gpuledger_aggregator_newest_sample_timestamp",
@@ -504,6 +513,10 @@ impl WriteObserver for AggregatorMetrics {
 
     fn recovered(&self, samples: u64) {
         self.recovered_samples.inc_by(samples);
+    }
+
+    fn folded(&self, _rows: usize, seconds: f64) {
+        self.fold_seconds.observe(seconds);
     }
 }
 

@@ -32,10 +32,13 @@ pub(super) struct FoldJob {
     pub(super) gpu: Map<(i32, i64), (i64, i64)>,
 }
 
+/// What became of a fold: its result, the rows it took and how long it took.
+pub(super) type Folded = (duckdb::Result<()>, usize, f64);
+
 /// The handle the writer holds: at most one fold in flight.
 pub(super) struct Folder {
     jobs: Option<mpsc::Sender<FoldJob>>,
-    done: mpsc::Receiver<duckdb::Result<()>>,
+    done: mpsc::Receiver<Folded>,
     busy: bool,
     thread: Option<JoinHandle<()>>,
 }
@@ -51,8 +54,12 @@ impl Folder {
             .spawn(move || {
                 let mut conn = conn;
                 for job in rx {
+                    let (rows, started) = (job.deltas.len(), std::time::Instant::now());
                     let result = fold(&mut conn, job);
-                    if tx.send(result).is_err() {
+                    if tx
+                        .send((result, rows, started.elapsed().as_secs_f64()))
+                        .is_err()
+                    {
                         break;
                     }
                     wake();
@@ -81,26 +88,26 @@ impl Folder {
     }
 
     /// The result of the fold in flight, if it has ended.
-    pub(super) fn poll(&mut self) -> Option<duckdb::Result<()>> {
+    pub(super) fn poll(&mut self) -> Option<Folded> {
         if !self.busy {
             return None;
         }
         let result = match self.done.try_recv() {
             Ok(r) => r,
             Err(mpsc::TryRecvError::Empty) => return None,
-            Err(mpsc::TryRecvError::Disconnected) => Err(gone()),
+            Err(mpsc::TryRecvError::Disconnected) => (Err(gone()), 0, 0.0),
         };
         self.busy = false;
         Some(result)
     }
 
     /// The result of the fold in flight, waiting for it to end; `None` if none is in flight.
-    pub(super) fn wait(&mut self) -> Option<duckdb::Result<()>> {
+    pub(super) fn wait(&mut self) -> Option<Folded> {
         if !self.busy {
             return None;
         }
         self.busy = false;
-        Some(self.done.recv().unwrap_or_else(|_| Err(gone())))
+        Some(self.done.recv().unwrap_or_else(|_| (Err(gone()), 0, 0.0)))
     }
 }
 

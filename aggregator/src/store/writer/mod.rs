@@ -172,6 +172,8 @@ pub trait WriteObserver: Send + Sync + 'static {
     fn held(&self, rows: usize);
     /// A start after a crash, or a failed write, folded `samples` stored but not yet folded.
     fn recovered(&self, samples: u64);
+    /// The fold thread folded `rows` held deltas into the rollups in `seconds` ([`folder`]).
+    fn folded(&self, rows: usize, seconds: f64);
 }
 
 impl WriteObserver for () {
@@ -179,6 +181,7 @@ impl WriteObserver for () {
     fn newest_sample(&self, _: i64) {}
     fn held(&self, _: usize) {}
     fn recovered(&self, _: u64) {}
+    fn folded(&self, _: usize, _: f64) {}
 }
 
 /// The handle async code holds; cheap to clone.
@@ -721,14 +724,15 @@ impl WriterThread {
 
     /// Once a fold has landed its seconds are in the rollups' masks; if it failed, what it took
     /// is re-derived from the raw rows ([`Self::recover`]), whose error this is.
-    fn fold_result(&mut self, result: Option<duckdb::Result<()>>) -> Result<(), StoreError> {
+    fn fold_result(&mut self, result: Option<folder::Folded>) -> Result<(), StoreError> {
         match result {
             None => Ok(()),
-            Some(Ok(())) => {
+            Some((Ok(()), rows, seconds)) => {
                 self.held.landed();
+                self.observer.folded(rows, seconds);
                 Ok(())
             }
-            Some(Err(e)) => {
+            Some((Err(e), _, _)) => {
                 tracing::warn!(error = %e, "A held fold failed on the fold thread; folding what is stored but not folded from the raw rows.");
                 self.recover()
             }
