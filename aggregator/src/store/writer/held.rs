@@ -530,6 +530,20 @@ pub(super) mod tests {
         assert_eq!(pending, None);
     }
 
+    /// [`batches`] of two hours ago, written one by one with nothing waiting behind them (each
+    /// group folds its own deltas) into a ledger in `dir`: their first second, the batches, the
+    /// samples stored and the rollups they leave, which every other way of writing them must
+    /// leave too.
+    fn written_directly(dir: &std::path::Path) -> (i64, Vec<Batch>, u64, Vec<String>) {
+        let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 3540;
+        let all = batches(t0);
+        let direct = dir.join("direct.duckdb");
+        let mut w = writer(&direct);
+        let stored = write_all(&mut w, &all, false);
+        drop(w);
+        (t0, all, stored, rollups(&direct))
+    }
+
     fn from_ts(path: &std::path::Path) -> Option<i64> {
         duckdb::Connection::open(path)
             .unwrap()
@@ -540,13 +554,7 @@ pub(super) mod tests {
     #[test]
     fn folds_on_the_fold_thread_give_the_direct_rollups_even_after_a_crash() {
         let dir = tempfile::tempdir().unwrap();
-        let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 3540;
-        let all = batches(t0);
-        let direct = dir.path().join("direct.duckdb");
-        let mut w = writer(&direct);
-        let stored = write_all(&mut w, &all, false);
-        drop(w);
-        let expected = rollups(&direct);
+        let (t0, all, stored, expected) = written_directly(dir.path());
 
         for crash in [false, true] {
             let path = dir.path().join(format!("flight-{crash}.duckdb"));
@@ -593,13 +601,7 @@ pub(super) mod tests {
     #[test]
     fn a_fold_that_fails_on_the_fold_thread_is_derived_again_from_the_raw_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 3540;
-        let all = batches(t0);
-        let direct = dir.path().join("direct.duckdb");
-        let mut w = writer(&direct);
-        let stored = write_all(&mut w, &all, false);
-        drop(w);
-        let expected = rollups(&direct);
+        let (_, all, stored, expected) = written_directly(dir.path());
 
         let path = dir.path().join("failed.duckdb");
         let mut w = writer(&path);
