@@ -325,7 +325,7 @@ impl AggregatorMetrics {
         );
         r.register(
             "gpuledger_aggregator_writer_held_rows",
-            "Minute deltas (instance, holder, minute) whose samples are stored but not yet folded into the rollups; the writer holds them while batches wait",
+            "Minute deltas (instance, holder, minute) whose samples are stored but not yet folded into the rollups; the writer holds them while batches wait, then the fold thread folds them",
             self.held_rows.clone(),
         );
         r.register(
