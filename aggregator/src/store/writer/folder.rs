@@ -32,8 +32,34 @@ pub(super) struct FoldJob {
     pub(super) gpu: Map<(i32, i64), (i64, i64)>,
 }
 
-/// What became of a fold: its result, the rows it took and how long it took.
-pub(super) type Folded = (duckdb::Result<()>, usize, f64);
+/// What became of a fold.
+#[derive(Debug)]
+pub(super) struct Folded {
+    pub(super) result: Result<(), FoldError>,
+    /// The held rows it took.
+    pub(super) rows: usize,
+    /// How long it took on the fold thread.
+    pub(super) seconds: f64,
+}
+
+/// Why a fold did not land.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FoldError {
+    #[error(transparent)]
+    Db(#[from] duckdb::Error),
+    #[error("the fold thread has stopped")]
+    Stopped,
+}
+
+impl Folded {
+    fn stopped() -> Folded {
+        Folded {
+            result: Err(FoldError::Stopped),
+            rows: 0,
+            seconds: 0.0,
+        }
+    }
+}
 
 /// The handle the writer holds: at most one fold in flight.
 pub(super) struct Folder {
@@ -55,9 +81,14 @@ impl Folder {
                 let mut conn = conn;
                 for job in rx {
                     let (rows, started) = (job.deltas.len(), std::time::Instant::now());
-                    let result = fold(&mut conn, job);
+                    let result = fold(&mut conn, job).map_err(FoldError::from);
+                    let seconds = started.elapsed().as_secs_f64();
                     if tx
-                        .send((result, rows, started.elapsed().as_secs_f64()))
+                        .send(Folded {
+                            result,
+                            rows,
+                            seconds,
+                        })
                         .is_err()
                     {
                         break;
@@ -95,7 +126,7 @@ impl Folder {
         let result = match self.done.try_recv() {
             Ok(r) => r,
             Err(mpsc::TryRecvError::Empty) => return None,
-            Err(mpsc::TryRecvError::Disconnected) => (Err(gone()), 0, 0.0),
+            Err(mpsc::TryRecvError::Disconnected) => Folded::stopped(),
         };
         self.busy = false;
         Some(result)
@@ -107,7 +138,7 @@ impl Folder {
             return None;
         }
         self.busy = false;
-        Some(self.done.recv().unwrap_or_else(|_| (Err(gone()), 0, 0.0)))
+        Some(self.done.recv().unwrap_or_else(|_| Folded::stopped()))
     }
 }
 
@@ -120,10 +151,6 @@ impl Drop for Folder {
             let _ = t.join();
         }
     }
-}
-
-fn gone() -> duckdb::Error {
-    duckdb::Error::InvalidParameterName("the fold thread has stopped".into())
 }
 
 /// Folds `job` into the rollups in one transaction.

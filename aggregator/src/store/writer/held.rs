@@ -616,7 +616,10 @@ pub(super) mod tests {
             .unwrap();
         w.start_fold();
         let result = w.folder.wait();
-        assert!(result.as_ref().is_some_and(|r| r.0.is_err()), "{result:?}");
+        assert!(
+            result.as_ref().is_some_and(|r| r.result.is_err()),
+            "{result:?}"
+        );
         other.execute_batch("ROLLBACK").unwrap();
         drop(other);
         w.fold_result(result).unwrap();

@@ -725,14 +725,16 @@ impl WriterThread {
     /// Once a fold has landed its seconds are in the rollups' masks; if it failed, what it took
     /// is re-derived from the raw rows ([`Self::recover`]), whose error this is.
     fn fold_result(&mut self, result: Option<folder::Folded>) -> Result<(), StoreError> {
-        match result {
-            None => Ok(()),
-            Some((Ok(()), rows, seconds)) => {
+        let Some(folded) = result else {
+            return Ok(());
+        };
+        match folded.result {
+            Ok(()) => {
                 self.held.landed();
-                self.observer.folded(rows, seconds);
+                self.observer.folded(folded.rows, folded.seconds);
                 Ok(())
             }
-            Some((Err(e), _, _)) => {
+            Err(e) => {
                 tracing::warn!(error = %e, "A held fold failed on the fold thread; folding what is stored but not folded from the raw rows.");
                 self.recover()
             }
