@@ -215,10 +215,7 @@ impl Held {
     /// anything after a fold landed.
     fn record_from_ts(&mut self, tx: &Connection) -> Result<(), WriteError> {
         let flight = self.flight.as_ref().and_then(|f| f.oldest);
-        let wanted = match (self.oldest, flight) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let wanted = self.oldest.into_iter().chain(flight).min();
         if wanted != self.from_ts {
             tx.execute(
                 "UPDATE fold_pending SET from_ts = ? WHERE id = 0",
