@@ -7,15 +7,21 @@
 #   benches/ingest_pairs.sh BASE_BIN NEW_BIN OUT_DIR PAIRS [ingest_load arguments...]
 #   e.g. benches/ingest_pairs.sh /tmp/gl.base /tmp/gl.new /tmp/pairs 3 --seconds 120 --paced-seconds 5
 #
-# Build both binaries with `cargo build --release --locked` (copy each aside), and the bench with
-# `cargo bench --locked --no-run`. Each run's report goes to OUT_DIR/{base,new}.N.txt; the lines
-# the comparisons quote are printed at the end. `target/release/gpuledger` is left as NEW_BIN.
+# Build the bench and the binary with `cargo bench --locked --no-run` at each commit, copying
+# `target/release/gpuledger` aside each time. Each run's report goes to OUT_DIR/{base,new}.N.txt;
+# the lines the comparisons quote are printed at the end. `target/release/gpuledger` is left as
+# NEW_BIN.
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,13p' "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,14p' "$0"; exit 2; }
 base=$1 new=$2 out=$3 pairs=$4
 shift 4
 target=${CARGO_TARGET_DIR:-$(cd "$(dirname "$0")/.." && pwd)/target}
-bench=$(ls -t "$target"/release/deps/ingest_load-* | grep -v '\.d$' | head -1)
+bench=
+for f in "$target"/release/deps/ingest_load-*; do
+  case $f in *.d) continue ;; esac
+  [ -z "$bench" ] || [ "$f" -nt "$bench" ] && bench=$f
+done
+[ -n "$bench" ] || { echo "no ingest_load bench under $target/release/deps: run cargo bench --locked --no-run" >&2; exit 2; }
 mkdir -p "$out"
 for i in $(seq 1 "$pairs"); do
   for v in base new; do
