@@ -18,8 +18,8 @@
 //! `rollups` (the deltas and the SQL that folds them), `minutes` (history as minute rows),
 //! `retention` (what is deleted when), `compact` (raw rows rewritten in instance order once their
 //! hour is over), `held` (folds held back while batches wait behind a group, and their recovery
-//! after a crash), `checkpoints` (how much WAL gathers before DuckDB checkpoints, paced by the
-//! writer's rate); this file holds the handle, the jobs and the write loop.
+//! after a crash), `checkpoints` (how much WAL gathers before DuckDB checkpoints, set by whether
+//! the writer keeps up); this file holds the handle, the jobs and the write loop.
 //!
 //! Memory is bounded by the caller: [`Writer::try_reserve`] hands out queue permits counted in
 //! samples, and a job holds its permit until it has been written and its batch, handed back
@@ -786,11 +786,10 @@ impl WriterThread {
             Ok(outcomes) => {
                 self.observer
                     .committed(group.len(), started.elapsed().as_secs_f64());
-                let samples = outcomes.iter().map(|o| o.stored as usize).sum();
                 for (job, outcome) in group.into_iter().zip(outcomes) {
                     job.answer(Ok(outcome));
                 }
-                if let Err(e) = self.checkpoints.wrote(&self.conn, samples) {
+                if let Err(e) = self.checkpoints.wrote(&self.conn, started.elapsed()) {
                     tracing::warn!(error = %e, "Cannot change DuckDB's checkpoint threshold; the one in force stays.");
                 }
             }
