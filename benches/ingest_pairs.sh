@@ -9,13 +9,14 @@
 #
 # Build the bench and the binary with `cargo bench --locked --no-run` at each commit, copying
 # `target/release/gpuledger` aside each time. Each run's report goes to OUT_DIR/{base,new}.N.txt;
-# the lines the comparisons quote are printed at the end. `target/release/gpuledger` is left as
-# NEW_BIN.
+# the lines the comparisons quote are printed at the end, with the checkpoints `wal_watch.sh` saw
+# (OUT_DIR/{base,new}.N.wal). `target/release/gpuledger` is left as NEW_BIN.
 set -euo pipefail
 [ $# -ge 4 ] || { sed -n '2,14p' "$0"; exit 2; }
 base=$1 new=$2 out=$3 pairs=$4
 shift 4
-target=${CARGO_TARGET_DIR:-$(cd "$(dirname "$0")/.." && pwd)/target}
+here=$(cd "$(dirname "$0")" && pwd)
+target=${CARGO_TARGET_DIR:-$here/../target}
 bench=
 for f in "$target"/release/deps/ingest_load-*; do
   case $f in *.d) continue ;; esac
@@ -28,13 +29,20 @@ for i in $(seq 1 "$pairs"); do
     bin=$base
     [ "$v" = new ] && bin=$new
     cp "$bin" "$target/release/gpuledger"
+    "$here/wal_watch.sh" "$out/$v.$i.wal" &
+    watch=$!
     rc=0
     "$bench" --bench "$@" > "$out/$v.$i.txt" 2>&1 || rc=$?
     echo "$v $i: exit $rc"
+    sleep 1
+    kill "$watch" 2>/dev/null || true
   done
 done
 cp "$new" "$target/release/gpuledger"
 for f in "$out"/*.txt; do
   echo "== $f"
   grep -E 'samples/s|CPU per sample|peak RSS [0-9]|evaluations ended' "$f" || true
+  wal=${f%.txt}.wal
+  echo "  checkpoints: $(grep -vc '^#' "$wal" || true); the largest WALs before one, MB:" \
+    "$(grep -v '^#' "$wal" | awk '{print int($2 / 1e6)}' | sort -n | tail -4 | tr '\n' ' ')"
 done
