@@ -67,6 +67,8 @@ pub(super) struct Folder {
     done: mpsc::Receiver<Folded>,
     busy: bool,
     thread: Option<JoinHandle<()>>,
+    /// Whether the writer has been told the thread is gone ([`Folder::stopped`]).
+    stop_reported: bool,
 }
 
 impl Folder {
@@ -101,7 +103,28 @@ impl Folder {
             done,
             busy: false,
             thread: Some(thread),
+            stop_reported: false,
         })
+    }
+
+    /// Whether the fold thread is gone (a panic ended it): the writer then folds on its own
+    /// thread, as it did before there was one. Logged the first time it is seen.
+    pub(super) fn stopped(&mut self) -> bool {
+        let gone = self.jobs.is_none() || self.thread.as_ref().is_none_or(JoinHandle::is_finished);
+        if gone && !self.stop_reported {
+            tracing::error!("The fold thread has stopped; the writer folds on its own thread.");
+            self.stop_reported = true;
+        }
+        gone
+    }
+
+    /// Ends the fold thread, as a panic would.
+    #[cfg(test)]
+    pub(super) fn stop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 
     /// Whether a fold is in flight (its result not yet taken).
@@ -109,8 +132,9 @@ impl Folder {
         self.busy
     }
 
-    /// Hands `job` to the fold thread. Fails only when the thread is gone; then the job is lost
-    /// and the caller must re-derive what it held ([`held::recover`](super::held::recover)).
+    /// Hands `job` to the fold thread. Fails only when the thread is gone (it ended after
+    /// [`Folder::stopped`] was asked); then the job is lost and the caller must re-derive what it
+    /// held ([`held::recover`](super::held::recover)).
     pub(super) fn start(&mut self, job: FoldJob) -> Result<(), ()> {
         debug_assert!(!self.busy, "one fold at a time");
         let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());

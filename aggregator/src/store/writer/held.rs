@@ -596,6 +596,33 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn with_the_fold_thread_gone_the_writer_folds_on_its_own_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, all, stored, expected) = written_directly(dir.path());
+
+        let path = dir.path().join("stopped.duckdb");
+        let mut w = writer(&path);
+        let (first, rest) = all.split_at(10);
+        let mut n = write_all(&mut w, first, true);
+        // The thread dies (a panic, say) with nothing in flight; the held fold falls due.
+        w.folder.stop();
+        w.start_fold();
+        assert!(w.held.settled(), "folded on the writer's thread");
+        assert!(!w.needs_recovery);
+        // More held groups (the re-sends among them are found stored), folded the same way, then
+        // the idle fold.
+        n += write_all(&mut w, &rest[..20], true);
+        w.start_fold();
+        assert!(w.held.settled());
+        n += write_all(&mut w, &rest[20..], true);
+        w.fold_held().unwrap();
+        assert_eq!(n, stored);
+        drop(w);
+        assert_eq!(rollups(&path), expected);
+        assert_eq!(from_ts(&path), None);
+    }
+
+    #[test]
     fn a_fold_that_fails_on_the_fold_thread_is_derived_again_from_the_raw_rows() {
         let dir = tempfile::tempdir().unwrap();
         let (_, all, stored, expected) = written_directly(dir.path());

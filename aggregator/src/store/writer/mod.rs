@@ -750,10 +750,19 @@ impl WriterThread {
         if self.settle_fold().is_err() || self.held.is_empty() {
             return;
         }
+        if self.folder.stopped() {
+            // Nothing to hand it to: fold here (an error leaves a recovery behind it).
+            let _ = self.fold_held();
+            return;
+        }
         let job = self.held.take();
         if self.folder.start(job).is_err() {
-            tracing::error!("The fold thread has stopped; folding on the writer's thread.");
-            self.needs_recovery = true;
+            // The thread ended since `stopped`: what it took is lost with it, so it is derived
+            // again from the raw rows now, before anything folds what is held beside it.
+            tracing::error!(
+                "The fold thread stopped with a fold handed to it; folding what it took from the raw rows."
+            );
+            let _ = self.recover();
         }
     }
 
