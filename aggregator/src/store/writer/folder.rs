@@ -75,6 +75,30 @@ impl Folder {
     /// Starts the fold thread on `conn` (a connection to the writer's database). `wake` is
     /// called after each fold's result is sent.
     pub(super) fn spawn(conn: Connection, wake: Box<dyn Fn() + Send>) -> std::io::Result<Folder> {
+        Self::spawn_with(conn, wake, Box::new(|| {}))
+    }
+
+    /// [`Folder::spawn`], whose thread begins each fold only once `gate` has a message: a test
+    /// keeps a fold in flight, uncommitted, for as long as it needs.
+    #[cfg(test)]
+    pub(super) fn spawn_gated(
+        conn: Connection,
+        gate: mpsc::Receiver<()>,
+    ) -> std::io::Result<Folder> {
+        Self::spawn_with(
+            conn,
+            Box::new(|| {}),
+            Box::new(move || {
+                let _ = gate.recv();
+            }),
+        )
+    }
+
+    fn spawn_with(
+        conn: Connection,
+        wake: Box<dyn Fn() + Send>,
+        mut before_fold: Box<dyn FnMut() + Send>,
+    ) -> std::io::Result<Folder> {
         let (jobs, rx) = mpsc::channel::<FoldJob>();
         let (tx, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -82,6 +106,7 @@ impl Folder {
             .spawn(move || {
                 let mut conn = conn;
                 for job in rx {
+                    before_fold();
                     let (rows, started) = (job.deltas.len(), std::time::Instant::now());
                     let result = fold(&mut conn, job).map_err(FoldError::from);
                     let seconds = started.elapsed().as_secs_f64();

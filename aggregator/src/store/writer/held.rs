@@ -558,6 +558,10 @@ pub(super) mod tests {
             let mut w = writer(&path);
             let (first, rest) = all.split_at(20);
             let (rest, last) = rest.split_at(rest.len() - 1);
+            // The fold thread waits at a gate, so that the fold stays uncommitted while the rest
+            // is written: the ledger's masks lack its seconds all that time.
+            let (open, gate) = std::sync::mpsc::channel();
+            w.folder = Folder::spawn_gated(w.conn.try_clone().unwrap(), gate).unwrap();
             let before = write_all(&mut w, first, true);
             w.start_fold();
             assert!(w.folder.busy() && w.held.is_empty());
@@ -569,6 +573,12 @@ pub(super) mod tests {
                 w.folder.busy() && !w.held.is_empty(),
                 "a group begun beside a fold holds"
             );
+            let folded: i64 = w
+                .conn
+                .query_row("SELECT count(*) FROM rollup_1m", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(folded, 0, "the fold has not committed");
+            open.send(()).unwrap();
             let end = if crash {
                 w.settle_fold().unwrap();
                 assert_eq!(
