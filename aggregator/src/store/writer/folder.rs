@@ -78,8 +78,8 @@ impl Folder {
         Self::spawn_with(conn, wake, Box::new(|| {}))
     }
 
-    /// [`Folder::spawn`], whose thread begins each fold only once `gate` has a message: a test
-    /// keeps a fold in flight, uncommitted, for as long as it needs.
+    /// [`Folder::spawn`], whose thread commits each fold only once `gate` has a message: a test
+    /// keeps a fold in flight, its rollup updates made and uncommitted, for as long as it needs.
     #[cfg(test)]
     pub(super) fn spawn_gated(
         conn: Connection,
@@ -97,7 +97,7 @@ impl Folder {
     fn spawn_with(
         conn: Connection,
         wake: Box<dyn Fn() + Send>,
-        mut before_fold: Box<dyn FnMut() + Send>,
+        mut before_commit: Box<dyn FnMut() + Send>,
     ) -> std::io::Result<Folder> {
         let (jobs, rx) = mpsc::channel::<FoldJob>();
         let (tx, done) = mpsc::channel();
@@ -106,9 +106,8 @@ impl Folder {
             .spawn(move || {
                 let mut conn = conn;
                 for job in rx {
-                    before_fold();
                     let (rows, started) = (job.deltas.len(), std::time::Instant::now());
-                    let result = fold(&mut conn, job).map_err(FoldError::from);
+                    let result = fold(&mut conn, job, &mut before_commit).map_err(FoldError::from);
                     let seconds = started.elapsed().as_secs_f64();
                     if tx
                         .send(Folded {
@@ -202,11 +201,17 @@ impl Drop for Folder {
     }
 }
 
-/// Folds `job` into the rollups in one transaction.
-fn fold(conn: &mut Connection, job: FoldJob) -> duckdb::Result<()> {
+/// Folds `job` into the rollups in one transaction; `before_commit` runs just before it commits
+/// (a test's gate, [`Folder::spawn_gated`]).
+fn fold(
+    conn: &mut Connection,
+    job: FoldJob,
+    before_commit: &mut dyn FnMut(),
+) -> duckdb::Result<()> {
     let _span = tracing::info_span!("writer.fold", rows = job.deltas.len()).entered();
     let tx = conn.transaction()?;
     fold_delta_rows(&tx, job.deltas.len(), job.deltas.into_iter())?;
     fold_gpu_deltas(&tx, &job.gpu)?;
+    before_commit();
     tx.commit()
 }

@@ -606,6 +606,38 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_group_past_the_raw_window_waits_for_the_fold_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, all, stored, expected) = written_directly(dir.path());
+
+        let path = dir.path().join("past.duckdb");
+        let mut w = writer(&path);
+        let (open, gate) = std::sync::mpsc::channel();
+        w.folder = Folder::spawn_gated(w.conn.try_clone().unwrap(), gate).unwrap();
+        let (first, rest) = all.split_at(20);
+        let mut n = write_all(&mut w, first, true);
+        w.start_fold();
+        assert!(w.folder.busy());
+        // The rest arrives older than the raw window (a cutoff past all of it): such a group
+        // updates the rollups in its own transaction, which may not begin beside the fold's
+        // uncommitted updates ("Conflict on update"), so `write` waits for the fold first.
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            open.send(()).unwrap();
+        });
+        for b in rest {
+            n += w.write(&[(b, i64::MAX)], &|| usize::MAX).unwrap()[0].stored;
+        }
+        opener.join().unwrap();
+        assert!(!w.folder.busy());
+        w.fold_held().unwrap();
+        assert_eq!(n, stored);
+        drop(w);
+        assert_eq!(rollups(&path), expected);
+        assert_eq!(from_ts(&path), None);
+    }
+
+    #[test]
     fn with_the_fold_thread_gone_the_writer_folds_on_its_own_thread() {
         let dir = tempfile::tempdir().unwrap();
         let (_, all, stored, expected) = written_directly(dir.path());
