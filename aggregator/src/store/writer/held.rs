@@ -541,6 +541,21 @@ pub(super) mod tests {
         (t0, all, stored, rollups(&direct))
     }
 
+    /// The end of a test's writes: the idle fold, then, with the writer gone, the ledger holds
+    /// what [`written_directly`] left, with nothing pending.
+    fn ends_as_written_directly(
+        mut w: WriterThread,
+        path: &std::path::Path,
+        written: u64,
+        (stored, expected): (u64, &[String]),
+    ) {
+        w.fold_held().unwrap();
+        assert_eq!(written, stored);
+        drop(w);
+        assert_eq!(rollups(path), expected);
+        assert_eq!(from_ts(path), None);
+    }
+
     fn from_ts(path: &std::path::Path) -> Option<i64> {
         duckdb::Connection::open(path)
             .unwrap()
@@ -630,11 +645,7 @@ pub(super) mod tests {
         }
         opener.join().unwrap();
         assert!(!w.folder.busy());
-        w.fold_held().unwrap();
-        assert_eq!(n, stored);
-        drop(w);
-        assert_eq!(rollups(&path), expected);
-        assert_eq!(from_ts(&path), None);
+        ends_as_written_directly(w, &path, n, (stored, &expected));
     }
 
     #[test]
@@ -657,11 +668,7 @@ pub(super) mod tests {
         w.start_fold();
         assert!(w.held.settled());
         n += write_all(&mut w, &rest[20..], true);
-        w.fold_held().unwrap();
-        assert_eq!(n, stored);
-        drop(w);
-        assert_eq!(rollups(&path), expected);
-        assert_eq!(from_ts(&path), None);
+        ends_as_written_directly(w, &path, n, (stored, &expected));
     }
 
     #[test]
@@ -691,9 +698,6 @@ pub(super) mod tests {
         w.fold_result(result).unwrap();
         assert!(w.held.settled(), "re-derived and folded at once");
         n += write_all(&mut w, &rest[10..], false);
-        assert_eq!(n, stored);
-        drop(w);
-        assert_eq!(rollups(&path), expected);
-        assert_eq!(from_ts(&path), None);
+        ends_as_written_directly(w, &path, n, (stored, &expected));
     }
 }
