@@ -793,12 +793,13 @@ impl WriterThread {
         let batches: Vec<(&Batch, i64)> = group.iter().map(|j| (&j.batch, j.raw_cutoff)).collect();
         match self.write(&batches, behind) {
             Ok(outcomes) => {
-                self.observer
-                    .committed(group.len(), started.elapsed().as_secs_f64());
+                // One span for both: the commit histogram and the writer's share of the time.
+                let spent = started.elapsed();
+                self.observer.committed(group.len(), spent.as_secs_f64());
                 for (job, outcome) in group.into_iter().zip(outcomes) {
                     job.answer(Ok(outcome));
                 }
-                if let Err(e) = self.checkpoints.wrote(&self.conn, started.elapsed()) {
+                if let Err(e) = self.checkpoints.wrote(&self.conn, spent) {
                     tracing::warn!(error = %e, "Cannot change DuckDB's checkpoint threshold; the one in force stays.");
                 }
             }
