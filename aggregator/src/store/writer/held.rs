@@ -556,6 +556,14 @@ pub(super) mod tests {
         assert_eq!(from_ts(path), None);
     }
 
+    /// Gives `w` a fold thread that commits each fold only once the returned sender has sent
+    /// it a message ([`Folder::spawn_gated`]).
+    fn gate_folds(w: &mut WriterThread) -> std::sync::mpsc::Sender<()> {
+        let (open, gate) = std::sync::mpsc::channel();
+        w.folder = Folder::spawn_gated(w.conn.try_clone().unwrap(), gate).unwrap();
+        open
+    }
+
     fn from_ts(path: &std::path::Path) -> Option<i64> {
         duckdb::Connection::open(path)
             .unwrap()
@@ -573,10 +581,9 @@ pub(super) mod tests {
             let mut w = writer(&path);
             let (first, rest) = all.split_at(20);
             let (rest, last) = rest.split_at(rest.len() - 1);
-            // The fold thread waits at a gate, so that the fold stays uncommitted while the rest
-            // is written: the ledger's masks lack its seconds all that time.
-            let (open, gate) = std::sync::mpsc::channel();
-            w.folder = Folder::spawn_gated(w.conn.try_clone().unwrap(), gate).unwrap();
+            // The fold stays uncommitted while the rest is written: the ledger's masks lack its
+            // seconds all that time.
+            let open = gate_folds(&mut w);
             let before = write_all(&mut w, first, true);
             w.start_fold();
             assert!(w.folder.busy() && w.held.is_empty());
@@ -627,8 +634,7 @@ pub(super) mod tests {
 
         let path = dir.path().join("past.duckdb");
         let mut w = writer(&path);
-        let (open, gate) = std::sync::mpsc::channel();
-        w.folder = Folder::spawn_gated(w.conn.try_clone().unwrap(), gate).unwrap();
+        let open = gate_folds(&mut w);
         let (first, rest) = all.split_at(20);
         let mut n = write_all(&mut w, first, true);
         w.start_fold();
