@@ -468,28 +468,33 @@ async fn a_ledger_from_before_the_notes_and_the_totals_upgrades_to_the_same_answ
     analytics::evaluate(&once.readers, &once.writer, &s, 100)
         .await
         .unwrap();
-    let answers = |l: &Ledger| {
-        let conn = l.conn();
-        let episodes =
-            analytics::episodes(&conn, EpisodeState::All, i64::MIN, i64::MAX, None, &s).unwrap();
-        let fragmentation: Vec<(i64, String, i64, f64, f64)> = conn
-            .prepare(
-                "SELECT bucket, gpu_uuid, observed_seconds, free_slice_seconds,
-                        stranded_slice_seconds FROM fragmentation_1h ORDER BY ALL",
-            )
-            .unwrap()
-            .query_map([], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        (
-            serde_json::to_string_pretty(&episodes).unwrap(),
-            fragmentation,
+    assert_eq!(
+        evaluated_answers(&upgraded, &s),
+        evaluated_answers(&once, &s)
+    );
+}
+
+/// What evaluations stored in a ledger: every episode, and every GPU-hour's fragmentation.
+fn evaluated_answers(l: &Ledger, s: &Settings) -> (String, Vec<(i64, String, i64, f64, f64)>) {
+    let conn = l.conn();
+    let episodes =
+        analytics::episodes(&conn, EpisodeState::All, i64::MIN, i64::MAX, None, s).unwrap();
+    let fragmentation = conn
+        .prepare(
+            "SELECT bucket, gpu_uuid, observed_seconds, free_slice_seconds,
+                    stranded_slice_seconds FROM fragmentation_1h ORDER BY ALL",
         )
-    };
-    assert_eq!(answers(&upgraded), answers(&once));
+        .unwrap()
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    (
+        serde_json::to_string_pretty(&episodes).unwrap(),
+        fragmentation,
+    )
 }
 
 fn notes(conn: &Connection) -> Vec<(i64, String)> {
@@ -700,6 +705,55 @@ async fn evaluating_as_data_arrives_stores_what_one_evaluation_of_all_of_it_stor
         assert!(n >= 10, "seed {seed}: the trace has episodes ({n})");
         assert_eq!(stored(&ledger).1, expected, "seed {seed}");
     }
+}
+
+/// A pass reads its GPUs' facts in snapshots of `snapshot_instances` instances, after three
+/// short ones (what is dirty, the demand mix, the dimensions): one GPU per snapshot, or all of them in one, an evaluation every
+/// 10 minutes of data stores the same episodes and fragmentation, and says how many snapshots it
+/// read in.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pass_read_in_many_snapshots_stores_what_one_snapshot_stores() {
+    let trace = spells_trace(3, T0, 3 * 3600);
+    let base = Settings {
+        window: std::time::Duration::from_secs(20 * 60),
+        ..settings()
+    };
+    let mut answers = Vec::new();
+    // 7 instances a GPU: at most 7 per snapshot is one GPU each; usize::MAX is all of them.
+    // Three snapshots before the facts: the dirty hours, the demand mix, the dimensions.
+    for (per_snapshot, snapshots_a_pass) in [(7, 5), (1, 5), (usize::MAX, 4)] {
+        let s = Settings {
+            snapshot_instances: per_snapshot,
+            ..base.clone()
+        };
+        let ledger = Ledger::open();
+        let mut evaluations = 0;
+        for chunk in trace.chunk_by(|a, b| a.timestamp / 600 == b.timestamp / 600) {
+            ledger.write(chunk, 50_000).await;
+            let r = analytics::evaluate(&ledger.readers, &ledger.writer, &s, 100)
+                .await
+                .unwrap();
+            // Both GPUs change in every 10 minutes: one pass, over both.
+            assert_eq!(r.gpus, 2, "{per_snapshot} per snapshot: {r:?}");
+            assert_eq!(
+                r.snapshots, snapshots_a_pass,
+                "{per_snapshot} per snapshot: {r:?}"
+            );
+            evaluations += 1;
+        }
+        assert_eq!(evaluations, 18);
+        let (episodes, fragmentation) = evaluated_answers(&ledger, &s);
+        assert!(
+            fragmentation.len() >= 6 && episodes.matches("started_at").count() >= 4,
+            "the trace has GPU-hours and episodes: {fragmentation:?} {episodes}"
+        );
+        answers.push((episodes, fragmentation));
+    }
+    assert_eq!(answers[0], answers[2], "a GPU per snapshot");
+    assert_eq!(
+        answers[1], answers[2],
+        "a GPU per snapshot, the limit under one GPU"
+    );
 }
 
 /// Showback computed from raw samples only, as the definition says.

@@ -303,6 +303,7 @@ impl AggregatorOptions {
             demand: self.demand,
             billing: self.billing,
             demand_lookback: self.demand_lookback.unwrap_or(defaults_a.demand_lookback),
+            snapshot_instances: defaults_a.snapshot_instances,
         };
         // Tokens before the reclaim settings: a missing token file is the first thing to fix.
         let tokens = tokens(self.token_file)?;

@@ -62,6 +62,10 @@ pub struct Dims {
     pub holders: FxHashMap<i32, HolderDim>,
     /// The GPUs, indexed by [`InstanceDim::gpu`].
     pub gpus: Vec<GpuKey>,
+    /// GPU → its index in [`Dims::gpus`].
+    gpu_index: HashMap<GpuKey, usize>,
+    /// The newest instance and holder ids read: [`Dims::load_newer`] reads past them.
+    newest: (Option<i32>, Option<i32>),
 }
 
 impl Dims {
@@ -70,19 +74,26 @@ impl Dims {
     /// fleets at once").
     pub fn load(conn: &Connection) -> duckdb::Result<Dims> {
         let mut d = Dims::default();
-        d.load_instances(conn)?;
-        d.load_holders(conn)?;
+        d.load_newer(conn)?;
         Ok(d)
     }
 
-    /// Reads `instances` into [`Dims::instances`] and [`Dims::gpus`].
+    /// Adds the instances and holders written since these were read (ids past the newest read:
+    /// the writer numbers them upwards and never changes a row), so that every fact row of the
+    /// caller's snapshot has its dimensions. A pass that reads its facts in several snapshots
+    /// calls this at the start of each ([`crate::analytics`]).
+    pub fn load_newer(&mut self, conn: &Connection) -> duckdb::Result<()> {
+        self.load_instances(conn)?;
+        self.load_holders(conn)
+    }
+
+    /// Reads `instances` past the newest read into [`Dims::instances`] and [`Dims::gpus`].
     fn load_instances(&mut self, conn: &Connection) -> duckdb::Result<()> {
-        let mut index: HashMap<GpuKey, usize> = HashMap::new();
         let mut stmt = conn.prepare_cached(
             "SELECT instance_id, node, gpu_uuid, gpu_model, gpu_instance_id, mig_profile,
-                    placement_start, gpu_equivalents FROM instances",
+                    placement_start, gpu_equivalents FROM instances WHERE instance_id > ?",
         )?;
-        for batch in stmt.query_arrow([])? {
+        for batch in stmt.query_arrow([self.newest.0.unwrap_or(i32::MIN)])? {
             let (id, node, uuid, model) = (
                 ints(&batch, 0)?,
                 strings(&batch, 1)?,
@@ -108,13 +119,14 @@ impl Dims {
                             gpu_uuid: uuid.value(k).to_owned(),
                             gpu_model: model.value(k).to_owned(),
                         };
-                        *index.entry(key).or_insert_with_key(|key| {
+                        *self.gpu_index.entry(key).or_insert_with_key(|key| {
                             self.gpus.push(key.clone());
                             self.gpus.len() - 1
                         })
                     }
                 };
                 last = Some(gpu);
+                self.newest.0 = self.newest.0.max(Some(id.value(k)));
                 self.instances.insert(
                     id.value(k),
                     InstanceDim {
@@ -131,11 +143,12 @@ impl Dims {
         Ok(())
     }
 
-    /// Reads `holders` into [`Dims::holders`].
+    /// Reads `holders` past the newest read into [`Dims::holders`].
     fn load_holders(&mut self, conn: &Connection) -> duckdb::Result<()> {
-        let mut stmt =
-            conn.prepare_cached("SELECT holder_id, tenant, workload, slo_class FROM holders")?;
-        for batch in stmt.query_arrow([])? {
+        let mut stmt = conn.prepare_cached(
+            "SELECT holder_id, tenant, workload, slo_class FROM holders WHERE holder_id > ?",
+        )?;
+        for batch in stmt.query_arrow([self.newest.1.unwrap_or(i32::MIN)])? {
             let id = ints(&batch, 0)?;
             let text: [StringArray; 3] = [
                 strings(&batch, 1)?,
@@ -144,6 +157,7 @@ impl Dims {
             ];
             let at = |c: usize, k: usize| text[c].is_valid(k).then(|| text[c].value(k).to_owned());
             for k in 0..batch.num_rows() {
+                self.newest.1 = self.newest.1.max(Some(id.value(k)));
                 self.holders.insert(
                     id.value(k),
                     HolderDim {

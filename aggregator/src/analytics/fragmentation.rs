@@ -3,6 +3,7 @@
 //! [`super::geometry`].
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeInclusive;
 
 use duckdb::{Connection, params};
 use gpuledger_schema::mig::{self, SLICES_PER_GPU};
@@ -128,15 +129,24 @@ fn present(dims: &Dims, f: &MinuteFact) -> Present {
 
 const MINUTE_ROWS: &str = "
 SELECT bucket, instance_id, holder_id, seconds_mask, sm_active_samples, sm_active_sum
-FROM rollup_1m WHERE bucket >= ? AND bucket < ?";
+FROM rollup_1m WHERE bucket >= ? AND bucket < ? AND instance_id BETWEEN ? AND ?";
+
+/// Every instance id.
+const ALL_INSTANCES: RangeInclusive<i32> = i32::MIN..=i32::MAX;
 
 /// ((gpu index, minute bucket), the minute's rows), in that order.
 type Minutes = Vec<((usize, i64), Vec<MinuteFact>)>;
 
-fn minute_rows(conn: &Connection, dims: &Dims, from: i64, to: i64) -> duckdb::Result<Minutes> {
+fn minute_rows(
+    conn: &Connection,
+    dims: &Dims,
+    from: i64,
+    to: i64,
+    ids: &RangeInclusive<i32>,
+) -> duckdb::Result<Minutes> {
     // Sorted once rather than inserted into a map row by row (600k rows an hour at 10k instances).
     let mut facts: Vec<(usize, MinuteFact)> = Vec::new();
-    let range = params![from.div_euclid(60) * 60, to];
+    let range = params![from.div_euclid(60) * 60, to, ids.start(), ids.end()];
     for_each_minute_fact(conn, MINUTE_ROWS, range, |f| {
         if let Some(i) = dims.instance(f.instance_id) {
             facts.push((i.gpu, f));
@@ -188,7 +198,21 @@ pub fn over_range(
     to: i64,
     demand: &DemandMix,
 ) -> duckdb::Result<Vec<GpuHour>> {
-    let minutes = minute_rows(conn, dims, from, to)?;
+    over_instances(conn, dims, from, to, demand, &ALL_INSTANCES)
+}
+
+/// [`over_range`] from the minute rows of the instances whose ids are in `ids` only: exact for
+/// the GPUs all of whose instances are in it (an evaluation pass reads its GPUs a range of
+/// instances at a time, [`crate::analytics`]); the others' hours are missing some instances.
+pub fn over_instances(
+    conn: &Connection,
+    dims: &Dims,
+    from: i64,
+    to: i64,
+    demand: &DemandMix,
+    ids: &RangeInclusive<i32>,
+) -> duckdb::Result<Vec<GpuHour>> {
+    let minutes = minute_rows(conn, dims, from, to, ids)?;
     let mut hours: BTreeMap<(i64, usize), GpuHour> = BTreeMap::new();
     let mut demands: HashMap<&'static str, Demand> = HashMap::new();
     let no_mig = Demand::from_counts(&mig::MODELS[0], &HashMap::new());
@@ -301,7 +325,7 @@ pub fn at(
     demand: &DemandMix,
     with_advice: bool,
 ) -> duckdb::Result<Vec<GpuNow>> {
-    let minutes = minute_rows(conn, dims, at - max_age, at + 1)?;
+    let minutes = minute_rows(conn, dims, at - max_age, at + 1, &ALL_INSTANCES)?;
     let mut latest: BTreeMap<&GpuKey, (i64, &Vec<MinuteFact>)> = BTreeMap::new();
     for ((g, bucket), rows) in &minutes {
         let gpu = &dims.gpus[*g];

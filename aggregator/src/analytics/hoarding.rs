@@ -12,6 +12,7 @@
 //! from the earliest start (BENCHMARKS.md, "The evaluation against the hoarders' history").
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 
 use duckdb::{Connection, params};
 use rustc_hash::FxHashMap;
@@ -309,15 +310,16 @@ pub fn plan(reach: i64, stored: &[StoredEpisode]) -> Plan {
 fn stored_episodes(
     conn: &Connection,
     from: i64,
+    ids: &RangeInclusive<i32>,
 ) -> duckdb::Result<HashMap<String, Vec<StoredEpisode>>> {
     let mut stmt = conn.prepare_cached(
         "SELECT i.gpu_uuid, e.instance_id, e.holder_id, e.started_at, e.ended_at,
                 e.base_through, e.base_held_seconds, e.base_sm_active_samples,
                 e.base_sm_active_sum, e.base_last_second
          FROM hoarding_episodes e JOIN instances i USING (instance_id)
-         WHERE e.ended_at IS NULL OR e.ended_at >= ?",
+         WHERE (e.ended_at IS NULL OR e.ended_at >= ?) AND e.instance_id BETWEEN ? AND ?",
     )?;
-    let rows = stmt.query_map([from], |r| {
+    let rows = stmt.query_map(params![from, ids.start(), ids.end()], |r| {
         let through: Option<i64> = r.get(5)?;
         let base = match through {
             Some(through) => Some(Base {
@@ -349,12 +351,15 @@ fn stored_episodes(
 }
 
 /// Recomputes the episodes of the GPUs in `dirty` (gpu_uuid → earliest changed hour), on a
-/// connection inside a read transaction.
+/// connection inside a read transaction, from the rows of the instances whose ids are in `ids`:
+/// every instance of those GPUs must be in it (an evaluation pass reads its GPUs a range of
+/// instances at a time, [`crate::analytics`]).
 pub fn recompute(
     conn: &Connection,
     dims: &Dims,
     dirty: &HashMap<String, i64>,
     settings: &Settings,
+    ids: &RangeInclusive<i32>,
 ) -> duckdb::Result<Recomputed> {
     if dirty.is_empty() {
         return Ok(Recomputed::default());
@@ -368,8 +373,8 @@ pub fn recompute(
     let newest_hour: Option<i64> =
         conn.query_row("SELECT max(bucket) FROM rollup_gpu_1h", [], |r| r.get(0))?;
     let base_point = newest_hour.map_or(i64::MAX, reach);
-    let plans = plans(conn, dirty, reach)?;
-    let (mut allocations, newest) = scan_minutes(conn, dims, &plans)?;
+    let plans = plans(conn, dirty, reach, ids)?;
+    let (mut allocations, newest) = scan_minutes(conn, dims, &plans, ids)?;
     // A continued run whose allocation held nothing since still ends (or stays open) here.
     let mut seeds: HashMap<(i32, i32), Run> = HashMap::new();
     for p in plans.values() {
@@ -429,10 +434,11 @@ fn plans<'a>(
     conn: &Connection,
     dirty: &'a HashMap<String, i64>,
     reach: impl Fn(i64) -> i64,
+    ids: &RangeInclusive<i32>,
 ) -> duckdb::Result<HashMap<&'a String, Plan>> {
     let mut fetched = dirty.values().map(|&h| reach(h)).min().unwrap_or(0) - 3600;
     loop {
-        let stored = stored_episodes(conn, fetched)?;
+        let stored = stored_episodes(conn, fetched, ids)?;
         let plans: HashMap<&String, Plan> = dirty
             .iter()
             .map(|(g, &h)| {
@@ -457,6 +463,7 @@ fn scan_minutes(
     conn: &Connection,
     dims: &Dims,
     plans: &HashMap<&String, Plan>,
+    ids: &RangeInclusive<i32>,
 ) -> duckdb::Result<(Allocations, FxHashMap<usize, i64>)> {
     conn.execute_batch(
         "CREATE TEMP TABLE IF NOT EXISTS hoarding_scan (gpu_uuid VARCHAR, from_bucket BIGINT);
@@ -478,8 +485,8 @@ fn scan_minutes(
          FROM rollup_1m r
          JOIN instances i USING (instance_id)
          JOIN temp.hoarding_scan s ON s.gpu_uuid = i.gpu_uuid
-         WHERE r.bucket >= ? AND r.bucket >= s.from_bucket",
-        [from],
+         WHERE r.bucket >= ? AND r.bucket >= s.from_bucket AND r.instance_id BETWEEN ? AND ?",
+        params![from, ids.start(), ids.end()],
         |f| {
             let Some(inst) = dims.instance(f.instance_id) else {
                 return;

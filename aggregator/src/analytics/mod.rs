@@ -13,8 +13,9 @@
 //! from the totals stored with it rather than read again from its start
 //! ([`hoarding::plan`]), so a pass reads about the last hour and a window of minutes.
 //!
-//! The reading is done on a reader connection inside one transaction (one snapshot); the result
-//! is written by the one writer ([`crate::store::Writer::apply`]).
+//! The reading is done on a reader connection, in a few short transactions (snapshots) per pass,
+//! each GPU's facts from one of them ([`compute_pass`] says why and why that is exact); the
+//! result is written by the one writer ([`crate::store::Writer::apply`]).
 
 pub mod bill;
 pub mod facts;
@@ -28,6 +29,7 @@ pub mod showback;
 pub mod trend;
 
 use std::collections::{HashMap, HashSet};
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use duckdb::{Connection, OptionalExt, params};
@@ -54,6 +56,10 @@ pub struct Settings {
     pub demand_lookback: Duration,
     /// How bills are made: cost mode, overhead, teams, orgs and budgets.
     pub billing: bill::BillingSettings,
+    /// How many instances' facts a pass reads in one snapshot at most, after three short ones
+    /// (what is dirty, the demand mix, the dimensions): whole GPUs at a time, so one GPU may
+    /// take a snapshot past it.
+    pub snapshot_instances: usize,
 }
 
 impl Default for Settings {
@@ -71,6 +77,9 @@ impl Default for Settings {
             demand: HashMap::new(),
             demand_lookback: Duration::from_secs(7 * 86400),
             billing: bill::BillingSettings::default(),
+            // About 0.1-0.2 s of reading per snapshot on 2 cores (BENCHMARKS.md, "The
+            // evaluation read in short snapshots").
+            snapshot_instances: 20_000,
         }
     }
 }
@@ -97,6 +106,8 @@ pub struct PassReport {
     pub gpus: usize,
     /// Episodes stored for them.
     pub episodes: usize,
+    /// Snapshots the passes read in (see [`Settings::snapshot_instances`]).
+    pub snapshots: usize,
 }
 
 /// GPU-hours handled per pass at most: bounds the memory of a first pass over a long history
@@ -124,13 +135,20 @@ pub async fn evaluate(
             .await
             .map_err(|e| StoreError::Io(format!("the analytics task failed: {e}")))?
             .map_err(StoreError::from_db)?;
-        let Some((hours, recomputed, through)) = computed else {
+        let Some(Pass {
+            hours,
+            recomputed,
+            through,
+            snapshots,
+        }) = computed
+        else {
             break;
         };
         until = until.or(through);
         total.gpu_hours += hours.len();
         total.gpus += recomputed.scans.len();
         total.episodes += recomputed.episodes.len();
+        total.snapshots += snapshots;
         writer
             .apply(Box::new(move |tx| {
                 fragmentation::store(tx, &hours, through)?;
@@ -141,32 +159,79 @@ pub async fn evaluate(
     Ok(total)
 }
 
-/// What a pass computed, and the newest `gpu_hours_changed` note its snapshot saw.
-type Pass = (
-    Vec<fragmentation::StoredHour>,
-    hoarding::Recomputed,
-    Option<i64>,
-);
+/// What a pass computed, the newest `gpu_hours_changed` note its first snapshot saw, and how
+/// many snapshots it read in.
+struct Pass {
+    hours: Vec<fragmentation::StoredHour>,
+    recomputed: hoarding::Recomputed,
+    through: Option<i64>,
+    snapshots: usize,
+}
 
-/// One pass, read side: the oldest dirty GPU-hours (up to a day of them) among those noted up to
-/// `until` (every note the snapshot holds when `None`), their fragmentation, and the hoarding
+/// A dirty GPU-hour: (hour, gpu, observed_seconds, instance_seconds) as `rollup_gpu_1h` held them.
+type Dirty = (i64, fragmentation::GpuKey, i64, i64);
+
+/// One pass: the oldest dirty GPU-hours (up to a day of them) among those noted up to `until`
+/// (every note the first snapshot holds when `None`), their fragmentation, and the hoarding
 /// episodes of their GPUs. `None` when nothing is dirty.
+///
+/// The pass reads in several short snapshots, not one: which hours are dirty and their counts in
+/// the first, the demand mix (as of the end of those hours) in the second, the dimensions in the
+/// third, then the facts of at most [`Settings::snapshot_instances`] instances in each of the
+/// next ones, whole GPUs at a time. DuckDB checkpoints no WAL while a snapshot older than a
+/// committed update is open, and the writer's folds update the rollups every few seconds; a
+/// single snapshot over four 10,000-GPU fleets was open 1.3–2.5 s, and the WAL it held back was
+/// checkpointed later in one stall (BENCHMARKS.md, "The evaluation read in short snapshots").
+///
+/// Why that is exact: each GPU's results come from one snapshot, at least as new as the first,
+/// with the dimensions its facts name ([`facts::Dims::load_newer`]). So the counts stored with
+/// an hour are never newer than the facts it was computed from, and what was committed after
+/// the first snapshot keeps its note (the first snapshot's newest note bounds what
+/// [`fragmentation::store`] clears): the next pass finds that hour again.
 fn compute_pass(
     conn: &Connection,
     settings: &Settings,
     until: Option<i64>,
 ) -> duckdb::Result<Option<Pass>> {
+    let Some((through, dirty)) = in_snapshot(conn, |c| dirty_hours(c, until))? else {
+        return Ok(None);
+    };
+    let last = dirty.iter().map(|d| d.0).max().unwrap_or(i64::MIN) + 3600;
+    let demand = in_snapshot(conn, |c| demand_mix(c, settings, last))?;
+    let mut dims = in_snapshot(conn, facts::Dims::load)?;
+    let chunks = chunks(&dims, dirty, settings.snapshot_instances);
+    let mut pass = Pass {
+        hours: Vec::new(),
+        recomputed: hoarding::Recomputed::default(),
+        through,
+        snapshots: 3 + chunks.len(),
+    };
+    for chunk in chunks {
+        in_snapshot(conn, |c| {
+            dims.load_newer(c)?;
+            compute_chunk(c, &dims, &demand, settings, chunk, &mut pass)
+        })?;
+    }
+    Ok(Some(pass))
+}
+
+/// Runs `read` inside one read transaction: one snapshot of the ledger.
+fn in_snapshot<T>(
+    conn: &Connection,
+    read: impl FnOnce(&Connection) -> duckdb::Result<T>,
+) -> duckdb::Result<T> {
     conn.execute_batch("BEGIN TRANSACTION")?;
-    let result = compute_in_snapshot(conn, settings, until);
+    let result = read(conn);
     conn.execute_batch("COMMIT")?;
     result
 }
 
-fn compute_in_snapshot(
+/// A pass's first snapshot: the newest note, and the dirty hours among the notes up to `until`
+/// (or that newest one), up to a day of them, oldest first. `None` when nothing is dirty.
+fn dirty_hours(
     conn: &Connection,
-    settings: &Settings,
     until: Option<i64>,
-) -> duckdb::Result<Option<Pass>> {
+) -> duckdb::Result<Option<(Option<i64>, Vec<Dirty>)>> {
     let through = fragmentation::changed_through(conn)?;
     let Some(until) = until.or(through) else {
         return Ok(None);
@@ -177,20 +242,85 @@ fn compute_in_snapshot(
     };
     // A day at a time, oldest first: hoarding runs carry over from one pass to the next.
     dirty.retain(|d| d.0 < first + 86400);
-    let last = dirty.iter().map(|d| d.0).max().unwrap_or(first) + 3600;
-    let demand = demand_mix(conn, settings, last)?;
-    let dims = facts::Dims::load(conn)?;
+    Ok(Some((through, dirty)))
+}
+
+/// The dirty hours of some GPUs, and a range of instance ids that holds every instance of them.
+struct Chunk {
+    ids: RangeInclusive<i32>,
+    dirty: Vec<Dirty>,
+}
+
+/// Splits the dirty hours into chunks of whole GPUs (by UUID, as the hoarding scan joins them)
+/// of about `per_chunk` instances, each GPU's instances within its chunk's id range. The writer
+/// numbers a node's instances together as it first meets them, so GPUs taken in the order of
+/// their lowest instance id give chunks whose ranges barely overlap. GPUs with no instance in
+/// `dims` go in a chunk of their own with an empty range: no facts, as in one snapshot.
+fn chunks(dims: &facts::Dims, dirty: Vec<Dirty>, per_chunk: usize) -> Vec<Chunk> {
+    // Each GPU's (lowest id, highest id, instances).
+    let mut span: HashMap<&str, (i32, i32, usize)> = HashMap::new();
+    for (&id, i) in &dims.instances {
+        let s = span
+            .entry(dims.gpus[i.gpu].gpu_uuid.as_str())
+            .or_insert((id, id, 0));
+        *s = (s.0.min(id), s.1.max(id), s.2 + 1);
+    }
+    let (mut placed, unplaced): (Vec<_>, Vec<_>) = dirty
+        .into_iter()
+        .map(|d| (span.get(d.1.gpu_uuid.as_str()).copied(), d))
+        .partition(|(s, _)| s.is_some());
+    placed.sort_by(|(a, x), (b, y)| (a, &x.1.gpu_uuid, x.0).cmp(&(b, &y.1.gpu_uuid, y.0)));
+    let mut out: Vec<Chunk> = Vec::new();
+    let mut instances = 0;
+    let mut last_gpu: Option<String> = None;
+    for (s, d) in placed {
+        let (lo, hi, n) = s.expect("partitioned");
+        if last_gpu.as_deref() != Some(d.1.gpu_uuid.as_str()) {
+            if instances >= per_chunk || out.is_empty() {
+                out.push(Chunk {
+                    ids: lo..=hi,
+                    dirty: Vec::new(),
+                });
+                instances = 0;
+            }
+            instances += n;
+            last_gpu = Some(d.1.gpu_uuid.clone());
+        }
+        let c = out.last_mut().expect("pushed");
+        c.ids = lo.min(*c.ids.start())..=hi.max(*c.ids.end());
+        c.dirty.push(d);
+    }
+    if !unplaced.is_empty() {
+        out.push(Chunk {
+            ids: 1..=0,
+            dirty: unplaced.into_iter().map(|(_, d)| d).collect(),
+        });
+    }
+    out
+}
+
+/// One chunk of a pass, in its own snapshot: the fragmentation of its dirty hours and the
+/// hoarding episodes of their GPUs, added to `pass`.
+fn compute_chunk(
+    conn: &Connection,
+    dims: &facts::Dims,
+    demand: &DemandMix,
+    settings: &Settings,
+    chunk: Chunk,
+    pass: &mut Pass,
+) -> duckdb::Result<()> {
+    let first = chunk.dirty.iter().map(|d| d.0).min().unwrap_or(0);
+    let last = chunk.dirty.iter().map(|d| d.0).max().unwrap_or(first) + 3600;
     let wanted: HashSet<(i64, &fragmentation::GpuKey)> =
-        dirty.iter().map(|d| (d.0, &d.1)).collect();
+        chunk.dirty.iter().map(|d| (d.0, &d.1)).collect();
     let mut computed: HashMap<(i64, fragmentation::GpuKey), fragmentation::GpuHour> =
-        fragmentation::over_range(conn, &dims, first, last, &demand)?
+        fragmentation::over_instances(conn, dims, first, last, demand, &chunk.ids)?
             .into_iter()
             .filter(|h| wanted.contains(&(h.bucket, &h.gpu)))
             .map(|h| ((h.bucket, h.gpu.clone()), h))
             .collect();
-    let mut hours = Vec::with_capacity(dirty.len());
     let mut gpus: HashMap<String, i64> = HashMap::new();
-    for (bucket, gpu, observed, instance) in dirty {
+    for (bucket, gpu, observed, instance) in chunk.dirty {
         let g = gpus.entry(gpu.gpu_uuid.clone()).or_insert(bucket);
         *g = (*g).min(bucket);
         let hour = computed
@@ -202,14 +332,16 @@ fn compute_in_snapshot(
                 free_slice_seconds: 0.0,
                 stranded_slice_seconds: 0.0,
             });
-        hours.push(fragmentation::StoredHour {
+        pass.hours.push(fragmentation::StoredHour {
             hour,
             observed_seconds: observed,
             instance_seconds: instance,
         });
     }
-    let recomputed = hoarding::recompute(conn, &dims, &gpus, settings)?;
-    Ok(Some((hours, recomputed, through)))
+    let r = hoarding::recompute(conn, dims, &gpus, settings, &chunk.ids)?;
+    pass.recomputed.scans.extend(r.scans);
+    pass.recomputed.episodes.extend(r.episodes);
+    Ok(())
 }
 
 /// The figures `/metrics` shows, as of the newest complete minute.
@@ -431,4 +563,104 @@ pub fn episodes(
         })
     })?;
     rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(uuid: &str) -> fragmentation::GpuKey {
+        fragmentation::GpuKey {
+            node: "n".into(),
+            gpu_uuid: uuid.into(),
+            gpu_model: "H100-80GB".into(),
+        }
+    }
+
+    /// GPU A has instances 1-3 and 9 (a geometry changed later), B 4-6, C 7-8; D has none.
+    fn dims() -> facts::Dims {
+        let mut d = facts::Dims::default();
+        d.gpus = ["A", "B", "C"].map(gpu).to_vec();
+        for (id, g) in [
+            (1, 0),
+            (2, 0),
+            (3, 0),
+            (4, 1),
+            (5, 1),
+            (6, 1),
+            (7, 2),
+            (8, 2),
+            (9, 0),
+        ] {
+            d.instances.insert(
+                id,
+                facts::InstanceDim {
+                    gpu: g,
+                    gpu_instance_id: id,
+                    mig_profile: None,
+                    placement_start: None,
+                    gpu_equivalents: 1.0,
+                    model: None,
+                },
+            );
+        }
+        d
+    }
+
+    fn dirty(hour: i64, uuid: &str) -> Dirty {
+        (hour, gpu(uuid), 60, 60)
+    }
+
+    /// Every GPU's instances are within its chunk's range, whole GPUs go together in the order
+    /// of their lowest id, and a GPU without instances gets an empty range.
+    #[test]
+    fn chunks_hold_whole_gpus_and_every_instance_of_them() {
+        let all = || {
+            vec![
+                dirty(0, "C"),
+                dirty(3600, "A"),
+                dirty(0, "A"),
+                dirty(0, "B"),
+                dirty(0, "D"),
+            ]
+        };
+        let described = |per: usize| {
+            chunks(&dims(), all(), per)
+                .into_iter()
+                .map(|c| {
+                    let gpus: Vec<String> = c
+                        .dirty
+                        .iter()
+                        .map(|d| format!("{}@{}", d.1.gpu_uuid, d.0))
+                        .collect();
+                    (c.ids, gpus.join(" "))
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            described(1),
+            [
+                (1..=9, "A@0 A@3600".to_owned()),
+                (4..=6, "B@0".to_owned()),
+                (7..=8, "C@0".to_owned()),
+                (1..=0, "D@0".to_owned()),
+            ]
+        );
+        // A has 4 instances: B joins it under 5, C starts the next chunk.
+        assert_eq!(
+            described(5),
+            [
+                (1..=9, "A@0 A@3600 B@0".to_owned()),
+                (7..=8, "C@0".to_owned()),
+                (1..=0, "D@0".to_owned()),
+            ]
+        );
+        assert_eq!(
+            described(usize::MAX),
+            [
+                (1..=9, "A@0 A@3600 B@0 C@0".to_owned()),
+                (1..=0, "D@0".to_owned()),
+            ]
+        );
+    }
 }
