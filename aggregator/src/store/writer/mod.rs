@@ -868,7 +868,14 @@ impl WriterThread {
 
     fn reload_dims(&mut self) {
         match Dims::load(&self.conn) {
-            Ok(d) => self.dims = d,
+            Ok(mut d) => {
+                // An id is never given out twice in a process, though retention may have deleted
+                // the newest: an evaluation pass that read it as one instance or holder tops up
+                // its dimensions by id only (`analytics::facts::Dims::load_newer`).
+                d.next_instance = d.next_instance.max(self.dims.next_instance);
+                d.next_holder = d.next_holder.max(self.dims.next_holder);
+                self.dims = d;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "Cannot reload the dimension tables after a failed write.")
             }
