@@ -3,6 +3,7 @@
 //! ~1 s per 600k rows; see BENCHMARKS.md).
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 
 use duckdb::arrow::array::{
     Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray, UInt64Array,
@@ -79,8 +80,8 @@ impl Dims {
     }
 
     /// Adds the instances and holders written since these were read (ids past the newest read:
-    /// the writer numbers them upwards and never changes a row), so that every fact row of the
-    /// caller's snapshot has its dimensions. A pass that reads its facts in several snapshots
+    /// the writer numbers them upwards, never gives one out twice in a process, and never changes
+    /// a row), so that every fact row of the caller's snapshot has its dimensions. A pass that reads its facts in several snapshots
     /// calls this at the start of each ([`crate::analytics`]).
     pub fn load_newer(&mut self, conn: &Connection) -> duckdb::Result<()> {
         self.load_instances(conn)?;
@@ -171,6 +172,11 @@ impl Dims {
         Ok(())
     }
 
+    /// The newest instance id read, if any.
+    pub fn newest_instance(&self) -> Option<i32> {
+        self.newest.0
+    }
+
     /// The instance `id` (a fact row never names an instance the table lacks: same snapshot).
     pub fn instance(&self, id: i32) -> Option<&InstanceDim> {
         self.instances.get(&id)
@@ -180,6 +186,43 @@ impl Dims {
     pub fn is_allocated(&self, id: i32) -> bool {
         self.holders.get(&id).is_some_and(|h| h.tenant.is_some())
     }
+}
+
+/// Which instances' minute rows a query of one evaluation snapshot reads at least: those with
+/// ids in `range` (the pass's dimensions put every instance of the snapshot's GPUs there, and
+/// DuckDB skips row groups outside it), and any written since those dimensions were read (ids
+/// past `newest`). The query keeps its own GPUs' rows of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    /// The ids of the GPUs' instances known when the pass began, and others between them.
+    pub range: RangeInclusive<i32>,
+    /// The newest id known then.
+    pub newest: i32,
+}
+
+impl Selection {
+    /// Every instance.
+    pub const ALL: Selection = Selection {
+        range: i32::MIN..=i32::MAX,
+        newest: i32::MAX,
+    };
+}
+
+/// Names the GPUs (by UUID) that the `temp.chosen_gpus` join of a snapshot's queries keeps, on
+/// the reader connection `conn`, inside the snapshot's transaction.
+pub fn choose_gpus<'a>(
+    conn: &Connection,
+    uuids: impl IntoIterator<Item = &'a str>,
+) -> duckdb::Result<()> {
+    conn.execute_batch(
+        "CREATE TEMP TABLE IF NOT EXISTS chosen_gpus (gpu_uuid VARCHAR);
+         DELETE FROM chosen_gpus;",
+    )?;
+    let mut app = conn.appender("chosen_gpus")?;
+    for u in uuids {
+        app.append_row([u])?;
+    }
+    app.flush()
 }
 
 /// The error for column `i` of `batch` when it is not of the type asked for.

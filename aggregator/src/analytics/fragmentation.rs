@@ -3,13 +3,12 @@
 //! [`super::geometry`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::ops::RangeInclusive;
 
 use duckdb::{Connection, params};
 use gpuledger_schema::mig::{self, SLICES_PER_GPU};
 
 pub use super::facts::GpuKey;
-use super::facts::{Dims, InstanceDim, MinuteFact, for_each_minute_fact};
+use super::facts::{Dims, InstanceDim, MinuteFact, Selection, for_each_minute_fact};
 use super::geometry::{self, Demand, Fragmentation, Present};
 
 /// The demand mix per GPU model: configured, or observed allocations.
@@ -129,10 +128,14 @@ fn present(dims: &Dims, f: &MinuteFact) -> Present {
 
 const MINUTE_ROWS: &str = "
 SELECT bucket, instance_id, holder_id, seconds_mask, sm_active_samples, sm_active_sum
-FROM rollup_1m WHERE bucket >= ? AND bucket < ? AND instance_id BETWEEN ? AND ?";
+FROM rollup_1m WHERE bucket >= ? AND bucket < ?";
 
-/// Every instance id.
-const ALL_INSTANCES: RangeInclusive<i32> = i32::MIN..=i32::MAX;
+/// [`MINUTE_ROWS`] of the GPUs in `temp.chosen_gpus`, among the instances of a [`Selection`].
+const CHOSEN_MINUTE_ROWS: &str = "
+SELECT r.bucket, r.instance_id, r.holder_id, r.seconds_mask, r.sm_active_samples, r.sm_active_sum
+FROM rollup_1m r JOIN instances i USING (instance_id)
+JOIN temp.chosen_gpus c ON c.gpu_uuid = i.gpu_uuid
+WHERE r.bucket >= ? AND r.bucket < ? AND (r.instance_id BETWEEN ? AND ? OR r.instance_id > ?)";
 
 /// ((gpu index, minute bucket), the minute's rows), in that order.
 type Minutes = Vec<((usize, i64), Vec<MinuteFact>)>;
@@ -142,16 +145,23 @@ fn minute_rows(
     dims: &Dims,
     from: i64,
     to: i64,
-    ids: &RangeInclusive<i32>,
+    chosen: Option<&Selection>,
 ) -> duckdb::Result<Minutes> {
     // Sorted once rather than inserted into a map row by row (600k rows an hour at 10k instances).
     let mut facts: Vec<(usize, MinuteFact)> = Vec::new();
-    let range = params![from.div_euclid(60) * 60, to, ids.start(), ids.end()];
-    for_each_minute_fact(conn, MINUTE_ROWS, range, |f| {
+    let mut push = |f: MinuteFact| {
         if let Some(i) = dims.instance(f.instance_id) {
             facts.push((i.gpu, f));
         }
-    })?;
+    };
+    let from = from.div_euclid(60) * 60;
+    match chosen {
+        None => for_each_minute_fact(conn, MINUTE_ROWS, params![from, to], &mut push)?,
+        Some(s) => {
+            let p = params![from, to, s.range.start(), s.range.end(), s.newest];
+            for_each_minute_fact(conn, CHOSEN_MINUTE_ROWS, p, &mut push)?
+        }
+    }
     facts.sort_unstable_by_key(|(g, f)| (*g, f.bucket, f.instance_id, f.holder_id));
     let mut out: Minutes = Vec::new();
     for (g, f) in facts {
@@ -198,21 +208,21 @@ pub fn over_range(
     to: i64,
     demand: &DemandMix,
 ) -> duckdb::Result<Vec<GpuHour>> {
-    over_instances(conn, dims, from, to, demand, &ALL_INSTANCES)
+    over_gpus(conn, dims, from, to, demand, None)
 }
 
-/// [`over_range`] from the minute rows of the instances whose ids are in `ids` only: exact for
-/// the GPUs all of whose instances are in it (an evaluation pass reads its GPUs a range of
-/// instances at a time, [`crate::analytics`]); the others' hours are missing some instances.
-pub fn over_instances(
+/// [`over_range`] for every GPU, or (`chosen`) for the GPUs [`super::facts::choose_gpus`] named
+/// in this snapshot, read among the instances of a [`Selection`] that holds all of theirs (an
+/// evaluation pass reads its GPUs a few at a time, [`crate::analytics`]).
+pub fn over_gpus(
     conn: &Connection,
     dims: &Dims,
     from: i64,
     to: i64,
     demand: &DemandMix,
-    ids: &RangeInclusive<i32>,
+    chosen: Option<&Selection>,
 ) -> duckdb::Result<Vec<GpuHour>> {
-    let minutes = minute_rows(conn, dims, from, to, ids)?;
+    let minutes = minute_rows(conn, dims, from, to, chosen)?;
     let mut hours: BTreeMap<(i64, usize), GpuHour> = BTreeMap::new();
     let mut demands: HashMap<&'static str, Demand> = HashMap::new();
     let no_mig = Demand::from_counts(&mig::MODELS[0], &HashMap::new());
@@ -325,7 +335,7 @@ pub fn at(
     demand: &DemandMix,
     with_advice: bool,
 ) -> duckdb::Result<Vec<GpuNow>> {
-    let minutes = minute_rows(conn, dims, at - max_age, at + 1, &ALL_INSTANCES)?;
+    let minutes = minute_rows(conn, dims, at - max_age, at + 1, None)?;
     let mut latest: BTreeMap<&GpuKey, (i64, &Vec<MinuteFact>)> = BTreeMap::new();
     for ((g, bucket), rows) in &minutes {
         let gpu = &dims.gpus[*g];

@@ -12,13 +12,12 @@
 //! from the earliest start (BENCHMARKS.md, "The evaluation against the hoarders' history").
 
 use std::collections::HashMap;
-use std::ops::RangeInclusive;
 
 use duckdb::{Connection, params};
 use rustc_hash::FxHashMap;
 
 use super::Settings;
-use super::facts::{Dims, for_each_minute_fact};
+use super::facts::{Dims, Selection, for_each_minute_fact};
 
 /// One UTC minute of one allocation, from `rollup_1m`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -310,16 +309,18 @@ pub fn plan(reach: i64, stored: &[StoredEpisode]) -> Plan {
 fn stored_episodes(
     conn: &Connection,
     from: i64,
-    ids: &RangeInclusive<i32>,
+    ids: &Selection,
 ) -> duckdb::Result<HashMap<String, Vec<StoredEpisode>>> {
     let mut stmt = conn.prepare_cached(
         "SELECT i.gpu_uuid, e.instance_id, e.holder_id, e.started_at, e.ended_at,
                 e.base_through, e.base_held_seconds, e.base_sm_active_samples,
                 e.base_sm_active_sum, e.base_last_second
          FROM hoarding_episodes e JOIN instances i USING (instance_id)
-         WHERE (e.ended_at IS NULL OR e.ended_at >= ?) AND e.instance_id BETWEEN ? AND ?",
+         WHERE (e.ended_at IS NULL OR e.ended_at >= ?)
+           AND (e.instance_id BETWEEN ? AND ? OR e.instance_id > ?)",
     )?;
-    let rows = stmt.query_map(params![from, ids.start(), ids.end()], |r| {
+    let range = (ids.range.start(), ids.range.end());
+    let rows = stmt.query_map(params![from, range.0, range.1, ids.newest], |r| {
         let through: Option<i64> = r.get(5)?;
         let base = match through {
             Some(through) => Some(Base {
@@ -351,15 +352,15 @@ fn stored_episodes(
 }
 
 /// Recomputes the episodes of the GPUs in `dirty` (gpu_uuid → earliest changed hour), on a
-/// connection inside a read transaction, from the rows of the instances whose ids are in `ids`:
-/// every instance of those GPUs must be in it (an evaluation pass reads its GPUs a range of
-/// instances at a time, [`crate::analytics`]).
+/// connection inside a read transaction, among the instances of `ids`, which must hold every
+/// instance of those GPUs (an evaluation pass reads its GPUs a few at a time,
+/// [`crate::analytics`]; [`Selection::ALL`] reads them all).
 pub fn recompute(
     conn: &Connection,
     dims: &Dims,
     dirty: &HashMap<String, i64>,
     settings: &Settings,
-    ids: &RangeInclusive<i32>,
+    ids: &Selection,
 ) -> duckdb::Result<Recomputed> {
     if dirty.is_empty() {
         return Ok(Recomputed::default());
@@ -434,7 +435,7 @@ fn plans<'a>(
     conn: &Connection,
     dirty: &'a HashMap<String, i64>,
     reach: impl Fn(i64) -> i64,
-    ids: &RangeInclusive<i32>,
+    ids: &Selection,
 ) -> duckdb::Result<HashMap<&'a String, Plan>> {
     let mut fetched = dirty.values().map(|&h| reach(h)).min().unwrap_or(0) - 3600;
     loop {
@@ -463,7 +464,7 @@ fn scan_minutes(
     conn: &Connection,
     dims: &Dims,
     plans: &HashMap<&String, Plan>,
-    ids: &RangeInclusive<i32>,
+    ids: &Selection,
 ) -> duckdb::Result<(Allocations, FxHashMap<usize, i64>)> {
     conn.execute_batch(
         "CREATE TEMP TABLE IF NOT EXISTS hoarding_scan (gpu_uuid VARCHAR, from_bucket BIGINT);
@@ -485,8 +486,9 @@ fn scan_minutes(
          FROM rollup_1m r
          JOIN instances i USING (instance_id)
          JOIN temp.hoarding_scan s ON s.gpu_uuid = i.gpu_uuid
-         WHERE r.bucket >= ? AND r.bucket >= s.from_bucket AND r.instance_id BETWEEN ? AND ?",
-        params![from, ids.start(), ids.end()],
+         WHERE r.bucket >= ? AND r.bucket >= s.from_bucket
+           AND (r.instance_id BETWEEN ? AND ? OR r.instance_id > ?)",
+        params![from, ids.range.start(), ids.range.end(), ids.newest],
         |f| {
             let Some(inst) = dims.instance(f.instance_id) else {
                 return;

@@ -184,10 +184,11 @@ type Dirty = (i64, fragmentation::GpuKey, i64, i64);
 /// checkpointed later in one stall (BENCHMARKS.md, "The evaluation read in short snapshots").
 ///
 /// Why that is exact: each GPU's results come from one snapshot, at least as new as the first,
-/// with the dimensions its facts name ([`facts::Dims::load_newer`]). So the counts stored with
-/// an hour are never newer than the facts it was computed from, and what was committed after
-/// the first snapshot keeps its note (the first snapshot's newest note bounds what
-/// [`fragmentation::store`] clears): the next pass finds that hour again.
+/// from all its instances there ([`facts::Selection`]: those the dimensions knew, and any
+/// written since) with the dimensions its facts name ([`facts::Dims::load_newer`]). So the
+/// counts stored with an hour are never newer than the facts it was computed from, and what was
+/// committed after the first snapshot keeps its note (the first snapshot's newest note bounds
+/// what [`fragmentation::store`] clears): the next pass finds that hour again.
 fn compute_pass(
     conn: &Connection,
     settings: &Settings,
@@ -199,6 +200,7 @@ fn compute_pass(
     let last = dirty.iter().map(|d| d.0).max().unwrap_or(i64::MIN) + 3600;
     let demand = in_snapshot(conn, |c| demand_mix(c, settings, last))?;
     let mut dims = in_snapshot(conn, facts::Dims::load)?;
+    let newest = dims.newest_instance().unwrap_or(i32::MIN);
     let chunks = chunks(&dims, dirty, settings.snapshot_instances);
     let mut pass = Pass {
         hours: Vec::new(),
@@ -209,7 +211,7 @@ fn compute_pass(
     for chunk in chunks {
         in_snapshot(conn, |c| {
             dims.load_newer(c)?;
-            compute_chunk(c, &dims, &demand, settings, chunk, &mut pass)
+            compute_chunk(c, &dims, &demand, settings, chunk, newest, &mut pass)
         })?;
     }
     Ok(Some(pass))
@@ -251,11 +253,13 @@ struct Chunk {
     dirty: Vec<Dirty>,
 }
 
-/// Splits the dirty hours into chunks of whole GPUs (by UUID, as the hoarding scan joins them)
-/// of about `per_chunk` instances, each GPU's instances within its chunk's id range. The writer
+/// Splits the dirty hours into chunks of whole GPUs (by UUID, as the queries join them) of about
+/// `per_chunk` instances, each GPU's instances in `dims` within its chunk's id range. The writer
 /// numbers a node's instances together as it first meets them, so GPUs taken in the order of
-/// their lowest instance id give chunks whose ranges barely overlap. GPUs with no instance in
-/// `dims` go in a chunk of their own with an empty range: no facts, as in one snapshot.
+/// their lowest instance id give chunks whose ranges barely overlap, and DuckDB skips the row
+/// groups outside them (the queries keep the chunk's GPUs' rows by a join, so a GPU whose ids
+/// are far apart costs time, not exactness). GPUs with no instance in `dims` go in a chunk of
+/// their own with an empty range: only instances written since can have facts for them.
 fn chunks(dims: &facts::Dims, dirty: Vec<Dirty>, per_chunk: usize) -> Vec<Chunk> {
     // Each GPU's (lowest id, highest id, instances).
     let mut span: HashMap<&str, (i32, i32, usize)> = HashMap::new();
@@ -300,21 +304,28 @@ fn chunks(dims: &facts::Dims, dirty: Vec<Dirty>, per_chunk: usize) -> Vec<Chunk>
 }
 
 /// One chunk of a pass, in its own snapshot: the fragmentation of its dirty hours and the
-/// hoarding episodes of their GPUs, added to `pass`.
+/// hoarding episodes of their GPUs, added to `pass`. `newest`: the newest instance id the pass's
+/// dimensions held when the chunks were made; the GPUs' instances written since have ids past it.
 fn compute_chunk(
     conn: &Connection,
     dims: &facts::Dims,
     demand: &DemandMix,
     settings: &Settings,
     chunk: Chunk,
+    newest: i32,
     pass: &mut Pass,
 ) -> duckdb::Result<()> {
+    let selection = facts::Selection {
+        range: chunk.ids,
+        newest,
+    };
+    facts::choose_gpus(conn, chunk.dirty.iter().map(|d| d.1.gpu_uuid.as_str()))?;
     let first = chunk.dirty.iter().map(|d| d.0).min().unwrap_or(0);
     let last = chunk.dirty.iter().map(|d| d.0).max().unwrap_or(first) + 3600;
     let wanted: HashSet<(i64, &fragmentation::GpuKey)> =
         chunk.dirty.iter().map(|d| (d.0, &d.1)).collect();
     let mut computed: HashMap<(i64, fragmentation::GpuKey), fragmentation::GpuHour> =
-        fragmentation::over_instances(conn, dims, first, last, demand, &chunk.ids)?
+        fragmentation::over_gpus(conn, dims, first, last, demand, Some(&selection))?
             .into_iter()
             .filter(|h| wanted.contains(&(h.bucket, &h.gpu)))
             .map(|h| ((h.bucket, h.gpu.clone()), h))
@@ -338,7 +349,7 @@ fn compute_chunk(
             instance_seconds: instance,
         });
     }
-    let r = hoarding::recompute(conn, dims, &gpus, settings, &chunk.ids)?;
+    let r = hoarding::recompute(conn, dims, &gpus, settings, &selection)?;
     pass.recomputed.scans.extend(r.scans);
     pass.recomputed.episodes.extend(r.episodes);
     Ok(())
@@ -568,6 +579,7 @@ pub fn episodes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::query::Readers;
 
     fn gpu(uuid: &str) -> fragmentation::GpuKey {
         fragmentation::GpuKey {
@@ -605,6 +617,86 @@ mod tests {
             );
         }
         d
+    }
+
+    /// `minutes` minutes from `t0` of GPU-A's MIG instances `gis` (1g.10gb each, in slots
+    /// gi − 1), held by one tenant and busy.
+    async fn write(writer: &crate::store::Writer, t0: i64, minutes: i64, gis: &[u32]) {
+        use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
+        let mut samples = Vec::new();
+        for t in t0..t0 + minutes * 60 {
+            for &gi in gis {
+                samples.push(Sample {
+                    timestamp: t,
+                    instance: Instance {
+                        node: "n".into(),
+                        gpu_uuid: "GPU-A".into(),
+                        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                        mig_profile: Some("1g.10gb".into()),
+                        gpu_instance_id: Some(gi),
+                        placement_start: Some(gi - 1),
+                        placement_size: Some(1),
+                    },
+                    attribution: Attribution {
+                        tenant: Some("t".into()),
+                        workload: Some("w".into()),
+                        slo_class: Some(SloClass::Batch),
+                    },
+                    counters: Counters {
+                        sm_active: Some(0.5),
+                        ..Counters::default()
+                    },
+                });
+            }
+        }
+        let b = gpuledger_schema::wire::Batch::from_samples("n", &samples);
+        let r = writer.try_reserve(b.sample_count()).unwrap();
+        writer.ingest(b, i64::MIN, r).await.unwrap();
+    }
+
+    /// A GPU given a new instance after a pass read its dimensions: the pass's snapshot of the
+    /// GPU's facts reads the new instance's rows too (its id is past the range the chunk was
+    /// given), so the hour's fragmentation is that of all the GPU's instances in that snapshot.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_chunk_reads_the_instances_written_after_the_dimensions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.duckdb");
+        let (conn, _) = crate::store::open(&path).unwrap();
+        let readers = Readers::new(&conn, Some(path)).unwrap();
+        let (writer, _thread) =
+            crate::store::Writer::spawn(conn, 1_000_000, std::sync::Arc::new(())).unwrap();
+        let t0 = 1_767_225_600; // an hour's start
+        write(&writer, t0, 10, &[1, 2]).await;
+        let reader = readers.connect().unwrap();
+        let settings = Settings::default();
+        let (through, dirty) = dirty_hours(&reader, None).unwrap().unwrap();
+        let demand = demand_mix(&reader, &settings, t0 + 3600).unwrap();
+        let mut dims = facts::Dims::load(&reader).unwrap();
+        let newest = dims.newest_instance().unwrap();
+        // The GPU is reconfigured: a third instance, with an id past the chunk's range.
+        write(&writer, t0 + 600, 10, &[1, 2, 3]).await;
+        let mut pass = Pass {
+            hours: Vec::new(),
+            recomputed: hoarding::Recomputed::default(),
+            through,
+            snapshots: 0,
+        };
+        for chunk in chunks(&dims, dirty, 20_000) {
+            assert_eq!(chunk.ids, 1..=2);
+            in_snapshot(&reader, |c| {
+                dims.load_newer(c)?;
+                compute_chunk(c, &dims, &demand, &settings, chunk, newest, &mut pass)
+            })
+            .unwrap();
+        }
+        let all = facts::Dims::load(&reader).unwrap();
+        let direct = fragmentation::over_range(&reader, &all, t0, t0 + 3600, &demand).unwrap();
+        let [stored] = &pass.hours[..] else {
+            panic!("one GPU-hour: {:?}", pass.hours.len());
+        };
+        assert_eq!(stored.hour, direct[0]);
+        // 10 minutes with 5 slices free, 10 with 4.
+        assert_eq!(stored.hour.free_slice_seconds, 600.0 * 5.0 + 600.0 * 4.0);
     }
 
     fn dirty(hour: i64, uuid: &str) -> Dirty {
