@@ -319,7 +319,9 @@ fn compute_chunk(
         range: chunk.ids,
         newest,
     };
-    facts::choose_gpus(conn, chunk.dirty.iter().map(|d| d.1.gpu_uuid.as_str()))?;
+    // Each GPU once (it may have several dirty hours): the join would repeat its rows.
+    let uuids: HashSet<&str> = chunk.dirty.iter().map(|d| d.1.gpu_uuid.as_str()).collect();
+    facts::choose_gpus(conn, uuids)?;
     let first = chunk.dirty.iter().map(|d| d.0).min().unwrap_or(0);
     let last = chunk.dirty.iter().map(|d| d.0).max().unwrap_or(first) + 3600;
     let wanted: HashSet<(i64, &fragmentation::GpuKey)> =
