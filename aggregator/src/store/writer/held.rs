@@ -368,7 +368,7 @@ pub(super) mod tests {
     /// 5 s batches over `[t0, t0 + 150)`: two MIG instances of one GPU (one changes tenant at
     /// `t0 + 70`), a whole GPU with unmeasured seconds. Then the batches of `[t0 + 40, t0 + 60)`
     /// again (a re-send: stores nothing), and one batch mixing new and already stored seconds.
-    fn batches(t0: i64) -> Vec<Batch> {
+    pub(in super::super) fn batches(t0: i64) -> Vec<Batch> {
         let mig = |gi: u32, start: u32| Instance {
             node: "n1".into(),
             gpu_uuid: "GPU-aaaa".into(),

@@ -1020,6 +1020,29 @@ mod tests {
         }
     }
 
+    /// Retention may delete the newest instance and holder; the writer's reload of its
+    /// dimensions then still gives out new ids only (an evaluation pass that read the deleted
+    /// ones tops up its dimensions by id).
+    #[test]
+    fn a_reload_after_deletes_gives_no_id_out_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = held::tests::writer(&dir.path().join("l.duckdb"));
+        let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600;
+        for b in held::tests::batches(t0).iter().take(3) {
+            w.try_write(&[(b, 0)], &|| 0).unwrap();
+        }
+        let next = (w.dims.next_instance, w.dims.next_holder);
+        assert!(next.0 > 1 && next.1 > 1, "{next:?}");
+        w.conn
+            .execute_batch(
+                "DELETE FROM instances WHERE instance_id = (SELECT max(instance_id) FROM instances);
+                 DELETE FROM holders WHERE holder_id = (SELECT max(holder_id) FROM holders);",
+            )
+            .unwrap();
+        w.reload_dims();
+        assert_eq!((w.dims.next_instance, w.dims.next_holder), next);
+    }
+
     #[test]
     fn the_writer_pauses_only_while_batches_trickle_in() {
         let just_now = Some((Instant::now(), true));
