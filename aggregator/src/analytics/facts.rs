@@ -81,8 +81,9 @@ impl Dims {
 
     /// Adds the instances and holders written since these were read (ids past the newest read:
     /// the writer numbers them upwards, never gives one out twice in a process, and never changes
-    /// a row), so that every fact row of the caller's snapshot has its dimensions. A pass that reads its facts in several snapshots
-    /// calls this at the start of each ([`crate::analytics`]).
+    /// a row), so that every fact row of the caller's snapshot has its dimensions. A pass that
+    /// reads its facts in several snapshots calls this at the start of each
+    /// ([`crate::analytics`]).
     pub fn load_newer(&mut self, conn: &Connection) -> duckdb::Result<()> {
         self.load_instances(conn)?;
         self.load_holders(conn)
@@ -198,14 +199,6 @@ pub struct Selection {
     pub range: RangeInclusive<i32>,
     /// The newest id known then.
     pub newest: i32,
-}
-
-impl Selection {
-    /// Every instance.
-    pub const ALL: Selection = Selection {
-        range: i32::MIN..=i32::MAX,
-        newest: i32::MAX,
-    };
 }
 
 /// Names the GPUs (by UUID) that the `temp.chosen_gpus` join of a snapshot's queries keeps, on

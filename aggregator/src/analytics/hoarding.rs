@@ -354,7 +354,7 @@ fn stored_episodes(
 /// Recomputes the episodes of the GPUs in `dirty` (gpu_uuid → earliest changed hour), on a
 /// connection inside a read transaction, among the instances of `ids`, which must hold every
 /// instance of those GPUs (an evaluation pass reads its GPUs a few at a time,
-/// [`crate::analytics`]; [`Selection::ALL`] reads them all).
+/// [`crate::analytics`]).
 pub fn recompute(
     conn: &Connection,
     dims: &Dims,
