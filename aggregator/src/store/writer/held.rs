@@ -437,8 +437,12 @@ pub(super) mod tests {
     }
 
     /// Every rollup's rows, sorted, as text (ratios rounded: sums may add in another order).
-    fn rollups(path: &std::path::Path) -> Vec<String> {
-        let conn = duckdb::Connection::open(path).unwrap();
+    pub(in super::super) fn rollups(path: &std::path::Path) -> Vec<String> {
+        rollups_of(&duckdb::Connection::open(path).unwrap())
+    }
+
+    /// [`rollups`] read on `conn` (a clone of a running writer's connection, say).
+    pub(in super::super) fn rollups_of(conn: &Connection) -> Vec<String> {
         let mut out = Vec::new();
         for table in [
             "rollup_1m",
@@ -468,7 +472,7 @@ pub(super) mod tests {
         out
     }
 
-    fn write_all(w: &mut WriterThread, batches: &[Batch], hold: bool) -> u64 {
+    pub(in super::super) fn write_all(w: &mut WriterThread, batches: &[Batch], hold: bool) -> u64 {
         batches
             .iter()
             .map(|b| {
@@ -531,7 +535,9 @@ pub(super) mod tests {
     /// group folds its own deltas) into a ledger in `dir`: their first second, the batches, the
     /// samples stored and the rollups they leave, which every other way of writing them must
     /// leave too.
-    fn written_directly(dir: &std::path::Path) -> (i64, Vec<Batch>, u64, Vec<String>) {
+    pub(in super::super) fn written_directly(
+        dir: &std::path::Path,
+    ) -> (i64, Vec<Batch>, u64, Vec<String>) {
         let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 3540;
         let all = batches(t0);
         let direct = dir.join("direct.duckdb");
@@ -558,13 +564,13 @@ pub(super) mod tests {
 
     /// Gives `w` a fold thread that commits each fold only once the returned sender has sent
     /// it a message ([`Folder::spawn_gated`]).
-    fn gate_folds(w: &mut WriterThread) -> std::sync::mpsc::Sender<()> {
+    pub(in super::super) fn gate_folds(w: &mut WriterThread) -> std::sync::mpsc::Sender<()> {
         let (open, gate) = std::sync::mpsc::channel();
         w.folder = Folder::spawn_gated(w.conn.try_clone().unwrap(), gate).unwrap();
         open
     }
 
-    fn from_ts(path: &std::path::Path) -> Option<i64> {
+    pub(in super::super) fn from_ts(path: &std::path::Path) -> Option<i64> {
         duckdb::Connection::open(path)
             .unwrap()
             .query_row("SELECT from_ts FROM fold_pending", [], |r| r.get(0))

@@ -604,11 +604,7 @@ impl WriterThread {
                     retention,
                     reply,
                 } => {
-                    // Raw rows are what recovers held seconds: fold them before any is deleted.
-                    let result = self
-                        .fold_held()
-                        .and_then(|()| self.retention(now, retention));
-                    let _ = reply.send(result);
+                    let _ = reply.send(self.retention_job(now, retention));
                 }
                 Job::CompactRaw { from, to, reply } => {
                     // Its checkpoints are refused while another transaction has changes.
@@ -632,13 +628,7 @@ impl WriterThread {
                     let _ = reply.send(result.map_err(StoreError::from_db));
                 }
                 Job::Minutes { batch, reply } => {
-                    let started = Instant::now();
-                    // Minute rows read the masks from the ledger alone.
-                    let result = self.fold_held().and_then(|()| self.write_minutes(&batch));
-                    if result.is_ok() {
-                        self.observer.committed(1, started.elapsed().as_secs_f64());
-                    }
-                    let _ = reply.send(result);
+                    let _ = reply.send(self.minutes_job(&batch));
                 }
                 Job::Apply { write, reply } => {
                     let result = self.conn.transaction().and_then(|tx| {
@@ -681,6 +671,28 @@ impl WriterThread {
             tracing::error!(error = %e, "Cannot fold the held rollup deltas at stop; the next start folds them.");
         }
         tracing::info!("The writer thread stopped: every queued batch was written.");
+    }
+
+    /// Applies retention. Raw rows are what recovers held seconds, and an instance that only
+    /// held deltas name has no rollup row to keep it: what is held (and in flight) is folded
+    /// before anything is deleted.
+    fn retention_job(
+        &mut self,
+        now: i64,
+        retention: Retention,
+    ) -> Result<RetentionReport, StoreError> {
+        self.fold_held()?;
+        self.retention(now, retention)
+    }
+
+    /// Writes minute rows. They are checked against the masks in the ledger alone, so what is
+    /// held (and in flight) is folded first: else a row over held seconds would be stored twice.
+    fn minutes_job(&mut self, batch: &MinuteBatch) -> Result<MinutesOutcome, StoreError> {
+        let started = Instant::now();
+        self.fold_held()?;
+        let outcome = self.write_minutes(batch)?;
+        self.observer.committed(1, started.elapsed().as_secs_f64());
+        Ok(outcome)
     }
 
     /// Folds what is held, in a transaction of its own, once the fold in flight has landed.
@@ -1005,6 +1017,8 @@ fn write_shares(tx: &Connection, group: NewBatches<'_>, raw_cutoff: i64) -> duck
 mod tests {
     use std::time::Duration;
 
+    use gpuledger_schema::wire::Series;
+
     use super::*;
 
     /// A whole H100 (no MIG) of `node`, for the writer's tests.
@@ -1041,6 +1055,175 @@ mod tests {
             .unwrap();
         w.reload_dims();
         assert_eq!((w.dims.next_instance, w.dims.next_holder), next);
+    }
+
+    /// A fold held up on the fold thread until 200 ms from now, as a slow fold would be.
+    fn release_after_200ms(open: std::sync::mpsc::Sender<()>) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            open.send(()).unwrap();
+        })
+    }
+
+    /// `w` with [`held::tests::batches`]' first 20 held and the rest held beside a fold of those
+    /// 20 that is in flight (gated: it lands 200 ms after this returns); the samples stored.
+    fn holding_and_folding(
+        w: &mut WriterThread,
+        all: &[Batch],
+    ) -> (u64, std::thread::JoinHandle<()>) {
+        let open = held::tests::gate_folds(w);
+        let (first, rest) = all.split_at(20);
+        let mut n = held::tests::write_all(w, first, true);
+        w.start_fold();
+        assert!(w.folder.busy() && w.held.is_empty());
+        n += held::tests::write_all(w, rest, true);
+        assert!(!w.held.is_empty());
+        (n, release_after_200ms(open))
+    }
+
+    /// Retention deletes the raw rows that a start after a crash would fold held seconds from, and
+    /// the instances no rollup row names: it folds what is held and in flight first.
+    #[test]
+    fn retention_folds_what_is_held_before_it_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, all, stored, expected) = held::tests::written_directly(dir.path());
+        let path = dir.path().join("retained.duckdb");
+        let mut w = held::tests::writer(&path);
+        let (n, opener) = holding_and_folding(&mut w, &all);
+        assert_eq!(n, stored);
+        // A raw window of a minute: every raw row (one to two hours old) goes.
+        let now = chrono::Utc::now().timestamp();
+        let report = w
+            .retention_job(
+                now,
+                Retention {
+                    raw_secs: 60,
+                    ..Retention::default()
+                },
+            )
+            .unwrap();
+        opener.join().unwrap();
+        assert!(
+            report.deleted.contains(&("samples_raw", stored)),
+            "{report:?}"
+        );
+        assert!(report.deleted.contains(&("instances", 0)), "{report:?}");
+        assert!(w.held.settled() && !w.folder.busy());
+        // The process dies now, folding nothing more: the rollups already hold every sample.
+        drop(w);
+        let (mut conn, _) = crate::store::open(&path).unwrap();
+        assert_eq!(held::recover(&mut conn).unwrap(), None);
+        drop(conn);
+        assert_eq!(held::tests::rollups(&path), expected);
+        assert_eq!(held::tests::from_ts(&path), None);
+    }
+
+    /// Minute rows are checked against the ledger's masks: a row over seconds that are held, or
+    /// in a fold in flight, is not stored (it would count them twice).
+    #[test]
+    fn minute_rows_see_the_seconds_held_and_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = (chrono::Utc::now().timestamp() / 3600 - 2) * 3600 + 3540;
+        let all = held::tests::batches(t0);
+        // The first instance of the batches, described as a minute batch's entry.
+        let entry = Series {
+            t: Vec::new(),
+            ..all[0].series[0].clone()
+        };
+        let row = |bucket: i64| MinuteRow {
+            entry: 0,
+            bucket,
+            mask: (1 << 60) - 1,
+            counters: gpuledger_schema::Counters {
+                sm_active: Some(0.5),
+                ..Default::default()
+            },
+        };
+        // The first minute of the batches, and a minute none of them reaches.
+        let minutes = MinuteBatch {
+            entries: vec![entry],
+            rows: vec![row(t0), row(t0 + 600)],
+        };
+        let want = MinutesOutcome {
+            stored_rows: 1,
+            stored_seconds: 60,
+            overlapping: vec![0],
+        };
+
+        let direct = dir.path().join("direct.duckdb");
+        let mut w = held::tests::writer(&direct);
+        let stored = held::tests::write_all(&mut w, &all, false);
+        assert_eq!(w.minutes_job(&minutes).unwrap(), want);
+        drop(w);
+        let expected = held::tests::rollups(&direct);
+
+        let path = dir.path().join("held.duckdb");
+        let mut w = held::tests::writer(&path);
+        let (n, opener) = holding_and_folding(&mut w, &all);
+        assert_eq!(w.minutes_job(&minutes).unwrap(), want);
+        opener.join().unwrap();
+        assert!(w.held.settled() && !w.folder.busy());
+        drop(w);
+        assert_eq!(n, stored);
+        assert_eq!(held::tests::rollups(&path), expected);
+    }
+
+    /// The write loop, as [`Writer::spawn`] runs it, on `w`: the handle, and its thread.
+    fn run_loop(w: WriterThread, capacity: usize) -> (Writer, std::thread::JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queue = Arc::new(Semaphore::new(capacity));
+        let waiting = Waiting {
+            queue: queue.clone(),
+            capacity,
+        };
+        let thread = std::thread::spawn(move || w.run(rx, waiting));
+        (
+            Writer {
+                tx,
+                queue,
+                capacity,
+            },
+            thread,
+        )
+    }
+
+    /// A writer that finds nothing more to do folds what it holds, so that readers see every
+    /// acknowledged batch: without waiting out [`held::HOLD_FOR`], another batch or a stop.
+    #[test]
+    fn an_idle_writer_folds_what_it_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, all, stored, expected) = held::tests::written_directly(dir.path());
+        let path = dir.path().join("idle.duckdb");
+        let w = held::tests::writer(&path);
+        let reader = w.conn.try_clone().unwrap();
+        let (writer, thread) = run_loop(w, 10_000_000);
+        // Places the test keeps: every group finds more than HOLD_BEHIND samples behind it, so
+        // it holds its deltas (for up to HOLD_FOR, 30 s).
+        let _behind = writer.try_reserve(2 * held::HOLD_BEHIND).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut n = 0;
+        for b in &all {
+            let places = writer.try_reserve(b.sample_count()).unwrap();
+            n += rt
+                .block_on(writer.ingest(b.clone(), 0, places))
+                .unwrap()
+                .stored;
+        }
+        assert_eq!(n, stored);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held::tests::rollups_of(&reader) != expected {
+            assert!(
+                Instant::now() < deadline,
+                "the held deltas were not folded while the writer was idle"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(writer);
+        thread.join().unwrap();
+        drop(reader);
+        assert_eq!(held::tests::from_ts(&path), None);
     }
 
     #[test]
