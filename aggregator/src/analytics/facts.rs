@@ -251,7 +251,7 @@ fn strings(batch: &RecordBatch, i: usize) -> duckdb::Result<StringArray> {
 }
 
 /// One `rollup_1m` row, as numbers.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct MinuteFact {
     /// The minute's first second.
     pub bucket: i64,
