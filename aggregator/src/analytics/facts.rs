@@ -53,14 +53,91 @@ pub struct HolderDim {
     pub slo_class: Option<String>,
 }
 
+/// Rows by the ledger's own ids (`instances.instance_id`, `holders.holder_id`), which the writer
+/// hands out upwards from 1, one at a time: a vector indexed by id finds a row with one load and
+/// no hashing. A pass looks up an instance and a holder for every minute row it reads, millions
+/// late in the hour, and with a hash map those look-ups were a tenth of the pass (BENCHMARKS.md,
+/// "The evaluation's per-row work"). An id the vector would have to grow far past its rows to
+/// hold (a negative one, or one far beyond the others) goes in a map beside it, so memory stays
+/// within a small multiple of the rows whatever the ids.
+#[derive(Debug)]
+pub struct IdTable<T> {
+    slots: Vec<Option<T>>,
+    far: FxHashMap<i32, T>,
+    len: usize,
+}
+
+impl<T> Default for IdTable<T> {
+    fn default() -> Self {
+        IdTable {
+            slots: Vec::new(),
+            far: FxHashMap::default(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> IdTable<T> {
+    /// The row of `id`.
+    pub fn get(&self, id: i32) -> Option<&T> {
+        let slot = usize::try_from(id)
+            .ok()
+            .and_then(|i| self.slots.get(i))
+            .and_then(Option::as_ref);
+        if slot.is_some() || self.far.is_empty() {
+            slot
+        } else {
+            self.far.get(&id)
+        }
+    }
+
+    /// Sets the row of `id`.
+    pub fn insert(&mut self, id: i32, row: T) {
+        let Some(i) = usize::try_from(id)
+            .ok()
+            .filter(|&i| i < self.slots.len() || i <= 2 * self.len + 1024)
+        else {
+            if self.far.insert(id, row).is_none() {
+                self.len += 1;
+            }
+            return;
+        };
+        if i >= self.slots.len() {
+            self.slots.resize_with(i + 1, || None);
+        }
+        let was_far = !self.far.is_empty() && self.far.remove(&id).is_some();
+        if self.slots[i].replace(row).is_none() && !was_far {
+            self.len += 1;
+        }
+    }
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every (id, row), in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (i32, &T)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((i as i32, r.as_ref()?)))
+            .chain(self.far.iter().map(|(&id, r)| (id, r)))
+    }
+}
+
 /// The dimension tables.
 #[derive(Debug, Default)]
 pub struct Dims {
-    /// instance_id → instance. Looked up once or more per minute row a pass reads (millions late
-    /// in the hour): keyed by FxHash, not SipHash (ids are the ledger's own, not a client's).
-    pub instances: FxHashMap<i32, InstanceDim>,
+    /// instance_id → instance.
+    pub instances: IdTable<InstanceDim>,
     /// holder_id → holder.
-    pub holders: FxHashMap<i32, HolderDim>,
+    pub holders: IdTable<HolderDim>,
     /// The GPUs, indexed by [`InstanceDim::gpu`].
     pub gpus: Vec<GpuKey>,
     /// GPU → its index in [`Dims::gpus`].
@@ -180,12 +257,12 @@ impl Dims {
 
     /// The instance `id` (a fact row never names an instance the table lacks: same snapshot).
     pub fn instance(&self, id: i32) -> Option<&InstanceDim> {
-        self.instances.get(&id)
+        self.instances.get(id)
     }
 
     /// Whether holder `id` is a tenant (not "unallocated").
     pub fn is_allocated(&self, id: i32) -> bool {
-        self.holders.get(&id).is_some_and(|h| h.tenant.is_some())
+        self.holders.get(id).is_some_and(|h| h.tenant.is_some())
     }
 }
 
@@ -298,4 +375,43 @@ pub fn for_each_minute_fact(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_id_table_finds_every_id_it_was_given_wherever_it_keeps_it() {
+        let mut t: IdTable<&str> = IdTable::default();
+        assert!(t.is_empty() && t.get(1).is_none());
+        for id in 0..100 {
+            t.insert(id, "near");
+        }
+        // Negative, and far past the rows: kept beside the vector.
+        t.insert(-5, "negative");
+        t.insert(i32::MAX, "far");
+        t.insert(5_000, "far for now");
+        assert_eq!(t.len(), 103);
+        assert!(t.slots.len() <= 2 * 100 + 1024 + 1, "{}", t.slots.len());
+        // Enough rows that the vector grows past 5,000: that id is still found, and replacing it
+        // keeps the count.
+        for id in 100..2_500 {
+            t.insert(id, "near");
+        }
+        assert_eq!(t.len(), 2_503);
+        t.insert(5_000, "moved");
+        assert_eq!(t.len(), 2_503);
+        assert_eq!(t.get(5_000), Some(&"moved"));
+        assert_eq!(t.get(-5), Some(&"negative"));
+        assert_eq!(t.get(i32::MAX), Some(&"far"));
+        assert_eq!(t.get(99), Some(&"near"));
+        assert_eq!(t.get(2_500), None);
+        assert_eq!(t.get(-1), None);
+        let mut ids: Vec<i32> = t.iter().map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids.len(), 2_503);
+        assert_eq!(ids[..2], [-5, 0]);
+        assert_eq!(ids[ids.len() - 2..], [5_000, i32::MAX]);
+    }
 }

@@ -428,7 +428,7 @@ pub fn at(
             instances: here
                 .iter()
                 .map(|(r, i)| {
-                    let h = dims.holders.get(&r.holder_id).cloned().unwrap_or_default();
+                    let h = dims.holders.get(r.holder_id).cloned().unwrap_or_default();
                     InstanceNow {
                         gpu_instance_id: i.map(|i| i.gpu_instance_id).filter(|g| *g >= 0),
                         mig_profile: i.and_then(|i| i.mig_profile.clone()),

@@ -392,10 +392,7 @@ pub fn recompute(
     for ((iid, hid), (size, mut minutes)) in allocations {
         minutes.sort_by_key(|m| m.bucket);
         let inst = dims.instance(iid);
-        let gpu_newest = inst
-            .and_then(|i| newest.get(&i.gpu))
-            .copied()
-            .unwrap_or(i64::MIN);
+        let gpu_newest = inst.map_or(i64::MIN, |i| newest[i.gpu]);
         let from = inst
             .and_then(|i| plans.get(&dims.gpus[i.gpu].gpu_uuid))
             .map_or(i64::MIN, |p| p.from);
@@ -459,13 +456,13 @@ fn plans<'a>(
 type Allocations = FxHashMap<(i32, i32), (f64, Vec<MinuteRow>)>;
 
 /// The minutes of the planned GPUs from each plan's start: the allocated ones by (instance,
-/// holder), and the newest second each GPU was seen in.
+/// holder), and the newest second each GPU was seen in (by GPU index; `i64::MIN` for none).
 fn scan_minutes(
     conn: &Connection,
     dims: &Dims,
     plans: &HashMap<&String, Plan>,
     ids: &Selection,
-) -> duckdb::Result<(Allocations, FxHashMap<usize, i64>)> {
+) -> duckdb::Result<(Allocations, Vec<i64>)> {
     conn.execute_batch(
         "CREATE TEMP TABLE IF NOT EXISTS hoarding_scan (gpu_uuid VARCHAR, from_bucket BIGINT);
          DELETE FROM hoarding_scan;",
@@ -479,7 +476,7 @@ fn scan_minutes(
     }
     let from = plans.values().map(|p| p.from).min().unwrap_or(0);
     let mut allocations = Allocations::default();
-    let mut newest: FxHashMap<usize, i64> = FxHashMap::default();
+    let mut newest = vec![i64::MIN; dims.gpus.len()];
     for_each_minute_fact(
         conn,
         "SELECT r.bucket, r.instance_id, r.holder_id, r.seconds_mask, r.sm_active_samples, r.sm_active_sum
@@ -500,8 +497,7 @@ fn scan_minutes(
                 sm_sum: f.sm_sum,
             };
             if minute.mask != 0 {
-                let n = newest.entry(inst.gpu).or_insert(i64::MIN);
-                *n = (*n).max(minute.last_second());
+                newest[inst.gpu] = newest[inst.gpu].max(minute.last_second());
             }
             if dims.is_allocated(f.holder_id) {
                 allocations

@@ -263,7 +263,7 @@ struct Chunk {
 fn chunks(dims: &facts::Dims, dirty: Vec<Dirty>, per_chunk: usize) -> Vec<Chunk> {
     // Each GPU's (lowest id, highest id, instances).
     let mut span: HashMap<&str, (i32, i32, usize)> = HashMap::new();
-    for (&id, i) in &dims.instances {
+    for (id, i) in dims.instances.iter() {
         let s = span
             .entry(dims.gpus[i.gpu].gpu_uuid.as_str())
             .or_insert((id, id, 0));
