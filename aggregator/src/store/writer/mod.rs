@@ -1057,7 +1057,8 @@ mod tests {
         assert_eq!((w.dims.next_instance, w.dims.next_holder), next);
     }
 
-    /// A fold held up on the fold thread until 200 ms from now, as a slow fold would be.
+    /// Lets the gated fold in flight commit 200 ms from now, as a slow fold would: call it just
+    /// before the job that must wait for that fold.
     fn release_after_200ms(open: std::sync::mpsc::Sender<()>) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
@@ -1066,11 +1067,12 @@ mod tests {
     }
 
     /// `w` with [`held::tests::batches`]' first 20 held and the rest held beside a fold of those
-    /// 20 that is in flight (gated: it lands 200 ms after this returns); the samples stored.
+    /// 20 that is in flight, gated: it commits once the returned sender is sent to
+    /// ([`release_after_200ms`]). The samples stored, and that sender.
     fn holding_and_folding(
         w: &mut WriterThread,
         all: &[Batch],
-    ) -> (u64, std::thread::JoinHandle<()>) {
+    ) -> (u64, std::sync::mpsc::Sender<()>) {
         let open = held::tests::gate_folds(w);
         let (first, rest) = all.split_at(20);
         let mut n = held::tests::write_all(w, first, true);
@@ -1078,7 +1080,7 @@ mod tests {
         assert!(w.folder.busy() && w.held.is_empty());
         n += held::tests::write_all(w, rest, true);
         assert!(!w.held.is_empty());
-        (n, release_after_200ms(open))
+        (n, open)
     }
 
     /// Retention deletes the raw rows that a start after a crash would fold held seconds from, and
@@ -1089,10 +1091,11 @@ mod tests {
         let (_, all, stored, expected) = held::tests::written_directly(dir.path());
         let path = dir.path().join("retained.duckdb");
         let mut w = held::tests::writer(&path);
-        let (n, opener) = holding_and_folding(&mut w, &all);
+        let (n, open) = holding_and_folding(&mut w, &all);
         assert_eq!(n, stored);
         // A raw window of a minute: every raw row (one to two hours old) goes.
         let now = chrono::Utc::now().timestamp();
+        let opener = release_after_200ms(open);
         let report = w
             .retention_job(
                 now,
@@ -1159,7 +1162,8 @@ mod tests {
 
         let path = dir.path().join("held.duckdb");
         let mut w = held::tests::writer(&path);
-        let (n, opener) = holding_and_folding(&mut w, &all);
+        let (n, open) = holding_and_folding(&mut w, &all);
+        let opener = release_after_200ms(open);
         assert_eq!(w.minutes_job(&minutes).unwrap(), want);
         opener.join().unwrap();
         assert!(w.held.settled() && !w.folder.busy());
@@ -1187,6 +1191,32 @@ mod tests {
         )
     }
 
+    /// Counts the committed groups that left deltas held: `fold_pending.from_ts` is set when a
+    /// group commits holding, and read here on the writer's thread right after the commit, before
+    /// the loop can fold.
+    struct HeldGroups {
+        conn: std::sync::Mutex<Connection>,
+        count: std::sync::atomic::AtomicUsize,
+    }
+
+    impl WriteObserver for HeldGroups {
+        fn committed(&self, _: usize, _: f64) {
+            let from: Option<i64> = self
+                .conn
+                .lock()
+                .unwrap()
+                .query_row("SELECT from_ts FROM fold_pending", [], |r| r.get(0))
+                .unwrap();
+            if from.is_some() {
+                self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        fn newest_sample(&self, _: i64) {}
+        fn held(&self, _: usize) {}
+        fn recovered(&self, _: u64) {}
+        fn folded(&self, _: usize, _: f64) {}
+    }
+
     /// A writer that finds nothing more to do folds what it holds, so that readers see every
     /// acknowledged batch: without waiting out [`held::HOLD_FOR`], another batch or a stop.
     #[test]
@@ -1194,8 +1224,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_, all, stored, expected) = held::tests::written_directly(dir.path());
         let path = dir.path().join("idle.duckdb");
-        let w = held::tests::writer(&path);
+        let mut w = held::tests::writer(&path);
         let reader = w.conn.try_clone().unwrap();
+        let held_groups = Arc::new(HeldGroups {
+            conn: std::sync::Mutex::new(w.conn.try_clone().unwrap()),
+            count: Default::default(),
+        });
+        w.observer = held_groups.clone();
         let (writer, thread) = run_loop(w, 10_000_000);
         // Places the test keeps: every group finds more than HOLD_BEHIND samples behind it, so
         // it holds its deltas (for up to HOLD_FOR, 30 s).
@@ -1212,6 +1247,9 @@ mod tests {
                 .stored;
         }
         assert_eq!(n, stored);
+        // The premise: the groups held their deltas (else this would test nothing).
+        let held = held_groups.count.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(held > all.len() / 2, "{held} of {} groups held", all.len());
         let deadline = Instant::now() + Duration::from_secs(10);
         while held::tests::rollups_of(&reader) != expected {
             assert!(
