@@ -57,11 +57,15 @@ pub struct HolderDim {
 /// hands out upwards from 1, one at a time: a vector indexed by id finds a row with one load and
 /// no hashing. A pass looks up an instance and a holder for every minute row it reads, millions
 /// late in the hour, and with a hash map those look-ups were a tenth of the pass (BENCHMARKS.md,
-/// "The evaluation's per-row work"). An id the vector would have to grow far past its rows to
-/// hold (a negative one, or one far beyond the others) goes in a map beside it, so memory stays
-/// within a small multiple of the rows whatever the ids.
+/// "The evaluation's per-row work"). The vector starts at the lowest id the ledger holds
+/// ([`IdTable::start_at`]): retention deletes the oldest rows once no rollup names them. An id
+/// the vector would have to grow far past its rows to hold (one below its start, or far beyond
+/// the others) goes in a map beside it, so memory stays within a small multiple of the rows
+/// whatever the ids.
 #[derive(Debug)]
 pub struct IdTable<T> {
+    /// The id of `slots[0]`.
+    base: i32,
     slots: Vec<Option<T>>,
     far: FxHashMap<i32, T>,
     len: usize,
@@ -70,6 +74,7 @@ pub struct IdTable<T> {
 impl<T> Default for IdTable<T> {
     fn default() -> Self {
         IdTable {
+            base: 0,
             slots: Vec::new(),
             far: FxHashMap::default(),
             len: 0,
@@ -78,10 +83,22 @@ impl<T> Default for IdTable<T> {
 }
 
 impl<T> IdTable<T> {
+    /// Starts the vector at id `base` (the lowest id there is to hold), if the table is empty.
+    pub fn start_at(&mut self, base: i32) {
+        if self.is_empty() {
+            self.base = base;
+        }
+    }
+
+    /// Where `id` goes in the vector, if at or past its start.
+    fn index(&self, id: i32) -> Option<usize> {
+        usize::try_from(i64::from(id) - i64::from(self.base)).ok()
+    }
+
     /// The row of `id`.
     pub fn get(&self, id: i32) -> Option<&T> {
-        let slot = usize::try_from(id)
-            .ok()
+        let slot = self
+            .index(id)
             .and_then(|i| self.slots.get(i))
             .and_then(Option::as_ref);
         if slot.is_some() || self.far.is_empty() {
@@ -93,8 +110,8 @@ impl<T> IdTable<T> {
 
     /// Sets the row of `id`.
     pub fn insert(&mut self, id: i32, row: T) {
-        let Some(i) = usize::try_from(id)
-            .ok()
+        let Some(i) = self
+            .index(id)
             .filter(|&i| i < self.slots.len() || i <= 2 * self.len + 1024)
         else {
             if self.far.insert(id, row).is_none() {
@@ -126,7 +143,7 @@ impl<T> IdTable<T> {
         self.slots
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| Some((i as i32, r.as_ref()?)))
+            .filter_map(|(i, r)| Some((self.base + i as i32, r.as_ref()?)))
             .chain(self.far.iter().map(|(&id, r)| (id, r)))
     }
 }
@@ -168,6 +185,11 @@ impl Dims {
 
     /// Reads `instances` past the newest read into [`Dims::instances`] and [`Dims::gpus`].
     fn load_instances(&mut self, conn: &Connection) -> duckdb::Result<()> {
+        if self.instances.is_empty() {
+            let lowest: Option<i32> =
+                conn.query_row("SELECT min(instance_id) FROM instances", [], |r| r.get(0))?;
+            self.instances.start_at(lowest.unwrap_or(0));
+        }
         let mut stmt = conn.prepare_cached(
             "SELECT instance_id, node, gpu_uuid, gpu_model, gpu_instance_id, mig_profile,
                     placement_start, gpu_equivalents FROM instances WHERE instance_id > ?",
@@ -224,6 +246,11 @@ impl Dims {
 
     /// Reads `holders` past the newest read into [`Dims::holders`].
     fn load_holders(&mut self, conn: &Connection) -> duckdb::Result<()> {
+        if self.holders.is_empty() {
+            let lowest: Option<i32> =
+                conn.query_row("SELECT min(holder_id) FROM holders", [], |r| r.get(0))?;
+            self.holders.start_at(lowest.unwrap_or(0));
+        }
         let mut stmt = conn.prepare_cached(
             "SELECT holder_id, tenant, workload, slo_class FROM holders WHERE holder_id > ?",
         )?;
@@ -413,5 +440,26 @@ mod tests {
         assert_eq!(ids.len(), 2_503);
         assert_eq!(ids[..2], [-5, 0]);
         assert_eq!(ids[ids.len() - 2..], [5_000, i32::MAX]);
+
+        // Retention deleted the oldest ids: the vector starts at the lowest left, and holds them
+        // all (none beside it), however high they are.
+        let mut late: IdTable<i32> = IdTable::default();
+        late.start_at(300_000);
+        for id in 300_000..370_000 {
+            late.insert(id, id);
+        }
+        late.insert(299_999, -1);
+        assert_eq!(late.len(), 70_001);
+        assert_eq!(late.slots.len(), 70_000);
+        assert_eq!(late.far.len(), 1);
+        assert_eq!(late.get(369_999), Some(&369_999));
+        assert_eq!(late.get(299_999), Some(&-1));
+        assert_eq!(late.iter().map(|(id, _)| id).max(), Some(369_999));
+        late.start_at(0);
+        assert_eq!(
+            late.get(300_000),
+            Some(&300_000),
+            "a table in use keeps its start"
+        );
     }
 }
