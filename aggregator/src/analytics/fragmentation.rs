@@ -3,11 +3,15 @@
 //! [`super::geometry`].
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
+use duckdb::arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
 use duckdb::{Connection, params};
 use gpuledger_schema::mig::{self, SLICES_PER_GPU};
 
 pub use super::facts::GpuKey;
+use crate::store::append_columns;
+
 use super::facts::{Dims, InstanceDim, MinuteFact, Selection, for_each_minute_fact};
 use super::geometry::{self, Demand, Fragmentation, Present};
 
@@ -521,22 +525,32 @@ pub fn store(
         "CREATE TEMP TABLE IF NOT EXISTS fragmentation_new AS SELECT * FROM fragmentation_1h LIMIT 0;
          DELETE FROM fragmentation_new;",
     )?;
-    {
-        let mut app = tx.appender("fragmentation_new")?;
-        for h in hours {
-            app.append_row(params![
-                h.hour.bucket,
-                h.hour.gpu.node,
-                h.hour.gpu.gpu_uuid,
-                h.hour.gpu.gpu_model,
-                h.observed_seconds,
-                h.instance_seconds,
-                h.hour.free_slice_seconds,
-                h.hour.stranded_slice_seconds
-            ])?;
-        }
-        app.flush()?;
-    }
+    let strings = |f: fn(&StoredHour) -> &str| {
+        Arc::new(StringArray::from_iter_values(hours.iter().map(f))) as ArrayRef
+    };
+    let i64s = |f: fn(&StoredHour) -> i64| {
+        Arc::new(Int64Array::from_iter_values(hours.iter().map(f))) as ArrayRef
+    };
+    let f64s = |f: fn(&StoredHour) -> f64| {
+        Arc::new(Float64Array::from_iter_values(hours.iter().map(f))) as ArrayRef
+    };
+    append_columns(
+        tx,
+        "fragmentation_new",
+        vec![
+            ("bucket", i64s(|h| h.hour.bucket)),
+            ("node", strings(|h| &h.hour.gpu.node)),
+            ("gpu_uuid", strings(|h| &h.hour.gpu.gpu_uuid)),
+            ("gpu_model", strings(|h| &h.hour.gpu.gpu_model)),
+            ("observed_seconds", i64s(|h| h.observed_seconds)),
+            ("instance_seconds", i64s(|h| h.instance_seconds)),
+            ("free_slice_seconds", f64s(|h| h.hour.free_slice_seconds)),
+            (
+                "stranded_slice_seconds",
+                f64s(|h| h.hour.stranded_slice_seconds),
+            ),
+        ],
+    )?;
     tx.execute_batch(
         "DELETE FROM fragmentation_1h WHERE rowid IN (
              SELECT f.rowid FROM fragmentation_1h f JOIN temp.fragmentation_new n
@@ -558,6 +572,69 @@ pub fn store(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Arrow path stores every column in `fragmentation_1h`'s order; each value differs from
+    /// the others of its type, so a column out of place fails.
+    #[test]
+    fn stored_hours_read_back_column_by_column() {
+        let (conn, _) = crate::store::open(std::path::Path::new(":memory:")).unwrap();
+        let hours: Vec<StoredHour> = (1..=2)
+            .map(|n: i64| StoredHour {
+                hour: GpuHour {
+                    bucket: 3600 * n,
+                    gpu: GpuKey {
+                        node: format!("node-{n}"),
+                        gpu_uuid: format!("GPU-{n}"),
+                        gpu_model: format!("model-{n}"),
+                    },
+                    observed_seconds: 0,
+                    free_slice_seconds: 0.5 * n as f64,
+                    stranded_slice_seconds: 0.25 * n as f64,
+                },
+                observed_seconds: 7 * n,
+                instance_seconds: 11 * n,
+            })
+            .collect();
+        let tx = conn.unchecked_transaction().unwrap();
+        store(&tx, &hours, None).unwrap();
+        tx.commit().unwrap();
+        let mut stmt = conn
+            .prepare("SELECT * FROM fragmentation_1h ORDER BY bucket")
+            .unwrap();
+        type Row = (i64, String, String, String, i64, i64, f64, f64);
+        let back: Vec<Row> = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                ))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let want: Vec<Row> = hours
+            .iter()
+            .map(|h| {
+                (
+                    h.hour.bucket,
+                    h.hour.gpu.node.clone(),
+                    h.hour.gpu.gpu_uuid.clone(),
+                    h.hour.gpu.gpu_model.clone(),
+                    h.observed_seconds,
+                    h.instance_seconds,
+                    h.hour.free_slice_seconds,
+                    h.hour.stranded_slice_seconds,
+                )
+            })
+            .collect();
+        assert_eq!(back, want);
+    }
 
     #[test]
     fn range_masks_cut_minutes_at_the_range_edges() {

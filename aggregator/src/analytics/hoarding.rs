@@ -12,9 +12,13 @@
 //! from the earliest start (BENCHMARKS.md, "The evaluation against the hoarders' history").
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use duckdb::arrow::array::{ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array};
 use duckdb::{Connection, params};
 use rustc_hash::FxHashMap;
+
+use crate::store::append_columns;
 
 use super::Settings;
 use super::facts::{Dims, Selection, for_each_minute_fact};
@@ -534,29 +538,51 @@ pub fn store(tx: &duckdb::Transaction<'_>, r: &Recomputed) -> duckdb::Result<()>
              JOIN temp.hoarding_rescanned s ON s.gpu_uuid = i.gpu_uuid
              WHERE e.ended_at IS NULL OR e.ended_at >= s.from_bucket)",
     )?;
-    let mut app = tx.appender("hoarding_episodes")?;
-    for e in &r.episodes {
-        app.append_row(params![
-            e.instance_id,
-            e.holder_id,
-            e.run.started_at,
-            e.detected_at,
-            e.run.ended_at,
-            e.run.last_second,
-            e.run.held_seconds,
-            e.run.sm_samples,
-            e.run.sm_sum,
-            e.gpu_equivalents,
-            e.idle_gpu_seconds(),
-            e.run.resumed,
-            e.base.map(|b| b.through),
-            e.base.map(|b| b.held_seconds),
-            e.base.map(|b| b.sm_samples),
-            e.base.map(|b| b.sm_sum),
-            e.base.map(|b| b.last_second)
-        ])?;
-    }
-    app.flush()
+    let e = &r.episodes;
+    let i32s = |f: fn(&Episode) -> i32| Arc::new(Int32Array::from_iter_values(e.iter().map(f)));
+    let i64s = |f: fn(&Episode) -> i64| Arc::new(Int64Array::from_iter_values(e.iter().map(f)));
+    let f64s = |f: fn(&Episode) -> f64| Arc::new(Float64Array::from_iter_values(e.iter().map(f)));
+    let or_null_i64 =
+        |f: fn(&Episode) -> Option<i64>| Arc::new(Int64Array::from_iter(e.iter().map(f)));
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("instance_id", i32s(|e| e.instance_id)),
+        ("holder_id", i32s(|e| e.holder_id)),
+        ("started_at", i64s(|e| e.run.started_at)),
+        ("detected_at", i64s(|e| e.detected_at)),
+        ("ended_at", or_null_i64(|e| e.run.ended_at)),
+        ("last_second", i64s(|e| e.run.last_second)),
+        ("held_seconds", i64s(|e| e.run.held_seconds)),
+        ("sm_active_samples", i64s(|e| e.run.sm_samples)),
+        ("sm_active_sum", f64s(|e| e.run.sm_sum)),
+        ("gpu_equivalents", f64s(|e| e.gpu_equivalents)),
+        ("idle_gpu_seconds", f64s(Episode::idle_gpu_seconds)),
+        (
+            "resumed",
+            Arc::new(BooleanArray::from_iter(
+                e.iter().map(|e| Some(e.run.resumed)),
+            )),
+        ),
+        ("base_through", or_null_i64(|e| e.base.map(|b| b.through))),
+        (
+            "base_held_seconds",
+            or_null_i64(|e| e.base.map(|b| b.held_seconds)),
+        ),
+        (
+            "base_sm_active_samples",
+            or_null_i64(|e| e.base.map(|b| b.sm_samples)),
+        ),
+        (
+            "base_sm_active_sum",
+            Arc::new(Float64Array::from_iter(
+                e.iter().map(|e| e.base.map(|b| b.sm_sum)),
+            )),
+        ),
+        (
+            "base_last_second",
+            or_null_i64(|e| e.base.map(|b| b.last_second)),
+        ),
+    ];
+    append_columns(tx, "hoarding_episodes", columns)
 }
 
 #[cfg(test)]
@@ -771,5 +797,85 @@ mod tests {
         let r = runs(&rows, 0.05, T0);
         assert_eq!(r.len(), 2);
         assert_eq!(r[0].ended_at, Some(T0 + 60));
+    }
+
+    /// The Arrow path stores every column in `hoarding_episodes`' order, NULLs where a run is
+    /// open or has no base. Each value differs from the others, so a column out of place fails.
+    #[test]
+    fn stored_episodes_read_back_column_by_column() {
+        let (conn, _) = crate::store::open(std::path::Path::new(":memory:")).unwrap();
+        let run = |n: i64| Run {
+            started_at: T0 + n,
+            ended_at: (n % 2 == 0).then_some(T0 + 10 * n),
+            last_second: T0 + 7 * n,
+            held_seconds: 11 * n,
+            sm_samples: 13 * n,
+            sm_sum: 0.25 * n as f64,
+            resumed: n % 2 == 0,
+        };
+        let episodes: Vec<Episode> = (1..=3)
+            .map(|n| Episode {
+                instance_id: n as i32,
+                holder_id: 100 + n as i32,
+                run: run(n),
+                detected_at: T0 + 3 * n,
+                gpu_equivalents: 1.0 / 7.0 * n as f64,
+                base: (n != 2).then(|| Base {
+                    through: T0 + 5 * n,
+                    held_seconds: 17 * n,
+                    sm_samples: 19 * n,
+                    sm_sum: 0.5 * n as f64,
+                    last_second: T0 + 23 * n,
+                }),
+            })
+            .collect();
+        let tx = conn.unchecked_transaction().unwrap();
+        let r = Recomputed {
+            scans: vec![("GPU-a".into(), T0)],
+            episodes: episodes.clone(),
+        };
+        store(&tx, &r).unwrap();
+        tx.commit().unwrap();
+        let mut stmt = conn
+            .prepare("SELECT * FROM hoarding_episodes ORDER BY instance_id")
+            .unwrap();
+        let back: Vec<(Episode, f64)> = stmt
+            .query_map([], |r| {
+                let through: Option<i64> = r.get(12)?;
+                let e = Episode {
+                    instance_id: r.get(0)?,
+                    holder_id: r.get(1)?,
+                    run: Run {
+                        started_at: r.get(2)?,
+                        ended_at: r.get(4)?,
+                        last_second: r.get(5)?,
+                        held_seconds: r.get(6)?,
+                        sm_samples: r.get(7)?,
+                        sm_sum: r.get(8)?,
+                        resumed: r.get(11)?,
+                    },
+                    detected_at: r.get(3)?,
+                    gpu_equivalents: r.get(9)?,
+                    base: match through {
+                        None => None,
+                        Some(through) => Some(Base {
+                            through,
+                            held_seconds: r.get(13)?,
+                            sm_samples: r.get(14)?,
+                            sm_sum: r.get(15)?,
+                            last_second: r.get(16)?,
+                        }),
+                    },
+                };
+                Ok((e, r.get(10)?))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(back.len(), 3);
+        for ((e, idle), want) in back.iter().zip(&episodes) {
+            assert_eq!(e, want);
+            assert_eq!(*idle, want.idle_gpu_seconds());
+        }
     }
 }

@@ -8,6 +8,7 @@ pub mod writer;
 
 use std::path::Path;
 
+use duckdb::arrow::array::{Array, ArrayRef, RecordBatch};
 use duckdb::{Config, Connection, params};
 use gpuledger_schema::migrations::{LATEST, MIGRATIONS};
 
@@ -115,6 +116,25 @@ impl Failure {
             Failure::Transient
         }
     }
+}
+
+/// Appends rows given as columns, in `table`'s column order, through the appender's Arrow path:
+/// one columnar chunk per 2,048 rows. A row at a time (`append_row`) costs about 100 ns a value
+/// in DuckDB's C API, which made storing a 70,000-instance pass's results some 45 ms of the
+/// writer's thread (BENCHMARKS.md, "The writer's share of an evaluation").
+pub fn append_columns(
+    conn: &Connection,
+    table: &str,
+    columns: Vec<(&str, ArrayRef)>,
+) -> duckdb::Result<()> {
+    if columns.first().is_none_or(|(_, c)| c.is_empty()) {
+        return Ok(());
+    }
+    let batch = RecordBatch::try_from_iter(columns)
+        .map_err(|e| duckdb::Error::ToSqlConversionFailure(Box::new(e)))?;
+    let mut app = conn.appender(table)?;
+    app.append_record_batch(batch)?;
+    app.flush()
 }
 
 /// One row per migration applied, inserted once, in the migration's transaction. No primary key:
