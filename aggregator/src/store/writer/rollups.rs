@@ -10,6 +10,8 @@ use duckdb::arrow::array::{
 };
 use duckdb::{Connection, params};
 
+use crate::store::append_columns;
+
 /// The writer's per-group maps, keyed by ids and Unix seconds: FxHash, several times cheaper than
 /// SipHash on small integer keys. (A sender chooses only its timestamps, whose buckets the time
 /// window bounds; ids are assigned here.)
@@ -487,13 +489,28 @@ pub(super) fn fold_gpu_deltas(
     if gpu_deltas.is_empty() {
         return Ok(());
     }
-    {
-        let mut app = tx.appender("ingest_delta_gpu_1h")?;
-        for (&(iid, bucket), &(observed, instance)) in gpu_deltas {
-            app.append_row(params![bucket, iid, observed, instance])?;
-        }
-        app.flush()?;
+    // One row per instance and hour: a fold of what 70,000 instances sent is 70,000 rows, 28 ms
+    // a row at a time (`append_columns`).
+    let n = gpu_deltas.len();
+    let (mut buckets, mut iids) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut observed, mut instance) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (&(iid, bucket), &(o, i)) in gpu_deltas {
+        buckets.push(bucket);
+        iids.push(iid);
+        observed.push(o);
+        instance.push(i);
     }
+    let i64s = |v: Vec<i64>| Arc::new(Int64Array::from(v)) as ArrayRef;
+    append_columns(
+        tx,
+        "ingest_delta_gpu_1h",
+        vec![
+            ("bucket", i64s(buckets)),
+            ("instance_id", Arc::new(Int32Array::from(iids))),
+            ("observed_seconds", i64s(observed)),
+            ("instance_seconds", i64s(instance)),
+        ],
+    )?;
     tx.execute_batch(GPU_ROLLUP)
 }
 
