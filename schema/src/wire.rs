@@ -1034,6 +1034,19 @@ impl Series {
                 .validate()
                 .map_err(|InvalidField { field, problem }| (field, Some(j), problem))?;
         }
+        // The ledger keeps a count in an INTEGER (`shares_raw.processes`).
+        if let Some(j) = self
+            .processes
+            .iter()
+            .flatten()
+            .position(|&p| p > i32::MAX as u32)
+        {
+            return Err((
+                "processes",
+                Some(j),
+                format!("must be at most {}", i32::MAX),
+            ));
+        }
         Ok(())
     }
 }
@@ -1185,6 +1198,13 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "shares[1].processes: is required in a share"
+        );
+        let mut json: serde_json::Value = serde_json::to_value(&batch).unwrap();
+        json["shares"][1]["processes"][0] = serde_json::json!(u32::MAX);
+        let err = Batch::decode(json.to_string().as_bytes(), false).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "shares[1].processes[0]: must be at most 2147483647"
         );
         // A batch without shares (an older exporter's) has no `shares` key and decodes.
         let plain = Batch::from_samples("n1", &[sample(1, 7, None, None)]);
