@@ -21,7 +21,9 @@
 //! 11. (`-- evaluation-minute`) the same live pass early and late in the hour, for 10,003 and
 //!     70,000 instances, with the memory it takes;
 //! 12. (`-- rewrite [--instances N] [--beside-only]`) the hourly rewrite of a closed hour's raw rows while a
-//!     fleet's nodes send live batches: as a writer job, and beside the writer.
+//!     fleet's nodes send live batches: as a writer job, and beside the writer;
+//! 13. (`-- writer-shares`) the writer alone on live batches with and without two owners' shares
+//!     of every instance (per-process views of time-sliced GPUs).
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
@@ -176,6 +178,64 @@ fn live_rounds(nodes: usize, seconds: i64, t0: i64) -> (Vec<Batch>, Vec<Vec<Batc
     }
     let warm = rounds.remove(0);
     (warm, rounds)
+}
+
+/// The writer alone on live batches whose every instance is shared by two owners (a
+/// time-sliced GPU's per-process view: two share rows per sample), against the same batches
+/// without shares, alternating three times; the difference is what the shares cost.
+fn writer_shares(dir: &std::path::Path) {
+    let t0 = chrono::Utc::now().timestamp() - 6 * 3600;
+    let (warm, rounds) = live_rounds(1000, 35, t0);
+    let shared = |b: &Batch| {
+        let owner = |tenant: &str| gpuledger_schema::Attribution {
+            tenant: Some(tenant.into()),
+            workload: Some(format!("{tenant}/job")),
+            slo_class: None,
+        };
+        let shares: Vec<gpuledger_schema::ShareSample> = b
+            .samples()
+            .flat_map(|s| {
+                let sm = s.counters.sm_active;
+                [("team-a", 0.6), ("team-b", 0.4)].map(|(tenant, part)| {
+                    gpuledger_schema::ShareSample {
+                        timestamp: s.timestamp,
+                        instance: s.instance.clone(),
+                        attribution: owner(tenant),
+                        processes: 1,
+                        memory_used_bytes: s.counters.fb_used_bytes.map(|b| b / 2),
+                        sm_active: sm.map(|x| x * part),
+                    }
+                })
+            })
+            .collect();
+        b.clone().with_shares(&shares)
+    };
+    let with = |v: &[Batch]| v.iter().map(shared).collect::<Vec<_>>();
+    let (warm_s, rounds_s) = (
+        with(&warm),
+        rounds.iter().map(|r| with(r)).collect::<Vec<_>>(),
+    );
+    let samples: usize = rounds.iter().flatten().map(Batch::sample_count).sum();
+    let share_rows: usize = rounds_s
+        .iter()
+        .flatten()
+        .flat_map(|b| &b.shares)
+        .map(|s| s.t.len())
+        .sum();
+    for i in 0..3 {
+        let plain = writer_only(warm.clone(), rounds.clone(), dir, &format!("plain-{i}"));
+        let with_shares = writer_only(
+            warm_s.clone(),
+            rounds_s.clone(),
+            dir,
+            &format!("shares-{i}"),
+        );
+        let extra_us = (1.0 / with_shares - 1.0 / plain) * samples as f64 * 1e6 / share_rows as f64;
+        eprintln!(
+            "  writer, in process, live batches of 1,000 nodes: {plain:.0} samples/s without shares, {with_shares:.0} with two owners' shares of every instance ({share_rows} share rows for {samples} samples) = {:.2}×; {extra_us:.2} µs more per share row",
+            with_shares / plain
+        );
+    }
 }
 
 /// Decodes every batch's body (gzip + JSON or MessagePack + validation) on one core, three
@@ -1101,6 +1161,10 @@ fn main() {
             "  one batch per group, 1,000 batches: fresh ledger {fresh:.0} samples/s; holding 10,000,000 batch ids already {aged:.0} samples/s = {:.2}× the fresh ledger's",
             aged / fresh
         );
+        return;
+    }
+    if std::env::args().any(|a| a == "writer-shares") {
+        writer_shares(dir.path());
         return;
     }
     if std::env::args().any(|a| a == "decode") {
