@@ -28,7 +28,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use duckdb::{Connection, params};
+use duckdb::Connection;
 use gpuledger_schema::wire::Batch;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
@@ -46,6 +46,7 @@ mod raw;
 mod recent;
 mod retention;
 mod rollups;
+mod shares;
 
 use checkpoints::Checkpoints;
 use checkpoints::compacting_checkpoint;
@@ -56,7 +57,8 @@ pub use compact::Compactor;
 use dims::Dims;
 pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
 pub use raw::RawColumns;
-use rollups::{Map, SHARES_ROLLUP};
+use rollups::Map;
+use shares::write_shares;
 
 /// What became of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -979,38 +981,6 @@ fn reaches_past_raw_window(batches: &[(&Batch, i64)]) -> bool {
     batches
         .iter()
         .any(|(b, _)| b.series.iter().any(|s| s.t.iter().any(|&t| t < cutoff)))
-}
-
-/// Appends the new batches' share seconds inside the raw window (older ones could not be told
-/// from a re-send) and folds them into the shares rollup.
-fn write_shares(tx: &Connection, group: NewBatches<'_>, raw_cutoff: i64) -> duckdb::Result<()> {
-    if group.iter().all(|(_, b, _)| b.shares.is_empty()) {
-        return Ok(());
-    }
-    let mut rows = 0;
-    {
-        let mut app = tx.appender("ingest_shares")?;
-        for (_, batch, ids) in group.iter() {
-            for (s, &(iid, hid)) in batch.shares.iter().zip(&ids.shares) {
-                for share in s.shares().filter(|x| x.timestamp >= raw_cutoff) {
-                    app.append_row(params![
-                        share.timestamp,
-                        iid,
-                        hid,
-                        share.processes,
-                        share.memory_used_bytes,
-                        share.sm_active
-                    ])?;
-                    rows += 1;
-                }
-            }
-        }
-        app.flush()?;
-    }
-    if rows > 0 {
-        tx.execute_batch(SHARES_ROLLUP)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
