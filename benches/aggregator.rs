@@ -230,6 +230,17 @@ fn writer_shares(dir: &std::path::Path) {
             dir,
             &format!("shares-{i}"),
         );
+        // Every share row is stored (the raw window starts at 0 here), or the rate means nothing.
+        let ledger = duckdb::Connection::open(dir.join(format!("shares-{i}.duckdb"))).unwrap();
+        let stored: i64 = ledger
+            .query_row("SELECT count(*) FROM shares_raw", [], |r| r.get(0))
+            .unwrap();
+        let warm_rows: usize = warm_s
+            .iter()
+            .flat_map(|b| &b.shares)
+            .map(|s| s.t.len())
+            .sum();
+        assert_eq!(stored as usize, share_rows + warm_rows, "share rows stored");
         let extra_us = (1.0 / with_shares - 1.0 / plain) * samples as f64 * 1e6 / share_rows as f64;
         eprintln!(
             "  writer, in process, live batches of 1,000 nodes: {plain:.0} samples/s without shares, {with_shares:.0} with two owners' shares of every instance ({share_rows} share rows for {samples} samples) = {:.2}×; {extra_us:.2} µs more per share row",
