@@ -89,7 +89,12 @@ impl ShareColumns {
             let processes = s.processes.as_ref().and_then(|p| p.get(j).copied());
             // At most `i32::MAX` once validated (`wire::Series::validate`); a batch that skipped
             // validation saturates here rather than failing its whole group.
-            let processes = i32::try_from(processes.unwrap_or(0)).unwrap_or(i32::MAX);
+            let processes = processes.unwrap_or(0);
+            debug_assert!(
+                processes <= i32::MAX as u32,
+                "a share's processes unvalidated"
+            );
+            let processes = i32::try_from(processes).unwrap_or(i32::MAX);
             self.processes.append_value(processes);
             self.memory_used_bytes
                 .append_option(at(&s.fb_used_bytes, j));
