@@ -643,18 +643,21 @@ fn main() {
             Some(base),
         );
     }
-    let paced = run(
-        &format!(
-            "paced, {} senders × one batch per 5 s ({:.0} samples/s offered)",
-            a.paced_senders,
-            (a.paced_senders * 280) as f64 / 5.0
-        ),
-        paced,
-        Some(Duration::from_secs(BATCH_SECONDS as u64)),
-        None,
-    );
-    if prefilled > 0 {
-        report_rewrite(&paced, server_started, *rewritten_at.lock().unwrap());
+    // `--paced-seconds 0`: no paced phase (the throughput phase alone, e.g. under a profiler).
+    let paced = (a.paced_seconds > 0).then(|| {
+        run(
+            &format!(
+                "paced, {} senders × one batch per 5 s ({:.0} samples/s offered)",
+                a.paced_senders,
+                (a.paced_senders * 280) as f64 / 5.0
+            ),
+            paced,
+            Some(Duration::from_secs(BATCH_SECONDS as u64)),
+            None,
+        )
+    });
+    if let (true, Some(paced)) = (prefilled > 0, &paced) {
+        report_rewrite(paced, server_started, *rewritten_at.lock().unwrap());
     }
     let peak = fleet::peak_rss_kib(pid);
     server.stop();
