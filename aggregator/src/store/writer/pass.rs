@@ -128,13 +128,25 @@ pub(super) fn pass(
     // The raw columns are sized once, for every sample of the group (BENCHMARKS.md, "The
     // writer's own work").
     let samples = group.iter().map(|(_, b, _)| b.sample_count()).sum();
+    // So are the per-minute maps, for the (series, minute) runs the group can bring: grown by
+    // doubling, their rehashing took some 5 % of the writer's time under the live load
+    // (BENCHMARKS.md, "The pass's maps sized for the group").
+    let runs = group
+        .iter()
+        .flat_map(|(_, b, _)| &b.series)
+        .map(minutes_spanned)
+        .sum();
+    let mut gpu_seen = dims.gpu_seen(&covered);
+    gpu_seen.reserve(runs);
     let mut maps = Maps {
-        gpu_seen: dims.gpu_seen(&covered),
+        gpu_seen,
         covered,
-        deltas: Map::default(),
+        deltas: Map::with_capacity_and_hasher(runs, Default::default()),
     };
+    maps.covered.reserve(runs);
     let mut out = Pass {
         raw: RawColumns::with_capacity(samples),
+        gpu_deltas: Map::with_capacity_and_hasher(runs, Default::default()),
         ..Pass::default()
     };
     for (i, batch, ids) in group.iter() {
@@ -148,6 +160,20 @@ pub(super) fn pass(
     out.deltas = maps.deltas;
     out.masks = maps.covered;
     Ok(out)
+}
+
+/// How many minutes series `s` has seconds in, at most: one per minute from its first second to
+/// its last (a series' seconds come in time order; any other order is counted by its ends).
+fn minutes_spanned(s: &Series) -> usize {
+    match (s.t.first(), s.t.last()) {
+        (Some(&a), Some(&b)) => {
+            let span = minute_of(a.max(b)).0 - minute_of(a.min(b)).0;
+            // A wire series holds at most a batch's seconds; the cap keeps a hostile span from
+            // sizing a map.
+            (span / 60 + 1).min(s.t.len() as i64) as usize
+        }
+        _ => 0,
+    }
 }
 
 impl Pass {
@@ -211,5 +237,39 @@ impl Pass {
         }
         add_gpu_counts(&mut self.gpu_deltas, (iid, hour), hour_counts);
         Ok(stored)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(t: Vec<i64>) -> Series {
+        let instance = gpuledger_schema::Instance {
+            node: "n1".into(),
+            gpu_uuid: "GPU-1".into(),
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+            mig_profile: None,
+            gpu_instance_id: None,
+            placement_start: None,
+            placement_size: None,
+        };
+        let mut s = Series::describing(&instance, &Default::default());
+        s.t = t;
+        s
+    }
+
+    #[test]
+    fn a_series_spans_the_minutes_from_its_first_second_to_its_last() {
+        assert_eq!(minutes_spanned(&at(vec![])), 0);
+        assert_eq!(minutes_spanned(&at(vec![120, 121, 122, 123, 124])), 1);
+        assert_eq!(minutes_spanned(&at(vec![178, 179, 180, 181])), 2);
+        assert_eq!(minutes_spanned(&at((0..300).collect())), 5);
+        // Out of order: counted by its ends, whichever way round.
+        assert_eq!(minutes_spanned(&at(vec![181, 179])), 2);
+        // Two seconds a year apart: two minutes at most, not half a million.
+        assert_eq!(minutes_spanned(&at(vec![0, 365 * 86_400])), 2);
+        // Before 1970 too.
+        assert_eq!(minutes_spanned(&at(vec![-61, -1])), 2);
     }
 }
