@@ -471,9 +471,15 @@ impl Dims {
         ids
     }
 
-    /// The seconds each GPU was observed in, per minute, given the instances' covered masks.
-    pub(super) fn gpu_seen(&self, covered: &Map<(i32, i64), u64>) -> Map<(usize, i64), u64> {
-        let mut gpu_seen: Map<(usize, i64), u64> = Map::default();
+    /// The seconds each GPU was observed in, per minute, given the instances' covered masks;
+    /// the map has room for `more` (GPU, minute) keys besides.
+    pub(super) fn gpu_seen(
+        &self,
+        covered: &Map<(i32, i64), u64>,
+        more: usize,
+    ) -> Map<(usize, i64), u64> {
+        let mut gpu_seen: Map<(usize, i64), u64> =
+            Map::with_capacity_and_hasher(covered.len() + more, Default::default());
         for (&(iid, bucket), &mask) in covered {
             if let Some(&g) = self.gpu_of.get(&iid) {
                 *gpu_seen.entry((g, bucket)).or_insert(0) |= mask;

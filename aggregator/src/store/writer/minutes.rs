@@ -170,7 +170,7 @@ impl WriterThread {
             }
         }
         let mut covered = covered_masks(&tx, lo_t, hi_t, lo_i, hi_i)?;
-        let mut gpu_seen = self.dims.gpu_seen(&covered);
+        let mut gpu_seen = self.dims.gpu_seen(&covered, 0);
         let mut deltas: Map<(i32, i32, i64), MinuteDelta> = Map::default();
         let mut gpu_deltas: Map<(i32, i64), (i64, i64)> = Map::default();
         let mut newest = None;

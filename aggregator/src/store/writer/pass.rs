@@ -128,25 +128,34 @@ pub(super) fn pass(
     // The raw columns are sized once, for every sample of the group (BENCHMARKS.md, "The
     // writer's own work").
     let samples = group.iter().map(|(_, b, _)| b.sample_count()).sum();
-    // So are the per-minute maps, for the (series, minute) runs the group can bring: grown by
+    // So are the pass's maps, for the (series, minute) runs the group can bring: grown by
     // doubling, their rehashing took some 5 % of the writer's time under the live load
-    // (BENCHMARKS.md, "The pass's maps sized for the group").
-    let runs = group
+    // (BENCHMARKS.md, "The pass's maps sized for the group"). The count is an upper bound (a
+    // group of duplicates brings no key), so it is capped: a live group of 1,000 batches is
+    // some 70,000 runs.
+    let runs: usize = group
         .iter()
         .flat_map(|(_, b, _)| &b.series)
         .map(minutes_spanned)
-        .sum();
-    let mut gpu_seen = dims.gpu_seen(&covered);
-    gpu_seen.reserve(runs);
+        .sum::<usize>()
+        .min(SIZED_FOR_RUNS);
+    let series = group
+        .iter()
+        .map(|(_, b, _)| b.series.len())
+        .sum::<usize>()
+        .min(SIZED_FOR_RUNS);
     let mut maps = Maps {
-        gpu_seen,
+        gpu_seen: dims.gpu_seen(&covered, runs),
         covered,
         deltas: Map::with_capacity_and_hasher(runs, Default::default()),
     };
-    maps.covered.reserve(runs);
+    // `covered` may be sized already (`Recent` sizes it for every key the pass can add).
+    let room = maps.covered.capacity() - maps.covered.len();
+    maps.covered.reserve(runs.saturating_sub(room));
     let mut out = Pass {
         raw: RawColumns::with_capacity(samples),
-        gpu_deltas: Map::with_capacity_and_hasher(runs, Default::default()),
+        // Per (instance, hour): a series' seconds are nearly always within one hour.
+        gpu_deltas: Map::with_capacity_and_hasher(series, Default::default()),
         ..Pass::default()
     };
     for (i, batch, ids) in group.iter() {
@@ -162,15 +171,18 @@ pub(super) fn pass(
     Ok(out)
 }
 
-/// How many minutes series `s` has seconds in, at most: one per minute from its first second to
-/// its last (a series' seconds come in time order; any other order is counted by its ends).
+/// The largest number of (series, minute) runs the pass sizes its maps for.
+const SIZED_FOR_RUNS: usize = 1 << 17;
+
+/// How many minutes series `s` has seconds in: one per minute from its first second to its last,
+/// exact when its seconds are in time order (as exporters send them), an estimate otherwise; at
+/// most its number of seconds.
 fn minutes_spanned(s: &Series) -> usize {
     match (s.t.first(), s.t.last()) {
         (Some(&a), Some(&b)) => {
-            let span = minute_of(a.max(b)).0 - minute_of(a.min(b)).0;
-            // A wire series holds at most a batch's seconds; the cap keeps a hostile span from
-            // sizing a map.
-            (span / 60 + 1).min(s.t.len() as i64) as usize
+            // Minute numbers, so that no two seconds of i64 can overflow the difference.
+            let span = (a.div_euclid(60) - b.div_euclid(60)).unsigned_abs();
+            span.saturating_add(1).min(s.t.len() as u64) as usize
         }
         _ => 0,
     }
@@ -271,5 +283,7 @@ mod tests {
         assert_eq!(minutes_spanned(&at(vec![0, 365 * 86_400])), 2);
         // Before 1970 too.
         assert_eq!(minutes_spanned(&at(vec![-61, -1])), 2);
+        // The whole range of i64: no overflow.
+        assert_eq!(minutes_spanned(&at(vec![i64::MIN, 0, i64::MAX])), 3);
     }
 }
