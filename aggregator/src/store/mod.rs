@@ -252,7 +252,8 @@ mod tests {
             let (conn, before) = open(&old).unwrap();
             assert_eq!(before, 0);
             assert_eq!(format(&conn), "v1.0.0+");
-            conn.execute_batch("INSERT INTO kept VALUES (2); CHECKPOINT").unwrap();
+            conn.execute_batch("INSERT INTO kept VALUES (2); CHECKPOINT")
+                .unwrap();
         }
         let conn = Connection::open(&old).unwrap();
         let n: i64 = conn

@@ -80,10 +80,8 @@ impl Recent {
             self.minutes.extend(loaded);
         }
         let minutes = self.minutes.range(lo_bucket..=hi_bucket);
-        let mut covered = Map::with_capacity_and_hasher(
-            ids.len() * minutes.clone().count(),
-            Default::default(),
-        );
+        let mut covered =
+            Map::with_capacity_and_hasher(ids.len() * minutes.clone().count(), Default::default());
         for (&bucket, masks) in minutes {
             for &iid in ids {
                 if let Some(&mask) = masks.get(&iid) {
