@@ -35,11 +35,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet::{TOKEN, batches, start_aggregator};
-use gpuledger_aggregator::analytics::{
+use gpuledger_ledger::analytics::{
     self,
     showback::{self, GroupBy},
 };
-use gpuledger_aggregator::store::{self, Writer};
+use gpuledger_ledger::store::{self, Writer};
 use gpuledger_schema::Sample;
 use gpuledger_schema::wire::{Batch, Format, Limits};
 
@@ -56,7 +56,7 @@ fn raw_appender(batches: &[Batch], dir: &std::path::Path, arrow: bool) -> f64 {
         let mut app = conn.appender("t").unwrap();
         for b in batches {
             if arrow {
-                let mut cols = gpuledger_aggregator::store::writer::RawColumns::default();
+                let mut cols = gpuledger_ledger::store::writer::RawColumns::default();
                 for (k, s) in b.series.iter().enumerate() {
                     for j in 0..s.t.len() {
                         cols.push(s, j, k as i32, k as i32);
@@ -971,7 +971,7 @@ fn history_evaluation(
 /// older than the raw window (rollups only, as most of the demo's month is). Generating the rows
 /// is not timed, only the writer.
 fn history_day(dir: &std::path::Path) {
-    use gpuledger_aggregator::store::writer::{MinuteBatch, MinuteRow};
+    use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
     use gpuledger_exporter::source::sim::{Fleet, Simulator};
     use gpuledger_schema::wire::Series;
     let sim = Simulator::new(Fleet::builtin());

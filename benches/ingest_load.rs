@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fleet::{INSTANCES_PER_NODE, node_batches, node_name, quantile};
-use gpuledger_aggregator::store::writer::RawColumns;
+use gpuledger_ledger::store::writer::RawColumns;
 use gpuledger_schema::wire::{Batch, Format};
 
 const BATCH_SECONDS: i64 = 5;
@@ -392,7 +392,7 @@ const BARE_TABLE: &str = "CREATE TABLE t (ts BIGINT, instance_id INTEGER, holder
 /// rows written.
 fn prefill(db: &std::path::Path, hour: i64, instances: i64) -> u64 {
     let started = Instant::now();
-    let (conn, _) = gpuledger_aggregator::store::open_with(db, Some("1GB")).unwrap();
+    let (conn, _) = gpuledger_ledger::store::open_with(db, Some("1GB")).unwrap();
     fleet::live_order_hour(&conn, hour, instances);
     conn.execute("INSERT INTO raw_compacted VALUES (?)", [hour])
         .unwrap();
@@ -696,9 +696,9 @@ fn main() {
         (before * 262_144) as f64 / raw as f64
     );
     // What the aggregator does to each closed hour: the raw rows rewritten in instance order.
-    let (conn, _) = gpuledger_aggregator::store::open(&db).unwrap();
+    let (conn, _) = gpuledger_ledger::store::open(&db).unwrap();
     let (writer, thread) =
-        gpuledger_aggregator::store::Writer::spawn(conn, 1, std::sync::Arc::new(())).unwrap();
+        gpuledger_ledger::store::Writer::spawn(conn, 1, std::sync::Arc::new(())).unwrap();
     let rewritten = rt
         .block_on(writer.compact_raw(t0, chrono::Utc::now().timestamp()))
         .unwrap();

@@ -16,8 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpuledger_aggregator::store::{self, Writer};
-use gpuledger_aggregator::{analytics, reclaim};
+use gpuledger_ledger::store::{self, Writer};
+use gpuledger_aggregator::reclaim;
+use gpuledger_ledger::analytics;
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
@@ -258,9 +259,9 @@ fn outbox() {
         .unwrap();
     let eval_ms = start.elapsed().as_secs_f64() * 1000.0;
     let secret = gpuledger_schema::webhook::Secret::encode(KEY);
-    let settings = reclaim::config::ReclaimFile::default()
+    let settings = gpuledger_ledger::reclaim::config::ReclaimFile::default()
         .resolve(
-            vec![reclaim::config::WebhookFile {
+            vec![gpuledger_ledger::reclaim::config::WebhookFile {
                 url: "http://127.0.0.1:9/hook".into(),
                 secret: Some(secret),
                 ..Default::default()

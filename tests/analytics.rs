@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use common::traces::{self, Lcg};
 use duckdb::Connection;
-use gpuledger_aggregator::analytics::showback::{self, GroupBy};
-use gpuledger_aggregator::analytics::{self, EpisodeState, Settings};
-use gpuledger_aggregator::store::query::Readers;
-use gpuledger_aggregator::store::{self, Writer};
+use gpuledger_ledger::analytics::showback::{self, GroupBy};
+use gpuledger_ledger::analytics::{self, EpisodeState, Settings};
+use gpuledger_ledger::store::query::Readers;
+use gpuledger_ledger::store::{self, Writer};
 use gpuledger_schema::Sample;
 use gpuledger_schema::wire::Batch;
 
@@ -79,7 +79,7 @@ macro_rules! assert_close {
 
 fn settings() -> Settings {
     Settings {
-        prices: gpuledger_aggregator::analytics::prices::PriceBook::from_config(
+        prices: gpuledger_ledger::analytics::prices::PriceBook::from_config(
             &[("H100-80GB".to_owned(), 3.6)].into_iter().collect(),
             &[],
             0.0,
@@ -335,8 +335,8 @@ async fn late_data_recomputes_episodes() {
 /// that start and end anywhere.
 #[tokio::test(flavor = "multi_thread")]
 async fn observed_allocations_from_days_and_hours_equal_those_of_the_hours_alone() {
-    use gpuledger_aggregator::analytics::fragmentation::observed_allocations;
-    use gpuledger_aggregator::store::writer::{MinuteBatch, MinuteRow};
+    use gpuledger_ledger::analytics::fragmentation::observed_allocations;
+    use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
     use gpuledger_schema::wire::Series;
     use gpuledger_schema::{Attribution, Counters, SloClass};
     let ledger = Ledger::open();
@@ -536,7 +536,7 @@ async fn the_writer_notes_the_gpu_hours_it_changes_and_a_pass_clears_them() {
 /// change while it runs wait for the next evaluation, so one under a live fleet's ingest ends.
 #[tokio::test(flavor = "multi_thread")]
 async fn dirty_hours_are_those_noted_up_to_the_bound() {
-    use gpuledger_aggregator::analytics::fragmentation::{changed_through, dirty_hours};
+    use gpuledger_ledger::analytics::fragmentation::{changed_through, dirty_hours};
     let ledger = Ledger::open();
     let (first_hour, second_hour): (Vec<Sample>, Vec<Sample>) = known_trace()
         .into_iter()
@@ -570,8 +570,8 @@ async fn dirty_hours_are_those_noted_up_to_the_bound() {
 /// changed again, after the counts the pass stored.
 #[test]
 fn storing_an_hour_keeps_the_notes_written_after_the_snapshot() {
-    use gpuledger_aggregator::analytics::facts::GpuKey;
-    use gpuledger_aggregator::analytics::fragmentation::{self, GpuHour, StoredHour};
+    use gpuledger_ledger::analytics::facts::GpuKey;
+    use gpuledger_ledger::analytics::fragmentation::{self, GpuHour, StoredHour};
     let dir = tempfile::tempdir().unwrap();
     let (mut conn, _) = store::open(&dir.path().join("ledger.duckdb")).unwrap();
     conn.execute_batch(&format!(
@@ -983,7 +983,7 @@ fn rollup_contents(conn: &Connection) -> Vec<(String, Vec<String>)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn minute_rows_store_exactly_what_their_seconds_would() {
-    use gpuledger_aggregator::store::writer::{MinuteBatch, MinuteRow};
+    use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
     use gpuledger_exporter::source::sim::{Fleet, Simulator};
     use gpuledger_schema::wire::Series;
 

@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::api::ingest::TimeWindow;
+use gpuledger_schema::wire::TimeWindow;
 use crate::auth::Tokens;
-use crate::store::Retention;
+use gpuledger_ledger::store::Retention;
 
 /// Every explicit limit of the service; what happens at each is documented on the field.
 ///
@@ -87,11 +87,11 @@ pub struct Config {
     /// The limits.
     pub limits: Limits,
     /// Hoarding, fragmentation and showback settings.
-    pub analytics: crate::analytics::Settings,
+    pub analytics: gpuledger_ledger::analytics::Settings,
     /// The reclaim policy, its webhooks and Alertmanager.
-    pub reclaim: crate::reclaim::Settings,
+    pub reclaim: gpuledger_ledger::reclaim::Settings,
     /// The pages' sign-in.
-    pub ui: crate::ui::session::UiSettings,
+    pub ui: crate::auth::session::UiSettings,
     /// Where `POST /api/v1/export` writes Parquet; `None`: the endpoint is off.
     pub export_dir: Option<PathBuf>,
     /// Also push the metrics (operational and ledger families) over OTLP/HTTP; the traces go

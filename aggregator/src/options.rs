@@ -13,14 +13,14 @@ use std::time::Duration;
 use gpuledger_schema::options::{self, duration};
 use serde::{Deserialize, Serialize};
 
-use crate::analytics::Settings as AnalyticsSettings;
-use crate::analytics::bill::BillingSettings;
-use crate::analytics::prices::{PriceBook, PriceFile};
+use gpuledger_ledger::analytics::Settings as AnalyticsSettings;
+use gpuledger_ledger::analytics::bill::BillingSettings;
+use gpuledger_ledger::analytics::prices::{PriceBook, PriceFile};
 use crate::auth::Tokens;
 use crate::config::{Config, Limits};
-use crate::reclaim::config::{AlertmanagerFile, ReclaimFile, WebhookFile};
-use crate::store::Retention;
-use crate::ui::session::UiFile;
+use gpuledger_ledger::reclaim::config::{AlertmanagerFile, ReclaimFile, WebhookFile};
+use gpuledger_ledger::store::Retention;
+use crate::auth::session::UiFile;
 
 /// The options of `gpuledger aggregator`. A flag on the command line wins over its environment
 /// variable, which wins over the config file (TOML, the flag's long name with `_` for `-`).
@@ -102,7 +102,7 @@ pub struct AggregatorOptions {
     #[serde(skip_serializing)]
     pub prices: HashMap<String, f64>,
     /// `[[price_book]]`: prices with effective dates and per-MIG-profile prices; declared and
-    /// checked in [`crate::analytics::prices`].
+    /// checked in [`gpuledger_ledger::analytics::prices`].
     #[arg(skip)]
     #[serde(skip_serializing)]
     pub price_book: Vec<PriceFile>,
@@ -112,7 +112,7 @@ pub struct AggregatorOptions {
     #[serde(skip_serializing)]
     pub demand: HashMap<String, HashMap<String, f64>>,
     /// The reclaim policy (`[reclaim]`, `[reclaim.classes.*]`, `[[reclaim.overrides]]`,
-    /// `[[reclaim.exemptions]]`); declared and checked in [`crate::reclaim::config`].
+    /// `[[reclaim.exemptions]]`); declared and checked in [`gpuledger_ledger::reclaim::config`].
     #[arg(skip)]
     #[serde(skip_serializing)]
     pub reclaim: ReclaimFile,
@@ -125,7 +125,7 @@ pub struct AggregatorOptions {
     #[serde(skip_serializing)]
     pub alertmanager: Option<AlertmanagerFile>,
     /// `[billing]`: cost mode, overhead sharing, and each tenant's team, org and budget;
-    /// declared and checked in [`crate::analytics::bill`].
+    /// declared and checked in [`gpuledger_ledger::analytics::bill`].
     #[arg(skip)]
     #[serde(skip_serializing)]
     pub billing: BillingSettings,

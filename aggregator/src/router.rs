@@ -13,7 +13,7 @@ use crate::api::{self, AppState, fragmentation, hoarding, ingest, reclaim, share
 use crate::ui;
 
 /// Gives the answers no handler wrote — 404 for an unknown path, 405, the timeout's 408, a body
-/// limit's 413 — the one JSON error shape (`api::error`), so every 4xx and 5xx a client sees says
+/// limit's 413 — the one JSON error shape (`crate::error`), so every 4xx and 5xx a client sees says
 /// what is wrong the same way. Answers that carry a body already (a handler's JSON error,
 /// `/readyz`'s sentence) are left as they are.
 async fn json_errors(response: Response) -> Response {
@@ -31,7 +31,7 @@ async fn json_errors(response: Response) -> Response {
         StatusCode::UNSUPPORTED_MEDIA_TYPE => "the body is not of a type this route takes",
         _ => status.canonical_reason().unwrap_or("the request failed"),
     };
-    let mut answer = api::error::ApiError::status(status, message).into_response();
+    let mut answer = crate::error::ApiError::status(status, message).into_response();
     // Keep what the layer said beside the status (an Allow header on a 405, say).
     for (name, value) in response.headers() {
         if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {

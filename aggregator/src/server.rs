@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use crate::api::{App, AppState};
 use crate::config::Config;
-use crate::store::query::Readers;
-use crate::store::{self, Writer};
+use gpuledger_ledger::store::query::Readers;
+use gpuledger_ledger::store::{self, Writer};
 use crate::telemetry::{AggregatorMetrics, TableLabels};
 use gpuledger_schema::exposition;
 
@@ -164,7 +164,7 @@ fn open(
         admission,
         readiness: tokio::sync::Mutex::new(None),
         deliveries: Arc::new(tokio::sync::Notify::new()),
-        sessions: crate::ui::session::Sessions::default(),
+        sessions: crate::auth::session::Sessions::default(),
         preparing: std::sync::Mutex::new(preparing.then(|| "starting".to_owned())),
     }));
     Ok((state, thread, compactor))
@@ -307,7 +307,7 @@ async fn analytics_loop(app: AppState) {
 /// Pushes the open episodes to Alertmanager every interval (see `reclaim::alertmanager`).
 async fn alertmanager_loop(
     app: AppState,
-    am: crate::reclaim::config::Alertmanager,
+    am: gpuledger_ledger::reclaim::config::Alertmanager,
     client: reqwest::Client,
 ) {
     let mut tick = tokio::time::interval(am.interval);
@@ -412,7 +412,7 @@ async fn retention_loop(app: AppState, compactor: store::Compactor) {
 #[cfg(test)]
 mod tests {
     use super::compaction_due;
-    use crate::store::COMPACT_AFTER;
+    use gpuledger_ledger::store::COMPACT_AFTER;
 
     const H: i64 = 3600;
 
@@ -492,7 +492,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let (conn, _) = crate::store::open(&db).unwrap();
+        let (conn, _) = gpuledger_ledger::store::open(&db).unwrap();
         let x: i32 = conn
             .query_row("SELECT x FROM committed", [], |r| r.get(0))
             .unwrap();

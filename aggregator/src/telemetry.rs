@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::store::writer::WriteObserver;
+use gpuledger_ledger::store::writer::WriteObserver;
 
 /// A bounded reason label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -201,7 +201,7 @@ pub struct AggregatorMetrics {
     /// read them ([`AggregatorMetrics::ledger_for`]).
     pub ledger: LedgerFamilies,
     /// The figures the ledger families were last set from, to render a tenant's own share.
-    current: std::sync::Mutex<crate::analytics::Current>,
+    current: std::sync::Mutex<gpuledger_ledger::analytics::Current>,
     /// When the analytics last succeeded.
     pub analytics_last_success: Gauge,
     /// How long an evaluation takes.
@@ -455,7 +455,7 @@ impl AggregatorMetrics {
 
     /// Replaces the analytics families with `current`: series of tenants, episodes and nodes no
     /// longer in it are removed.
-    pub fn set_current(&self, current: &crate::analytics::Current) {
+    pub fn set_current(&self, current: &gpuledger_ledger::analytics::Current) {
         self.ledger.set(current, None);
         *self.current.lock().expect("metrics lock") = current.clone();
     }
@@ -616,7 +616,7 @@ impl LedgerFamilies {
 
     /// Replaces the series with `current`'s, only tenant `scope`'s when given: series of
     /// tenants, episodes and nodes no longer current are removed.
-    pub fn set(&self, current: &crate::analytics::Current, scope: Option<&str>) {
+    pub fn set(&self, current: &gpuledger_ledger::analytics::Current, scope: Option<&str>) {
         for f in [&self.tenant_allocated, &self.tenant_used, &self.tenant_idle] {
             f.clear();
         }

@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod attribution;
+pub mod cli;
 pub mod daemon;
 pub mod metrics;
 pub mod options;

@@ -11,6 +11,7 @@
 
 pub mod metrics;
 pub mod options;
+pub mod process;
 pub mod traces;
 
 use std::collections::BTreeMap;

@@ -12,6 +12,7 @@
 //! round trip between any two representations is lossless and tested.
 #![warn(missing_docs)]
 
+pub mod error;
 pub mod exposition;
 pub mod mig;
 pub mod migrations;

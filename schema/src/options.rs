@@ -15,6 +15,19 @@ use std::str::FromStr;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+/// A humantime duration in TOML (`"15m"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span(pub std::time::Duration);
+
+impl<'de> serde::Deserialize<'de> for Span {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <String as serde::Deserialize>::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map(Span)
+            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))
+    }
+}
+
 /// A config file that cannot be used; the message names the file and, from TOML, the key.
 #[derive(Debug, thiserror::Error)]
 pub enum OptionsError {

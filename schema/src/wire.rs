@@ -31,23 +31,84 @@ pub const MSGPACK_CONTENT_TYPE: &str = "application/vnd.msgpack";
 /// The ingest path on the aggregator.
 pub const INGEST_PATH: &str = "/api/v1/ingest";
 
+/// The HTTP header that carries a batch's id beside its body, so that a receiver can answer a
+/// batch it stored before without decoding it again.
+pub const BATCH_ID_HEADER: &str = "x-gpuledger-batch-id";
+
+/// What the aggregator answers to a batch it accepted (`200` to `POST /api/v1/ingest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IngestResponse {
+    /// The batch's id.
+    pub batch_id: Uuid,
+    /// Samples in the batch.
+    pub samples: u64,
+    /// Samples stored now.
+    pub stored: u64,
+    /// Samples the ledger held already.
+    pub duplicate_samples: u64,
+    /// The batch id had been stored before.
+    pub duplicate_batch: bool,
+}
+
+/// Time rules a batch must meet, as of one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct TimeWindow {
+    /// Newest second accepted (now + the allowed clock skew).
+    pub newest: i64,
+    /// Oldest second accepted (now − the rollup retention): older data would be deleted at once.
+    pub oldest: i64,
+}
+
+impl TimeWindow {
+    /// Checks every `t` of `batch`'s series and shares; the error names the field as a JSON path.
+    pub fn check(&self, batch: &Batch) -> Result<(), (String, String)> {
+        for (list, i, s) in batch.entries() {
+            for (j, &t) in s.t.iter().enumerate() {
+                if t > self.newest {
+                    return Err((
+                        format!("{list}[{i}].t[{j}]"),
+                        format!(
+                            "{t} is {} s in the future (more than the allowed clock skew); check the exporter's clock",
+                            t.saturating_sub(self.newest)
+                        ),
+                    ));
+                }
+                if t < self.oldest {
+                    return Err((
+                        format!("{list}[{i}].t[{j}]"),
+                        format!(
+                            "{t} is older than the rollup retention (oldest accepted: {})",
+                            self.oldest
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Somewhere checked batches can be sent and stored other than a ledger file: a running
+/// aggregator's ingest API. `gpuledger import --aggregator` hands its batches to one (the ingest
+/// client, `gpuledger-client`, implements it), so the ledger that checks them links no HTTP.
+pub trait BatchSink: Send {
+    /// Sends one batch, retrying what can be retried; the receiver's counts, or why it was not
+    /// stored.
+    fn send_batch<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<IngestResponse, String>> + Send + 'a>>;
+}
+
 /// Whether a receiver's answer to a MessagePack body means it cannot read MessagePack at all: a
 /// `415`, or a `400` whose error names the whole `body` (what an aggregator older than
 /// MessagePack answers), or that this body is damaged: a sender that can decode the body itself
 /// re-sends that batch as JSON under the same `batch_id`, and sends JSON for a while
 /// (`schema/WIRE.md`, "MessagePack bodies").
 pub fn msgpack_unread(status: u16, answer: &str) -> bool {
-    #[derive(Deserialize)]
-    struct Answer {
-        error: Blame,
-    }
-    #[derive(Deserialize)]
-    struct Blame {
-        field: Option<String>,
-    }
     let blames_the_body = || {
-        serde_json::from_str::<Answer>(answer)
-            .is_ok_and(|a| a.error.field.as_deref() == Some("body"))
+        crate::error::ErrorBody::parse(answer.as_bytes())
+            .is_some_and(|a| a.error.field.as_deref() == Some("body"))
     };
     status == 415 || (status == 400 && blames_the_body())
 }

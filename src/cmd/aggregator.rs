@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use gpuledger_aggregator::Limits;
-use gpuledger_aggregator::export::{self, ExportOptions};
-use gpuledger_aggregator::import::{self, ImportOptions};
+use gpuledger_ledger::export::{self, ExportOptions};
+use gpuledger_client::ingest::{IngestClient, IngestConfig, Sink};
+use gpuledger_ledger::import::{self, ImportOptions};
 use gpuledger_aggregator::options::AggregatorOptions;
-use gpuledger_aggregator::store::Retention;
+use gpuledger_ledger::store::Retention;
 
 /// Flags of `gpuledger aggregator`. Every flag can also be set in `--config FILE` (TOML, the
 /// flag's long name with `_` for `-`) and as `GPULEDGER_AGGREGATOR_<FLAG>`; a flag on the command
@@ -113,6 +114,10 @@ pub struct ImportArgs {
 }
 
 /// Imports traces.
+/// Attempts per batch when importing through a running aggregator: with the back-off's waits
+/// (1, 2, 4, 8, 15 s…) a batch is given about a minute before the import stops.
+const IMPORT_TRIES: usize = 8;
+
 pub fn import(args: ImportArgs) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     let target = match (args.db, args.aggregator) {
@@ -121,10 +126,13 @@ pub fn import(args: ImportArgs) -> anyhow::Result<()> {
             let path = args.token_file.context("--token-file")?;
             let token = std::fs::read_to_string(&path)
                 .with_context(|| format!("--token-file {}", path.display()))?;
-            import::Target::Aggregator {
-                url,
+            let client = IngestClient::new(&IngestConfig {
+                aggregator: url,
                 token: token.trim().to_owned(),
-            }
+                timeout: std::time::Duration::from_secs(60),
+                user_agent: concat!("gpuledger-import/", env!("CARGO_PKG_VERSION")).into(),
+            })?;
+            import::Target::Aggregator(Box::new(Sink::new(client, IMPORT_TRIES)))
         }
         (None, None) => anyhow::bail!("--db or --aggregator"),
     };

@@ -49,22 +49,7 @@ impl Cli {
     pub fn command_with_env() -> clap::Command {
         let mut command = <Cli as clap::CommandFactory>::command();
         for name in ENV_COMMANDS {
-            command = command.mut_subcommand(name, |mut sub| {
-                let missing: Vec<(clap::Id, String)> = sub
-                    .get_arguments()
-                    .filter(|a| a.get_env().is_none() && a.get_action().takes_values())
-                    .filter_map(|a| Some((a.get_id().clone(), a.get_long()?.to_owned())))
-                    .collect();
-                for (id, long) in missing {
-                    let var = format!("GPULEDGER_{name}_{long}")
-                        .to_ascii_uppercase()
-                        .replace('-', "_");
-                    // clap keeps environment variable names as &'static; these are made once.
-                    let var: &'static str = Box::leak(var.into_boxed_str());
-                    sub = sub.mut_arg(id, |a| a.env(var));
-                }
-                sub
-            });
+            command = command.mut_subcommand(name, |sub| gpuledger_otel::process::with_env(sub, name));
         }
         command
     }
@@ -81,7 +66,7 @@ impl Cli {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     // Before any thread starts: the processes that hold a ledger for long.
     if matches!(cli.command, Command::Aggregator(_) | Command::Demo(_)) {
-        gpuledger_aggregator::tune_allocator();
+        gpuledger_ledger::memory::tune_allocator();
     }
     if !matches!(cli.command, Command::Aggregator(_)) {
         gpuledger_otel::init_logging(None);
@@ -97,27 +82,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Resolves when SIGINT or SIGTERM arrives.
-pub async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing a SIGTERM handler");
-        tokio::select! {
-            _ = interrupt => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
-}
+pub use gpuledger_otel::process::shutdown_signal;
 
 /// A multi-threaded runtime for the services.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
+    Ok(gpuledger_otel::process::runtime()?)
 }
 
 /// The `--config` TOML file of a subcommand, or its defaults when none is given.
@@ -147,9 +116,7 @@ mod tests {
                 if !arg.get_action().takes_values() {
                     continue;
                 }
-                let want = format!("GPULEDGER_{name}_{long}")
-                    .to_ascii_uppercase()
-                    .replace('-', "_");
+                let want = gpuledger_otel::process::env_var(name, long);
                 assert_eq!(
                     arg.get_env().and_then(|e| e.to_str()),
                     Some(want.as_str()),

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::error::ApiError;
+use crate::error::ApiError;
 use crate::auth::TokenId;
 use crate::config::Limits;
 

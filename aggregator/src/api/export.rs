@@ -4,7 +4,7 @@
 //! The export runs on a reader connection (one snapshot) into the directory the operator set with
 //! `--export-dir` (`export_dir` in the config file); a request names only the range, whether raw
 //! samples go too, and the cluster name, never a path. Without `export_dir` the endpoint answers
-//! 409 naming it. See `crate::export` for the files it writes (whole UTC days, one file per
+//! 409 naming it. See `gpuledger_ledger::export` for the files it writes (whole UTC days, one file per
 //! table, day and cluster, replaced by a later export of the same day).
 
 use axum::Json;
@@ -13,9 +13,9 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 
 use super::AppState;
-use super::error::{ApiError, json_body};
+use crate::error::{ApiError, json_body};
 use super::params::time_param;
-use crate::export::{ExportError, ExportOptions, ExportReport};
+use gpuledger_ledger::export::{ExportError, ExportOptions, ExportReport};
 
 /// What a client asks for.
 #[derive(Debug, serde::Deserialize)]
@@ -63,12 +63,12 @@ pub async fn export(
         raw: req.raw,
         cluster,
     };
-    crate::export::check(&opts).map_err(|e| match e {
+    gpuledger_ledger::export::check(&opts).map_err(|e| match e {
         ExportError::Option { field, message } => ApiError::bad_request(field, message),
         other => ApiError::internal(&other),
     })?;
     let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
-    let report = tokio::task::spawn_blocking(move || crate::export::export_with(&conn, &opts))
+    let report = tokio::task::spawn_blocking(move || gpuledger_ledger::export::export_with(&conn, &opts))
         .await
         .map_err(|e| ApiError::internal(&e))?
         .map_err(|e| match e {

@@ -10,9 +10,9 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use super::error::ApiError;
+use crate::error::ApiError;
 use super::params::Params;
-use crate::analytics::fleet;
+use gpuledger_ledger::analytics::fleet;
 
 /// The handler.
 pub async fn fragmentation(

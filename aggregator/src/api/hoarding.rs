@@ -8,9 +8,9 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 
 use super::AppState;
-use super::error::ApiError;
+use crate::error::ApiError;
 use super::params::Params;
-use crate::analytics::{self, EpisodeState};
+use gpuledger_ledger::analytics::{self, EpisodeState};
 
 /// The handler.
 pub async fn hoarding(

@@ -19,9 +19,9 @@ use gpuledger_schema::wire::{self, Batch, Format, WireError};
 use uuid::Uuid;
 
 use super::AppState;
-use super::error::ApiError;
+use crate::error::ApiError;
 use crate::auth::{Role, TokenId};
-use crate::store::{IngestOutcome, QueueError, Reservation, StoreError};
+use gpuledger_ledger::store::{IngestOutcome, QueueError, Reservation, StoreError};
 use crate::telemetry::{IngestRejected, RejectReason};
 
 /// Bodies up to this size whose document (inflated, for gzip) is at most
@@ -37,58 +37,9 @@ const INLINE_DECODE_BYTES: usize = 32 << 10;
 /// whole decoded-size limit (17.1 MB by default).
 const INLINE_DOCUMENT_BYTES: usize = 256 << 10;
 
-/// The answer to an accepted batch.
-#[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct IngestResponse {
-    /// The batch's id.
-    pub batch_id: Uuid,
-    /// Samples in the batch.
-    pub samples: u64,
-    /// Samples stored now.
-    pub stored: u64,
-    /// Samples the ledger held already.
-    pub duplicate_samples: u64,
-    /// The batch id had been stored before.
-    pub duplicate_batch: bool,
-}
+pub use gpuledger_schema::wire::IngestResponse;
 
-/// Time rules a batch must meet, as of one moment.
-#[derive(Debug, Clone, Copy)]
-pub struct TimeWindow {
-    /// Newest second accepted (now + the allowed clock skew).
-    pub newest: i64,
-    /// Oldest second accepted (now − the rollup retention): older data would be deleted at once.
-    pub oldest: i64,
-}
-
-impl TimeWindow {
-    /// Checks every `t` of `batch`'s series and shares; the error names the field as a JSON path.
-    pub fn check(&self, batch: &Batch) -> Result<(), (String, String)> {
-        for (list, i, s) in batch.entries() {
-            for (j, &t) in s.t.iter().enumerate() {
-                if t > self.newest {
-                    return Err((
-                        format!("{list}[{i}].t[{j}]"),
-                        format!(
-                            "{t} is {} s in the future (more than the allowed clock skew); check the exporter's clock",
-                            t.saturating_sub(self.newest)
-                        ),
-                    ));
-                }
-                if t < self.oldest {
-                    return Err((
-                        format!("{list}[{i}].t[{j}]"),
-                        format!(
-                            "{t} is older than the rollup retention (oldest accepted: {})",
-                            self.oldest
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-}
+pub use gpuledger_schema::wire::TimeWindow;
 
 /// The request's declared body length, when it declares one.
 fn declared_length(headers: &HeaderMap) -> Option<u64> {

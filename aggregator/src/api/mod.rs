@@ -2,8 +2,8 @@
 //! The routes are listed in [`crate::router`].
 
 pub mod admission;
-pub mod error;
 pub mod export;
+pub mod extract;
 pub mod fragmentation;
 pub mod hoarding;
 pub mod ingest;
@@ -23,8 +23,8 @@ use gpuledger_schema::exposition;
 
 use crate::auth::Tokens;
 use crate::config::Config;
-use crate::store::Writer;
-use crate::store::query::{self, Readers};
+use gpuledger_ledger::store::Writer;
+use gpuledger_ledger::store::query::{self, Readers};
 use crate::telemetry::{AggregatorMetrics, TableLabels};
 
 /// What every handler shares.
@@ -48,7 +48,7 @@ pub struct App {
     /// Wakes the webhook delivery loop when a pass put events in the outbox.
     pub deliveries: Arc<tokio::sync::Notify>,
     /// The pages' signed-in sessions.
-    pub sessions: crate::ui::session::Sessions,
+    pub sessions: crate::auth::session::Sessions,
     /// What the service is preparing before it is ready (`None` once ready): see
     /// [`crate::server::run_with`].
     pub preparing: std::sync::Mutex<Option<String>>,
@@ -59,33 +59,33 @@ pub struct App {
 pub struct EvaluateReport {
     /// Recomputed GPU-hours, GPUs and episodes.
     #[serde(flatten)]
-    pub analytics: crate::analytics::PassReport,
+    pub analytics: gpuledger_ledger::analytics::PassReport,
     /// The reclaim decisions taken.
-    pub reclaim: crate::reclaim::pass::ReclaimReport,
+    pub reclaim: gpuledger_ledger::reclaim::pass::ReclaimReport,
 }
 
 impl App {
     /// Evaluates hoarding and fragmentation for every dirty GPU-hour, refreshes the analytics
     /// metrics, then runs the reclaim pass over the episodes as they now stand.
     #[tracing::instrument(name = "analytics.evaluate", skip_all)]
-    pub async fn evaluate(&self) -> Result<EvaluateReport, crate::store::StoreError> {
+    pub async fn evaluate(&self) -> Result<EvaluateReport, gpuledger_ledger::store::StoreError> {
         let _one = self.analytics_lock.lock().await;
         let started = std::time::Instant::now();
         let report =
-            crate::analytics::evaluate(&self.readers, &self.writer, &self.config.analytics, 10_000)
+            gpuledger_ledger::analytics::evaluate(&self.readers, &self.writer, &self.config.analytics, 10_000)
                 .await?;
         let conn = self.readers.connect()?;
         let settings = self.config.analytics.clone();
         let current =
-            tokio::task::spawn_blocking(move || crate::analytics::current(&conn, &settings))
+            tokio::task::spawn_blocking(move || gpuledger_ledger::analytics::current(&conn, &settings))
                 .await
                 .map_err(|e| {
-                    crate::store::StoreError::Io(format!("the analytics task failed: {e}"))
+                    gpuledger_ledger::store::StoreError::Io(format!("the analytics task failed: {e}"))
                 })?
-                .map_err(crate::store::StoreError::from_db)?;
+                .map_err(gpuledger_ledger::store::StoreError::from_db)?;
         self.metrics.set_current(&current);
         if let Some(newest) = current.newest {
-            use crate::store::writer::WriteObserver;
+            use gpuledger_ledger::store::writer::WriteObserver;
             self.metrics.newest_sample(newest);
         }
         self.metrics
@@ -294,7 +294,7 @@ async fn check_ready(app: &AppState) -> Result<(), String> {
                 [since],
                 |r| r.get::<_, i64>(0),
             )
-            .map_err(crate::store::StoreError::from_db)
+            .map_err(gpuledger_ledger::store::StoreError::from_db)
         })
     })
     .await

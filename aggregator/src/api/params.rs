@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use chrono::TimeZone;
 
-use super::error::ApiError;
+use crate::error::ApiError;
 
 /// The checked query of one request.
 #[derive(Debug, Clone, Default)]
@@ -144,9 +144,15 @@ pub fn range_params(
     to: Option<&str>,
     max_secs: i64,
 ) -> Result<(i64, i64), ApiError> {
+    range_of(time_param("from", from)?, time_param("to", to)?, max_secs)
+}
+
+/// `[from, to)` from parsed times: `to` defaults to now, `from` to the start of `to`'s UTC
+/// month; at most `max_secs` long.
+pub fn range_of(from: Option<i64>, to: Option<i64>, max_secs: i64) -> Result<(i64, i64), ApiError> {
     use chrono::{Datelike, TimeZone};
-    let to = time_param("to", to)?.unwrap_or_else(|| chrono::Utc::now().timestamp());
-    let from = match time_param("from", from)? {
+    let to = to.unwrap_or_else(|| chrono::Utc::now().timestamp());
+    let from = match from {
         Some(f) => f,
         None => {
             let t = chrono::Utc

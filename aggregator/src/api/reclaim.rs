@@ -15,12 +15,12 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 
-use super::error::ApiError;
+use crate::error::ApiError;
 use super::params::Params;
 use super::{AppState, time_param};
 use crate::auth::Role;
 use crate::reclaim::alertmanager::{self, IntakeReport, WebhookMessage};
-use crate::reclaim::records::{self, Decision, Delivery, Exemption, NewExemption, Replay};
+use gpuledger_ledger::reclaim::records::{self, Decision, Delivery, Exemption, NewExemption, Replay};
 
 /// Parses a JSON body, naming the field at fault.
 async fn read<T: Send + 'static>(
@@ -120,7 +120,7 @@ pub async fn create_exemption(
     bytes: Bytes,
 ) -> Result<(StatusCode, Json<Exemption>), ApiError> {
     let role = app.tokens.authenticate(&headers)?;
-    let req: NewExemption = super::error::json_body(&bytes)?;
+    let req: NewExemption = crate::error::json_body(&bytes)?;
     let e = add_exemption(&app, &role, req, "snoozed through the API").await?;
     Ok((StatusCode::CREATED, Json(e)))
 }
@@ -290,9 +290,9 @@ pub async fn replay(
 ) -> Result<Json<Requeued>, ApiError> {
     app.tokens.authenticate(&headers)?.require_admin()?;
     let req: Replay = if bytes.is_empty() {
-        super::error::json_body(b"{}")?
+        crate::error::json_body(b"{}")?
     } else {
-        super::error::json_body(&bytes)?
+        crate::error::json_body(&bytes)?
     };
     let from = time_param("from", req.from.as_deref())?.unwrap_or(0);
     let to = time_param("to", req.to.as_deref())?.unwrap_or(i64::MAX);
@@ -354,7 +354,7 @@ pub async fn alertmanager_webhook(
     bytes: Bytes,
 ) -> Result<Json<IntakeReport>, ApiError> {
     app.tokens.authenticate(&headers)?.require_admin()?;
-    let msg: WebhookMessage = super::error::json_body(&bytes)?;
+    let msg: WebhookMessage = crate::error::json_body(&bytes)?;
     if msg.version != "4" {
         return Err(ApiError::bad_request(
             "version",

@@ -11,9 +11,9 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 
 use super::AppState;
-use super::error::ApiError;
+use crate::error::ApiError;
 use super::params::Params;
-use crate::analytics::shares::{self, GroupBy, SharesView};
+use gpuledger_ledger::analytics::shares::{self, GroupBy, SharesView};
 
 fn whole_hour(name: &'static str, t: i64) -> Result<i64, ApiError> {
     if t.rem_euclid(3600) != 0 {

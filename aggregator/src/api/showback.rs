@@ -8,9 +8,9 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 
 use super::AppState;
-use super::error::ApiError;
+use crate::error::ApiError;
 use super::params::Params;
-use crate::analytics::showback::{self, GroupBy, ShowbackError};
+use gpuledger_ledger::analytics::showback::{self, GroupBy, ShowbackError};
 
 /// `GET /api/v1/showback`.
 pub async fn showback(
@@ -30,8 +30,8 @@ pub async fn showback_csv(
 ) -> Result<axum::response::Response, ApiError> {
     let v = view(&app, &headers, q).await?;
     let name = format!("gpuledger-showback-{}-{}", v.from, v.to);
-    Ok(crate::ui::csv_response(
-        &crate::ui::views::showback(&v, "showback"),
+    Ok(crate::render::csv_response(
+        &crate::render::views::showback(&v, "showback"),
         &name,
     ))
 }

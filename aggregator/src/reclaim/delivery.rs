@@ -15,9 +15,9 @@ use backon::BackoffBuilder;
 use duckdb::{Connection, params};
 use gpuledger_schema::webhook;
 
-use super::config::Endpoint;
-use crate::store::query::Readers;
-use crate::store::{StoreError, Writer};
+use gpuledger_ledger::reclaim::config::Endpoint;
+use gpuledger_ledger::store::query::Readers;
+use gpuledger_ledger::store::{StoreError, Writer};
 use crate::telemetry::{AggregatorMetrics, EndpointLabels, EndpointOutcomeLabels};
 
 /// Rows attempted per round at most.

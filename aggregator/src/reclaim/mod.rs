@@ -1,55 +1,30 @@
-//! Reclaim: turning an idle-hoarding episode into a GPU handed back, safely (README, "Reclaim";
-//! events and signatures: `schema/WEBHOOK.md`).
-//!
-//! After every analytics evaluation a pass ([`pass`]) runs the per-class policy ([`policy`]) over
-//! the open episodes and commits each decision, the episode's new state and the event's outbox
-//! rows in one writer transaction; the delivery loop ([`delivery`]) sends the outbox, signed,
-//! at least once. Alertmanager can be kept informed ([`alertmanager`]) and can gate reclaims.
-//!
-//! Key decision: safety comes from the data, not from timers. Nothing is sent about a GPU that
-//! has not reported within `max_staleness` of the wall clock (backfills, replays and dead nodes
-//! never lead to a reclaim); a reclaim needs the notice to have been *delivered* `notice` ago;
-//! event ids are derived from the episode, so a decision retaken after a crash or late data is the
-//! same event to a receiver.
+//! The service's side of reclaim (docs/reclaim.md): the decisions are the ledger's
+//! (`gpuledger_ledger::reclaim`); here they reach the world. The delivery loop ([`delivery`])
+//! sends the outbox, signed, at least once; Alertmanager can be kept informed ([`alertmanager`])
+//! and can gate reclaims; [`run_pass`] runs the ledger's pass and counts its decisions.
 
 pub mod alertmanager;
-pub mod config;
 pub mod delivery;
-pub mod pass;
-pub mod policy;
-pub mod records;
 
-pub use config::Settings;
+use gpuledger_ledger::analytics;
+use gpuledger_ledger::reclaim::{Settings, pass::ReclaimReport};
+use gpuledger_ledger::store::query::Readers;
+use gpuledger_ledger::store::{StoreError, Writer};
 
-use crate::store::StoreError;
-use crate::store::Writer;
-use crate::store::query::Readers;
 use crate::telemetry::{AggregatorMetrics, DecisionLabels};
 
-/// Runs one reclaim pass as of `now` and commits it. Call under the analytics lock, after an
-/// evaluation, so the episodes it reads are current.
+/// Runs one reclaim pass as of `now` ([`gpuledger_ledger::reclaim::run_pass`]) and counts what
+/// it decided on `/metrics`.
 pub async fn run_pass(
     readers: &Readers,
     writer: &Writer,
-    analytics: &crate::analytics::Settings,
+    analytics: &analytics::Settings,
     settings: &Settings,
     metrics: &AggregatorMetrics,
     now: i64,
-) -> Result<pass::ReclaimReport, StoreError> {
-    let conn = readers.connect()?;
-    let (a, s) = (analytics.clone(), settings.clone());
-    let plan = tokio::task::spawn_blocking(move || {
-        pass::read(&conn, &a, &s, now).map(|snap| pass::plan(snap, &a, &s, now))
-    })
-    .await
-    .map_err(|e| StoreError::Io(format!("the reclaim task failed: {e}")))?
-    .map_err(StoreError::from_db)?;
-    let report = plan.report.clone();
-    if !plan.is_empty() {
-        writer
-            .apply(Box::new(move |tx| pass::store(tx, &plan)))
-            .await?;
-    }
+) -> Result<ReclaimReport, StoreError> {
+    let report =
+        gpuledger_ledger::reclaim::run_pass(readers, writer, analytics, settings, now).await?;
     for (kind, n) in &report.events {
         metrics
             .reclaim_decisions

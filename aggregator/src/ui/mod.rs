@@ -7,11 +7,9 @@
 //! Access ([`session`]): a bearer token, a session cookie from `/signin`, or a trusted proxy's
 //! header. A `tenant:` reader is given only its own rows on every page and export — the
 //! queries take its tenant (trend, episodes, breakdowns) or its line is cut out of the bill
-//! computed for the fleet ([`crate::analytics::bill`]) — and never the fleet pages.
+//! computed for the fleet ([`gpuledger_ledger::analytics::bill`]) — and never the fleet pages.
 
 pub mod period;
-pub mod session;
-pub mod views;
 
 use std::collections::HashMap;
 
@@ -21,15 +19,17 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use gpuledger_web::{Chart, GpuLayout, Kpi, Nav, Page, Section, Series, SignIn, Slot, Table};
 
-use crate::analytics::bill::{self, Bill, CostMode, IdleSharing, Money};
-use crate::analytics::showback::{self, GroupBy, ShowbackError};
-use crate::analytics::{self, EpisodeState};
+use gpuledger_ledger::analytics::bill::{self, Bill, Money};
+use gpuledger_ledger::analytics::prices::{CostMode, IdleSharing};
+use gpuledger_ledger::analytics::showback::{self, GroupBy, ShowbackError};
+use gpuledger_ledger::analytics::{self, EpisodeState};
 use crate::api::AppState;
-use crate::api::error::{ApiError, Form};
+use crate::error::{ApiError, Form};
 use crate::api::params::Params;
 use crate::auth::Role;
 use period::Period;
-use session::Reader;
+use crate::auth::session::{self, Reader};
+use crate::render::{csv_response, views};
 
 /// The parameters every page takes.
 const PAGE_PARAMS: &[&str] = &[
@@ -236,30 +236,6 @@ fn answer(req: &Request, page: Page, name: &str) -> Result<Response, ApiError> {
     }
     let html = page.render().map_err(|e| ApiError::internal(&e))?;
     Ok(Html(html).into_response())
-}
-
-/// A CSV download.
-pub fn csv_response(table: &Table, name: &str) -> Response {
-    let file: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let mut r = table.to_csv().into_response();
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/csv; charset=utf-8; header=present"),
-    );
-    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{file}.csv\"")) {
-        h.insert(header::CONTENT_DISPOSITION, v);
-    }
-    r
 }
 
 /// Gives every table its CSV link and, where sortable, applies the requested sort.
@@ -609,7 +585,7 @@ pub async fn tenant(
         };
         let e = analytics::episodes(c, EpisodeState::All, from, to, Some(&who), &settings)
             .map_err(|e| ApiError::internal(&e))?;
-        let r = crate::reclaim::records::decisions(c, from, to, Some(&who), 1000)
+        let r = gpuledger_ledger::reclaim::records::decisions(c, from, to, Some(&who), 1000)
             .map_err(|e| ApiError::internal(&e))?;
         Ok((
             b,
@@ -1037,7 +1013,7 @@ pub async fn snooze(
         .ok_or_else(|| ApiError::unauthorized("not signed in"))?;
     session::check_csrf(&reader, &f.csrf)?;
     reader.role.require_admin()?;
-    let req = crate::reclaim::records::NewExemption {
+    let req = gpuledger_ledger::reclaim::records::NewExemption {
         tenant: Some(f.tenant),
         workload: Some(f.workload),
         duration: f.duration,

@@ -3,7 +3,7 @@
 
 use chrono::{Datelike, TimeZone, Utc};
 
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 use crate::api::params::Params;
 
 /// A period, with what the pages need to show it and move to the next.

@@ -1,7 +1,8 @@
 //! Shipping: 1 s samples → sealed batches → on-disk spool → `POST /api/v1/ingest`.
 //!
 //! Contract (`schema/WIRE.md`): gzip JSON batch, `Authorization: Bearer <token>`, a unique
-//! `batch_id` per batch. A 2xx acknowledges the batch and it leaves the spool. 408, 429, 5xx and
+//! `batch_id` per batch, sent by the one ingest client (`gpuledger_client::ingest`, which also
+//! decides which answers are retried). A 2xx acknowledges the batch and it leaves the spool. 408, 429, 5xx and
 //! connection failures are retried, oldest batch first, after an exponential back-off (1 s
 //! doubling to 15 s) or the server's `Retry-After`, each wait stretched by a random 0–100 %, so
 //! that a fleet that lost its aggregator does not come back in lockstep (at most 30 s, or twice
@@ -28,6 +29,8 @@ use gpuledger_schema::wire::{self, Batch};
 use gpuledger_schema::{Sample, ShareSample};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
+
+use gpuledger_client::ingest::{Answer, IngestClient, IngestConfig};
 
 use crate::metrics::{Metrics, ReasonLabels};
 use fallback::{Body, Fallback, Refusal};
@@ -182,11 +185,13 @@ pub async fn run(
     update_spool_gauges(&metrics, &spool);
     let spool = Arc::new(Mutex::new(spool));
     let notify = Arc::new(Notify::new());
-    let client = reqwest::Client::builder()
-        .timeout(config.request_timeout)
-        .user_agent(concat!("gpuledger-exporter/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| ShipError::Client(e.to_string()))?;
+    let client = IngestClient::new(&IngestConfig {
+        aggregator: config.aggregator.clone(),
+        token: config.token.clone(),
+        timeout: config.request_timeout,
+        user_agent: concat!("gpuledger-exporter/", env!("CARGO_PKG_VERSION")).into(),
+    })
+    .map_err(|e| ShipError::Client(e.to_string()))?;
     // Set once the last batch is sealed: only then may a draining sender stop on an empty spool.
     let sealed_all = Arc::new(AtomicBool::new(false));
     // JSON while the aggregator cannot read MessagePack ([`Outcome::Unread`]).
@@ -290,6 +295,7 @@ async fn seal(
     Ok(())
 }
 
+/// What became of one attempt, as the sender acts on it.
 enum Outcome {
     Acked,
     Retry {
@@ -303,81 +309,22 @@ enum Outcome {
     Unread(String),
 }
 
-async fn send(
-    client: &reqwest::Client,
-    config: &ShipConfig,
-    entry: &spool::Entry,
-    body: Vec<u8>,
-) -> Outcome {
-    let url = format!(
-        "{}{}",
-        config.aggregator.trim_end_matches('/'),
-        wire::INGEST_PATH
-    );
-    let format = wire::Format::of_body(&body, true);
-    let response = client
-        .post(url)
-        .bearer_auth(&config.token)
-        .header(reqwest::header::CONTENT_TYPE, format.content_type())
-        .header(reqwest::header::CONTENT_ENCODING, "gzip")
-        .header("x-gpuledger-batch-id", entry.batch_id.to_string())
-        .body(body)
-        .send()
-        .await;
-    let response = match response {
-        Ok(r) => r,
-        Err(e) => {
-            return Outcome::Retry {
-                reason: "unreachable",
-                detail: e.without_url().to_string(),
-                after: None,
-            };
+impl From<Answer> for Outcome {
+    fn from(answer: Answer) -> Outcome {
+        match answer {
+            Answer::Stored(_) => Outcome::Acked,
+            Answer::Retry {
+                reason,
+                detail,
+                after,
+            } => Outcome::Retry {
+                reason: reason.as_str(),
+                detail,
+                after,
+            },
+            Answer::Unread(detail) => Outcome::Unread(detail),
+            Answer::Rejected(detail) => Outcome::Rejected(detail),
         }
-    };
-    let status = response.status();
-    if status.is_success() {
-        return Outcome::Acked;
-    }
-    let after = response
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs);
-    let text: String = response
-        .text()
-        .await
-        .unwrap_or_default()
-        .chars()
-        .take(500)
-        .collect();
-    let detail = format!("HTTP {status}: {text}");
-    match status.as_u16() {
-        429 => Outcome::Retry {
-            reason: "throttled",
-            detail,
-            after,
-        },
-        // The aggregator gave up waiting for the body (a slow link): the batch is fine.
-        408 => Outcome::Retry {
-            reason: "timeout",
-            detail,
-            after,
-        },
-        401 | 403 => Outcome::Retry {
-            reason: "unauthorized",
-            detail,
-            after: None,
-        },
-        500..=599 => Outcome::Retry {
-            reason: "server_error",
-            detail,
-            after,
-        },
-        code if format == wire::Format::MessagePack && wire::msgpack_unread(code, &text) => {
-            Outcome::Unread(detail)
-        }
-        _ => Outcome::Rejected(detail),
     }
 }
 
@@ -412,8 +359,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// What the sender keeps between attempts: the spool's oldest batch goes first, and stays
 /// until the aggregator acknowledged it (ack after commit) or refused it for good.
 struct Sender {
-    config: ShipConfig,
-    client: reqwest::Client,
+    client: IngestClient,
     spool: Arc<Mutex<Spool>>,
     metrics: Arc<Metrics>,
     fallback: Arc<Fallback>,
@@ -431,7 +377,7 @@ impl Sender {
             Body::Send(body) => body,
             Body::Damaged(why) => return Some(Outcome::Rejected(why)),
         };
-        match send(&self.client, &self.config, entry, body).await {
+        match Outcome::from(self.client.post(entry.batch_id, body).await) {
             // Only a MessagePack body is unread: read back from its file (the rare case pays,
             // not every send), it tells whether the body or the aggregator is at fault.
             Outcome::Unread(detail) => {
@@ -516,7 +462,7 @@ impl Sender {
 
 async fn send_loop(
     config: ShipConfig,
-    client: reqwest::Client,
+    client: IngestClient,
     spool: Arc<Mutex<Spool>>,
     notify: Arc<Notify>,
     metrics: Arc<Metrics>,
@@ -526,7 +472,6 @@ async fn send_loop(
 ) {
     let msgpack_retry = config.msgpack_retry;
     let mut sender = Sender {
-        config,
         client,
         spool: spool.clone(),
         metrics,

@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::io::{IsTerminal, Write};
 
 use gpuledger_aggregator::Startup;
-use gpuledger_aggregator::store::writer::{MinuteBatch, MinuteRow};
+use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
 use gpuledger_exporter::source::sim::{MinuteReading, Simulator};
 use gpuledger_schema::wire::{Batch, Series};
 use gpuledger_schema::{Attribution, Instance};

@@ -6,14 +6,16 @@
 //! One node-scoped list every `refresh` (`GET /api/v1/pods?fieldSelector=spec.nodeName=NODE&
 //! resourceVersion=0`: served from the API server's watch cache, the cheapest read it offers),
 //! cached in memory. RBAC: `get`/`list` on `pods` (`deploy/kubernetes/exporter-daemonset.yaml`).
-//! The service-account token is re-read for every request (it is rotated). A failed list keeps
-//! the last one and is logged once per failure streak.
+//! Requests go through the one Kubernetes client (`gpuledger_client::kube`), which re-reads the
+//! rotated service-account token when it changes. A failed list keeps the last one and is
+//! logged once per failure streak.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use gpuledger_client::kube::{self, KubeClient, KubeConfig};
 use gpuledger_schema::SloClass;
 
 /// Where the API server is and what to read from its pods.
@@ -43,19 +45,12 @@ impl ApiServerConfig {
     /// In-cluster defaults: the API server from `KUBERNETES_SERVICE_HOST`/`_PORT` and the
     /// mounted service-account token and CA.
     pub fn in_cluster_url() -> Option<String> {
-        let host = std::env::var("KUBERNETES_SERVICE_HOST").ok()?;
-        let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
-        let host = if host.contains(':') {
-            format!("[{host}]")
-        } else {
-            host
-        };
-        Some(format!("https://{host}:{port}"))
+        kube::in_cluster_url()
     }
 }
 
 /// The service-account token and CA every pod gets.
-pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+pub const SERVICE_ACCOUNT_DIR: &str = kube::SERVICE_ACCOUNT_DIR;
 
 /// What gpuledger keeps of a pod.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -90,65 +85,21 @@ pub struct Snapshot {
     pub pods: HashMap<(String, String), PodMeta>,
 }
 
-#[derive(Debug, serde::Deserialize)]
-struct PodList {
-    #[serde(default)]
-    items: Vec<Pod>,
-}
-
-#[derive(Debug, serde::Deserialize)]
-struct Pod {
-    metadata: Metadata,
-    #[serde(default)]
-    spec: Spec,
-    #[serde(default)]
-    status: Status,
-}
-
-#[derive(Debug, serde::Deserialize)]
-struct Metadata {
-    namespace: String,
-    name: String,
-    #[serde(default)]
-    uid: String,
-    #[serde(default)]
-    labels: HashMap<String, String>,
-    #[serde(default)]
-    annotations: HashMap<String, String>,
-}
-
-#[derive(Debug, Default, serde::Deserialize)]
-struct Spec {
-    #[serde(default, rename = "priorityClassName")]
-    priority_class_name: Option<String>,
-}
-
-#[derive(Debug, Default, serde::Deserialize)]
-struct Status {
-    #[serde(default)]
-    phase: Option<String>,
-}
-
-/// Reads a `PodList` JSON answer.
-pub fn parse_pod_list(body: &[u8]) -> Result<HashMap<(String, String), PodMeta>, String> {
-    let list: PodList =
-        serde_json::from_slice(body).map_err(|e| format!("the API server's pod list: {e}"))?;
-    Ok(list
-        .items
-        .into_iter()
-        .map(|p| {
-            (
-                (p.metadata.namespace, p.metadata.name),
-                PodMeta {
-                    uid: p.metadata.uid,
-                    labels: p.metadata.labels,
-                    annotations: p.metadata.annotations,
-                    priority_class: p.spec.priority_class_name,
-                    phase: p.status.phase,
-                },
-            )
-        })
-        .collect())
+/// What gpuledger keeps of a listed pod, under its (namespace, name).
+fn pod_meta(p: kube::Pod) -> ((String, String), PodMeta) {
+    (
+        (
+            p.metadata.namespace.unwrap_or_default(),
+            p.metadata.name,
+        ),
+        PodMeta {
+            uid: p.metadata.uid,
+            labels: p.metadata.labels,
+            annotations: p.metadata.annotations,
+            priority_class: p.spec.priority_class_name,
+            phase: p.status.phase,
+        },
+    )
 }
 
 /// The latest snapshot and the latest error, shared with the attributor.
@@ -160,59 +111,25 @@ pub struct Shared {
     pub error: Option<String>,
 }
 
-fn client(config: &ApiServerConfig) -> Result<reqwest::Client, String> {
-    let mut b = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .connect_timeout(Duration::from_secs(5));
-    if let Some(ca) = &config.ca_file {
-        let pem = std::fs::read(ca).map_err(|e| format!("cannot read {}: {e}", ca.display()))?;
-        let cert = reqwest::Certificate::from_pem(&pem)
-            .map_err(|e| format!("{} is not a PEM certificate: {e}", ca.display()))?;
-        b = b.add_root_certificate(cert);
-    }
-    b.build()
-        .map_err(|e| format!("cannot build the HTTP client: {e}"))
+fn client(config: &ApiServerConfig) -> Result<KubeClient, String> {
+    KubeClient::new(KubeConfig {
+        api_server: config.url.clone(),
+        token_file: config.token_file.clone(),
+        ca_file: config.ca_file.clone(),
+        timeout: Duration::from_secs(10),
+    })
+    .map_err(|e| e.to_string())
 }
 
-async fn list(client: &reqwest::Client, config: &ApiServerConfig) -> Result<Snapshot, String> {
+async fn list(client: &KubeClient, config: &ApiServerConfig) -> Result<Snapshot, String> {
     let requested_at = Instant::now();
-    // Node names are DNS labels; anything else is escaped rather than trusted.
-    let node: String = config
-        .node
-        .bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect();
-    let url = format!(
-        "{}/api/v1/pods?fieldSelector=spec.nodeName%3D{node}&resourceVersion=0",
-        config.url.trim_end_matches('/')
-    );
-    let mut request = client.get(&url);
-    if let Some(f) = &config.token_file {
-        let token = std::fs::read_to_string(f)
-            .map_err(|e| format!("cannot read the token {}: {e}", f.display()))?;
-        request = request.bearer_auth(token.trim());
-    }
-    let response = request
-        .send()
+    let pods = client
+        .node_pods(&config.node)
         .await
-        .map_err(|e| format!("cannot list pods from {}: {e}", config.url))?;
-    let status = response.status();
-    let body = response
-        .bytes()
-        .await
-        .map_err(|e| format!("reading the pod list: {e}"))?;
-    if !status.is_success() {
-        let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
-        return Err(format!(
-            "the API server answered {status} to the pod list: {text}"
-        ));
-    }
+        .map_err(|e| format!("cannot list this node's pods from {}: {e}", config.url))?;
     Ok(Snapshot {
         requested_at,
-        pods: parse_pod_list(&body)?,
+        pods: pods.into_iter().map(pod_meta).collect(),
     })
 }
 
@@ -263,18 +180,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pod_list_is_read() {
-        let body = br#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[
+    fn a_listed_pod_is_kept_by_namespace_and_name() {
+        let body = br#"{"items":[
             {"metadata":{"namespace":"ml","name":"train-0","labels":{"team":"vision"},"annotations":{"cost-center":"cc-42"}},
              "spec":{"priorityClassName":"high","nodeName":"n1"},"status":{"phase":"Running"}},
             {"metadata":{"namespace":"ml","name":"done-1"},"spec":{},"status":{"phase":"Succeeded"}}]}"#;
-        let pods = parse_pod_list(body).unwrap();
+        let list: kube::List<kube::Pod> = serde_json::from_slice(body).unwrap();
+        let pods: HashMap<_, _> = list.items.into_iter().map(pod_meta).collect();
         let p = &pods[&("ml".to_owned(), "train-0".to_owned())];
         assert_eq!(p.labels["team"], "vision");
         assert_eq!(p.annotations["cost-center"], "cc-42");
         assert_eq!(p.priority_class.as_deref(), Some("high"));
         assert!(!p.is_finished());
         assert!(pods[&("ml".to_owned(), "done-1".to_owned())].is_finished());
-        assert!(parse_pod_list(b"{\"items\": 3}").is_err());
     }
 }

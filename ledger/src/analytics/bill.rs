@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Serialize, Serializer};
 
 use super::shares::Transfer;
-use super::showback::{Figures, Showback};
+use super::showback::{Figures, Showback, ShowbackError};
+use super::prices::{CostMode, IdleSharing};
 
 /// An amount in cents; serialised as a decimal number of the currency (`12.34`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -85,54 +86,6 @@ pub fn apportion(total: Money, targets: &[f64]) -> Vec<Money> {
         }
     }
     out.into_iter().map(Money).collect()
-}
-
-/// What a tenant is charged for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CostMode {
-    /// What it held (the default): an allocated, idle GPU costs as much as a busy one.
-    #[default]
-    Allocation,
-    /// What it used (SM activity × size); its idle becomes overhead.
-    Usage,
-}
-
-/// Where the overhead goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IdleSharing {
-    /// A line of its own, the platform's (the default).
-    #[default]
-    Overhead,
-    /// Shared out to the tenants in proportion to their charges.
-    Share,
-}
-
-impl CostMode {
-    /// The API names.
-    pub const NAMES: &'static str = "allocation, usage";
-    /// Parses an API name.
-    pub fn parse(s: &str) -> Option<CostMode> {
-        match s {
-            "allocation" => Some(CostMode::Allocation),
-            "usage" => Some(CostMode::Usage),
-            _ => None,
-        }
-    }
-}
-
-impl IdleSharing {
-    /// The API names.
-    pub const NAMES: &'static str = "overhead, share";
-    /// Parses an API name.
-    pub fn parse(s: &str) -> Option<IdleSharing> {
-        match s {
-            "overhead" => Some(IdleSharing::Overhead),
-            "share" => Some(IdleSharing::Share),
-            _ => None,
-        }
-    }
 }
 
 /// Where a tenant sits in the organisation, and its budget (`[billing.tenants.<name>]`).
@@ -287,6 +240,46 @@ fn budget_for(monthly: f64, from: i64, to: i64) -> Money {
     .unwrap_or_default();
     let month = (next - start).num_seconds().max(1) as f64;
     Money::round(monthly * (to - from) as f64 / month)
+}
+
+/// The fleet's bill for `[from, to)` read from the ledger (showback by tenant, the shared
+/// instances' transfers, then [`bill`]), cut to `tenant`'s line when one is given: what every
+/// page, CSV and JSON answer about a bill renders. `raw_from` is the oldest raw second kept.
+#[allow(clippy::too_many_arguments)]
+pub fn compute(
+    conn: &duckdb::Connection,
+    from: i64,
+    to: i64,
+    settings: &super::Settings,
+    raw_from: i64,
+    mode: CostMode,
+    idle: IdleSharing,
+    tenant: Option<&str>,
+) -> Result<Bill, ShowbackError> {
+    let s = super::showback::showback(
+        conn,
+        from,
+        to,
+        super::showback::GroupBy::Tenant,
+        None,
+        raw_from,
+        settings,
+    )?;
+    let moved = super::shares::transfers(conn, from, to, mode, settings)?;
+    let b = bill(
+        &s,
+        &moved,
+        from,
+        to,
+        settings.prices.currency.clone(),
+        mode,
+        idle,
+        &settings.billing,
+    );
+    Ok(match tenant {
+        Some(t) => b.for_tenant(t),
+        None => b,
+    })
 }
 
 /// Makes the bill from a fleet-wide showback grouped by tenant and the shared instances' transfers

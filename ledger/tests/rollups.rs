@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use duckdb::Connection;
-use gpuledger_aggregator::store::{self, Retention, Writer};
+use gpuledger_ledger::store::{self, Retention, Writer};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
@@ -279,7 +279,7 @@ async fn rollups_equal_raw_whatever_the_batching_order_and_duplicates() {
         .filter(|s| s.attribution.tenant.as_deref() == Some("notebooks"))
         .map(|s| s.counters.sm_active.unwrap_or(0.0) * s.instance.gpu_equivalents().unwrap())
         .sum();
-    let used = gpuledger_aggregator::store::query::tenant_usage(&conn, 0, i64::MAX).unwrap();
+    let used = gpuledger_ledger::store::query::tenant_usage(&conn, 0, i64::MAX).unwrap();
     let notebooks = used
         .iter()
         .find(|u| u.tenant.as_deref() == Some("notebooks"))
@@ -488,7 +488,7 @@ fn a_full_queue_refuses_without_waiting_and_a_batch_larger_than_the_queue_is_too
 /// again after a job that is not an ingest, and a batch sent again whole is still its duplicate.
 #[tokio::test]
 async fn minute_rows_between_live_batches_are_seen_by_the_next_batch() {
-    use gpuledger_aggregator::store::writer::{MinuteBatch, MinuteRow};
+    use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
     use gpuledger_schema::wire::Series;
 
     let dir = tempfile::tempdir().unwrap();

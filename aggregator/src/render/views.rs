@@ -3,12 +3,12 @@
 
 use gpuledger_web::{Cell, Column, Table};
 
-use crate::analytics::EpisodeRow;
-use crate::analytics::bill::{Bill, Money};
-use crate::analytics::fleet::{AdviceView, FragmentationAt};
-use crate::analytics::prices::PriceInForce;
-use crate::analytics::showback::ShowbackView;
-use crate::analytics::trend::Day;
+use gpuledger_ledger::analytics::EpisodeRow;
+use gpuledger_ledger::analytics::bill::{Bill, Money};
+use gpuledger_ledger::analytics::fleet::{AdviceView, FragmentationAt};
+use gpuledger_ledger::analytics::prices::PriceInForce;
+use gpuledger_ledger::analytics::showback::ShowbackView;
+use gpuledger_ledger::analytics::trend::Day;
 
 /// A path segment, percent-encoded (a tenant's name in `/tenants/{tenant}`).
 pub fn segment(s: &str) -> String {
@@ -386,7 +386,7 @@ pub fn prices(rows: &[PriceInForce]) -> Table {
 }
 
 /// Reclaim decisions (notices, requests, holds, cancellations), newest first.
-pub fn reclaims(rows: &[crate::reclaim::records::Decision]) -> Table {
+pub fn reclaims(rows: &[gpuledger_ledger::reclaim::records::Decision]) -> Table {
     let mut t = Table::new(
         "reclaims",
         vec![
@@ -458,7 +458,7 @@ pub fn advice(rows: &[AdviceView]) -> Table {
             Column::number("stranded_after", "After"),
         ],
     );
-    let names = |v: &[crate::analytics::fragmentation::InstanceNow]| {
+    let names = |v: &[gpuledger_ledger::analytics::fragmentation::InstanceNow]| {
         v.iter()
             .map(|i| {
                 format!(

@@ -21,6 +21,8 @@
 //! configured token in constant time on every request was 7 % of the aggregator's CPU at 1,250
 //! nodes, BENCHMARKS.md.)
 
+pub mod session;
+
 use std::path::Path;
 
 use std::collections::HashMap;
@@ -28,7 +30,7 @@ use std::collections::HashMap;
 use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 
 /// The shortest token accepted: 16 characters (a guessable token is no authentication).
 pub const MIN_TOKEN_LEN: usize = 16;

@@ -1,4 +1,5 @@
-//! The one error type of the HTTP API and its one JSON shape:
+//! The one error type of the HTTP API, answered in the one JSON shape of
+//! [`gpuledger_schema::error`]:
 //! `{"error": {"field": "series[2].sm_active[7]", "message": "1.5 is outside 0–1"}}`
 //! (`field` is null when no single field is at fault). Internal errors are logged here, once.
 
@@ -7,6 +8,7 @@ use std::borrow::Cow;
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use gpuledger_schema::error::ErrorBody;
 
 /// An HTTP error answer.
 #[derive(Debug)]
@@ -118,25 +120,9 @@ impl ApiError {
     }
 }
 
-#[derive(serde::Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
-}
-
-#[derive(serde::Serialize)]
-struct Inner<'a> {
-    field: Option<&'a str>,
-    message: &'a str,
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(Body {
-            error: Inner {
-                field: self.field.as_deref(),
-                message: &self.message,
-            },
-        });
+        let body = Json(ErrorBody::new(self.field.as_deref(), self.message));
         let mut response = (self.status, body).into_response();
         let headers = response.headers_mut();
         if let Some(secs) = self.retry_after {

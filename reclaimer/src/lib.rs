@@ -1,5 +1,6 @@
-//! `gpuledger reclaimer`: the small receiver that runs beside a scheduler and carries out
-//! `reclaim.requested` events (README, "Reclaim"; events: `schema/WEBHOOK.md`).
+//! `gpuledger-reclaimer` (also `gpuledger reclaimer`): the small receiver that runs beside a
+//! scheduler and carries out `reclaim.requested` events (docs/reclaim.md; events:
+//! `schema/WEBHOOK.md`). It links no ledger: the aggregator decides, this only verifies and acts.
 //!
 //! Every request is checked first: the Standard Webhooks signature against the configured
 //! secrets and the timestamp within the tolerance (5 min); an unsigned, badly signed or replayed
@@ -10,6 +11,7 @@
 //! PodDisruptionBudget answers the eviction with 429, the API server or `scontrol` fails — it
 //! answers 503 with `Retry-After`, and the aggregator's durable outbox retries; a
 //! `reclaim.cancelled` withdraws the request there. So durability lives in one place.
+#![warn(missing_docs)]
 
 pub mod kubernetes;
 pub mod slurm;
@@ -27,8 +29,8 @@ use axum::response::{IntoResponse, Response};
 use gpuledger_schema::webhook::{self, Event, EventType, Secret};
 use serde::{Deserialize, Serialize};
 
-use crate::api::error::ApiError;
-use crate::reclaim::config::Span;
+use gpuledger_schema::error::ErrorBody;
+use gpuledger_schema::options::Span;
 
 /// `gpuledger reclaimer --config FILE`: the file's keys.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -217,9 +219,19 @@ fn answer(status: StatusCode, body: &impl Serialize) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// An error in the API's one JSON shape (`api::error`).
+/// An error in the one JSON shape (`gpuledger_schema::error`).
 fn error(status: StatusCode, message: &str) -> Response {
-    ApiError::status(status, message).into_response()
+    (status, axum::Json(ErrorBody::new(None, message))).into_response()
+}
+
+/// 503 with `Retry-After`: the aggregator's outbox retries.
+fn unavailable(message: &str, retry_after: u64) -> Response {
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, message);
+    response.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from(retry_after),
+    );
+    response
 }
 
 /// What a workload names.
@@ -367,11 +379,10 @@ async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) 
         return Outcome::DryRun.answer(what);
     }
     if !r.inflight.lock().expect("inflight lock").insert(id.clone()) {
-        return ApiError::unavailable(
+        return unavailable(
             "this webhook-id is being acted on now; retry for its outcome",
             5,
-        )
-        .into_response();
+        );
     }
     // Acted on while this request waited (the first attempt finished and left the in-flight set).
     if r.acted.lock().expect("acted lock").ids.contains(&id) {
@@ -431,7 +442,7 @@ fn respond(id: &str, event: &Event, outcome: Result<String, ActError>) -> Respon
                 retry_after,
                 "Cannot act now; the aggregator retries."
             );
-            ApiError::unavailable(message, retry_after).into_response()
+            unavailable(&message, retry_after)
         }
         Err(ActError::Cannot(message)) => {
             tracing::error!(
@@ -502,5 +513,55 @@ mod tests {
         ] {
             assert_eq!(Target::parse(bad), None, "{bad}");
         }
+    }
+}
+
+/// The command line of the reclaimer, the same for `gpuledger-reclaimer` and `gpuledger
+/// reclaimer`.
+pub mod cli {
+    use std::path::PathBuf;
+
+    use anyhow::Context;
+
+    use super::ReclaimerFile;
+
+    /// Flags of the reclaimer.
+    #[derive(Debug, clap::Args)]
+    pub struct Args {
+        /// TOML file: listen, path, secret / secrets / secret_file, tolerance, dry_run,
+        /// state_file, [kubernetes] (api_server, token_file, ca_file, mode = "evict" | "kueue"),
+        /// [slurm] (command).
+        #[arg(long)]
+        pub config: PathBuf,
+        /// Log what would be done, act on nothing (overrides the file's dry_run).
+        #[arg(long)]
+        pub dry_run: bool,
+        /// Check the file (secrets, token, CA, command), print a summary and exit.
+        #[arg(long)]
+        pub check_config: bool,
+    }
+
+    /// Runs until SIGINT or SIGTERM (logging must be set up by the caller).
+    pub fn run(args: Args) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(&args.config)
+            .with_context(|| format!("cannot read config file {}", args.config.display()))?;
+        let mut file: ReclaimerFile = toml::from_str(&text)
+            .with_context(|| format!("config file {}", args.config.display()))?;
+        if args.dry_run {
+            file.dry_run = Some(true);
+        }
+        let (addr, r) = file.resolve()?;
+        if args.check_config {
+            println!(
+                "gpuledger reclaimer: the configuration is valid: listen {addr}, {}",
+                r.summary()
+            );
+            return Ok(());
+        }
+        gpuledger_otel::process::runtime()?.block_on(async {
+            super::run(addr, r, gpuledger_otel::process::shutdown_signal())
+                .await
+                .map_err(|e| anyhow::anyhow!("reclaimer on {addr}: {e}"))
+        })
     }
 }

@@ -18,7 +18,7 @@ use axum::http::HeaderMap;
 use axum::http::header;
 use base64::Engine;
 
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 use crate::auth::{Role, Tokens};
 
 /// The session cookie's name.

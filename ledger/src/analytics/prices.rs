@@ -306,6 +306,54 @@ impl PriceBook {
     }
 }
 
+/// What a tenant is charged for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostMode {
+    /// What it held (the default): an allocated, idle GPU costs as much as a busy one.
+    #[default]
+    Allocation,
+    /// What it used (SM activity × size); its idle becomes overhead.
+    Usage,
+}
+
+/// Where the overhead goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleSharing {
+    /// A line of its own, the platform's (the default).
+    #[default]
+    Overhead,
+    /// Shared out to the tenants in proportion to their charges.
+    Share,
+}
+
+impl CostMode {
+    /// The API names.
+    pub const NAMES: &'static str = "allocation, usage";
+    /// Parses an API name.
+    pub fn parse(s: &str) -> Option<CostMode> {
+        match s {
+            "allocation" => Some(CostMode::Allocation),
+            "usage" => Some(CostMode::Usage),
+            _ => None,
+        }
+    }
+}
+
+impl IdleSharing {
+    /// The API names.
+    pub const NAMES: &'static str = "overhead, share";
+    /// Parses an API name.
+    pub fn parse(s: &str) -> Option<IdleSharing> {
+        match s {
+            "overhead" => Some(IdleSharing::Overhead),
+            "share" => Some(IdleSharing::Share),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

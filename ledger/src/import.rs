@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use gpuledger_schema::Sample;
 use gpuledger_schema::trace::{Parts, TraceError, TraceReader};
-use gpuledger_schema::wire::{self, Batch, Format};
+use gpuledger_schema::wire::{self, Batch, BatchSink};
 
 use crate::store::{self, Retention, StoreError, Writer};
 
@@ -64,24 +64,27 @@ pub enum ImportError {
 }
 
 /// Where an import goes.
-#[derive(Debug, Clone)]
 pub enum Target {
     /// A ledger file, written here through its own writer (no aggregator may have it open).
     Ledger(PathBuf),
-    /// A running aggregator, through `POST /api/v1/ingest` (as exporters send): its writer
-    /// deduplicates the samples like any batch, so the ledger need not stop. The files are all
-    /// checked before the first batch is sent; a run cut short part-way is completed by running
-    /// it again (what was stored is not stored twice).
-    Aggregator {
-        /// Its base URL.
-        url: String,
-        /// A token that may ingest every node in the files (`admin` or `node:*`).
-        token: String,
-    },
+    /// A running aggregator, through its ingest API (as exporters send; the ingest client of
+    /// `gpuledger-client` is the sink): its writer deduplicates the samples like any batch, so
+    /// the ledger need not stop. The files are all checked before the first batch is sent; a run
+    /// cut short part-way is completed by running it again (what was stored is not stored twice).
+    Aggregator(Box<dyn BatchSink>),
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Ledger(p) => f.debug_tuple("Ledger").field(p).finish(),
+            Target::Aggregator(_) => f.write_str("Aggregator"),
+        }
+    }
 }
 
 /// Options of an import.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ImportOptions {
     /// Where the samples go.
     pub target: Target,
@@ -287,13 +290,7 @@ fn check_part<R: std::io::Read>(
 /// Where checked batches go: a writer of the ledger file, or a running aggregator's API.
 enum Dest {
     Writer(Writer),
-    Aggregator {
-        client: reqwest::Client,
-        url: String,
-        token: String,
-        /// MessagePack, until the aggregator answers that it cannot read it.
-        format: Format,
-    },
+    Aggregator(Box<dyn BatchSink>),
 }
 
 /// Where checked batches go, and what became of them.
@@ -311,23 +308,11 @@ struct Sink {
 impl Sink {
     async fn send(&mut self, batch: Batch) -> Result<(), ImportError> {
         match &mut self.dest {
-            Dest::Aggregator {
-                client,
-                url,
-                token,
-                format,
-            } => {
-                let o = match post(client, url, token, &batch, *format).await {
-                    Err(Refused::Unread(message)) => {
-                        // An aggregator older than MessagePack bodies: this batch again, and
-                        // the rest, as JSON (the same batch ids).
-                        tracing::warn!(answer = %message, "The aggregator cannot read MessagePack bodies; sending JSON.");
-                        *format = Format::Json;
-                        post(client, url, token, &batch, *format).await
-                    }
-                    other => other,
-                }
-                .map_err(|e| ImportError::Store(StoreError::Io(e.into_message())))?;
+            Dest::Aggregator(sink) => {
+                let o = sink
+                    .send_batch(&batch)
+                    .await
+                    .map_err(|e| ImportError::Store(StoreError::Io(e)))?;
                 self.report
                     .add(o.samples, o.stored, o.duplicate_samples, &self.bar);
             }
@@ -454,7 +439,7 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
     // Kept files are sent each in instance order, so their raw rows need no rewrite, unless
     // other rows share an hour with them: rows the ledger holds already, or another file's.
     let mut rewrite = kept_files_share_an_hour(&checked);
-    let (dest, thread) = open_dest(&opts.target, &checked, span, &mut rewrite)?;
+    let (dest, thread) = open_dest(opts.target, &checked, span, &mut rewrite)?;
     let raw_cutoff = now - opts.retention.raw_secs;
     let mut sink = Sink {
         dest,
@@ -530,14 +515,14 @@ fn check_files(opts: &ImportOptions, now: i64) -> Result<Vec<Checked>, ImportErr
 /// Where the batches go: a writer of the ledger file (with its thread) or the aggregator's API.
 /// On a ledger, `rewrite` is also set when it holds raw rows in the imported hours already.
 fn open_dest(
-    target: &Target,
+    target: Target,
     checked: &[Checked],
     span: Option<(i64, i64)>,
     rewrite: &mut bool,
 ) -> Result<(Dest, Option<std::thread::JoinHandle<()>>), ImportError> {
     match target {
         Target::Ledger(db) => {
-            let (conn, _) = tokio::task::block_in_place(|| store::open(db))?;
+            let (conn, _) = tokio::task::block_in_place(|| store::open(&db))?;
             if checked.iter().any(|c| c.kept.is_none()) {
                 // Rows read as they lie are rewritten an hour later: kept out of the file until
                 // then (DuckDB's optimistic writes would put them there at once), most never
@@ -552,15 +537,7 @@ fn open_dest(
             let (writer, thread) = Writer::spawn(conn, 4 * CHUNK, Arc::new(()))?;
             Ok((Dest::Writer(writer), Some(thread)))
         }
-        Target::Aggregator { url, token } => Ok((
-            Dest::Aggregator {
-                client: reqwest::Client::new(),
-                url: url.clone(),
-                token: token.clone(),
-                format: Format::MessagePack,
-            },
-            None,
-        )),
+        Target::Aggregator(sink) => Ok((Dest::Aggregator(sink), None)),
     }
 }
 
@@ -672,98 +649,6 @@ fn raw_rows_in_hours_of(
         duckdb::params![from, to],
         |r| r.get(0),
     )
-}
-
-/// What the aggregator says of a batch (`api::ingest::IngestResponse`'s counts).
-#[derive(Debug, serde::Deserialize)]
-struct Posted {
-    samples: u64,
-    stored: u64,
-    duplicate_samples: u64,
-}
-
-/// Why the aggregator did not store a batch.
-#[derive(Debug)]
-enum Refused {
-    /// It cannot read this body's format at all (`wire::msgpack_unread`).
-    Unread(String),
-    /// Anything else, retried as far as it could be.
-    Failed(String),
-}
-
-impl Refused {
-    fn into_message(self) -> String {
-        match self {
-            Refused::Unread(m) | Refused::Failed(m) => m,
-        }
-    }
-}
-
-/// Sends one batch to a running aggregator, as an exporter does (gzip, its batch id), in
-/// `format`, and retries what the aggregator asks to be retried (408, 429, 503, or no answer)
-/// with jittered back-off, honouring `Retry-After`.
-async fn post(
-    client: &reqwest::Client,
-    url: &str,
-    token: &str,
-    batch: &Batch,
-    format: Format,
-) -> Result<Posted, Refused> {
-    use backon::{ExponentialBuilder, Retryable};
-    let body = batch.encode_as(format);
-    let url = format!(
-        "{}{}",
-        url.trim_end_matches('/'),
-        gpuledger_schema::wire::INGEST_PATH
-    );
-    let attempt = || async {
-        let r = client
-            .post(&url)
-            .bearer_auth(token)
-            .header(reqwest::header::CONTENT_TYPE, format.content_type())
-            .header(reqwest::header::CONTENT_ENCODING, "gzip")
-            .header("x-gpuledger-batch-id", batch.batch_id.to_string())
-            .body(body.clone())
-            .send()
-            .await
-            .map_err(|e| (true, Refused::Failed(format!("{url}: {}", e.without_url()))))?;
-        let status = r.status();
-        let after = r
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-        let text = r.text().await.unwrap_or_default();
-        if status.is_success() {
-            return serde_json::from_str::<Posted>(&text).map_err(|e| {
-                (
-                    false,
-                    Refused::Failed(format!("the aggregator's answer: {e}: {text}")),
-                )
-            });
-        }
-        let message = format!("the aggregator answered {status}: {text}");
-        if format == Format::MessagePack
-            && gpuledger_schema::wire::msgpack_unread(status.as_u16(), &text)
-        {
-            return Err((false, Refused::Unread(message)));
-        }
-        let retry = matches!(status.as_u16(), 408 | 429 | 503);
-        if retry && let Some(secs) = after {
-            tokio::time::sleep(std::time::Duration::from_secs(secs.min(30))).await;
-        }
-        Err((retry, Refused::Failed(message)))
-    };
-    attempt
-        .retry(
-            ExponentialBuilder::default()
-                .with_jitter()
-                .with_max_times(8)
-                .with_max_delay(std::time::Duration::from_secs(15)),
-        )
-        .sleep(tokio::time::sleep)
-        .when(|(retry, _)| *retry)
-        .await
-        .map_err(|(_, refused)| refused)
 }
 
 #[cfg(test)]

@@ -11,18 +11,7 @@ use gpuledger_schema::SloClass;
 use gpuledger_schema::webhook::{Action, Secret};
 use serde::Deserialize;
 
-/// A humantime duration in TOML (`"15m"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span(pub Duration);
-
-impl<'de> Deserialize<'de> for Span {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s)
-            .map(Span)
-            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))
-    }
-}
+pub use gpuledger_schema::options::Span;
 
 /// `[reclaim.classes.<class>]` and `[[reclaim.overrides]]`: what to do with idle episodes.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -467,7 +456,7 @@ fn endpoints(webhooks: Vec<WebhookFile>) -> Result<Vec<Endpoint>, ConfigError> {
 impl WebhookFile {
     fn resolve(self, i: usize) -> Result<Endpoint, ConfigError> {
         let key = format!("webhooks[{i}]");
-        let url = reqwest::Url::parse(&self.url).map_err(|e| {
+        let url = url::Url::parse(&self.url).map_err(|e| {
             err(
                 format!("{key}.url"),
                 format!("{:?} is not a URL: {e}", self.url),
@@ -542,7 +531,7 @@ impl WebhookFile {
 
 impl AlertmanagerFile {
     fn resolve(self) -> Result<Alertmanager, ConfigError> {
-        reqwest::Url::parse(&self.url).map_err(|e| {
+        url::Url::parse(&self.url).map_err(|e| {
             err(
                 "alertmanager.url",
                 format!("{:?} is not a URL: {e}", self.url),

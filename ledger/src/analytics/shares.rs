@@ -9,7 +9,7 @@ use duckdb::Connection;
 use serde::Serialize;
 
 use super::Settings;
-use super::bill::CostMode;
+use super::prices::CostMode;
 
 /// Per owner and shared instance over `[from, to)`; the tenant filter is bound, never spliced.
 const SHARES: &str = "

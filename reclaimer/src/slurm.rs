@@ -16,7 +16,7 @@ pub struct SlurmFile {
     /// `["scontrol", "requeue", "{job}"]`).
     pub command: Option<Vec<String>>,
     /// How long it may run (default 30s).
-    pub timeout: Option<crate::reclaim::config::Span>,
+    pub timeout: Option<gpuledger_schema::options::Span>,
 }
 
 /// A resolved Slurm action.

@@ -149,7 +149,7 @@ impl Compactor {
                 writer.compacting_checkpoint().await?;
                 // What DuckDB freed of the slices' sorts and writes, and of the checkpoint, stays
                 // resident otherwise.
-                tokio::task::spawn_blocking(crate::release_free_memory)
+                tokio::task::spawn_blocking(crate::memory::release_free_memory)
                     .await
                     .map_err(|e| StoreError::Io(format!("the compaction task failed: {e}")))?;
             }

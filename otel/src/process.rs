@@ -1,0 +1,120 @@
+//! What every gpuledger binary does the same way around its work: one environment variable per
+//! option, the note that says a bad value came from one, the runtime, and the stop signals.
+//! The role binaries (`gpuledger-exporter`, `gpuledger-reclaimer`) and the combined `gpuledger`
+//! share it, so an option is set by the same variable whichever binary runs the role.
+
+/// `command` with `GPULEDGER_<NAME>_<FLAG>` as the environment variable of every option that
+/// takes a value and names none itself (`name` is the role: `exporter`, `aggregator`…).
+pub fn with_env(mut command: clap::Command, name: &str) -> clap::Command {
+    let missing: Vec<(clap::Id, String)> = command
+        .get_arguments()
+        .filter(|a| a.get_env().is_none() && a.get_action().takes_values())
+        .filter_map(|a| Some((a.get_id().clone(), a.get_long()?.to_owned())))
+        .collect();
+    for (id, long) in missing {
+        let var = env_var(name, &long);
+        // clap keeps environment variable names as &'static; these are made once per process.
+        let var: &'static str = Box::leak(var.into_boxed_str());
+        command = command.mut_arg(id, |a| a.env(var));
+    }
+    command
+}
+
+/// The environment variable of option `--long` of role `name`.
+pub fn env_var(name: &str, long: &str) -> String {
+    format!("GPULEDGER_{name}_{long}")
+        .to_ascii_uppercase()
+        .replace('-', "_")
+}
+
+/// The environment variable that supplied the value a parse error is about, when one did (clap
+/// names only the flag). `commands` are the commands whose options it may be.
+pub fn env_source<'a>(
+    e: &clap::Error,
+    commands: impl IntoIterator<Item = &'a clap::Command>,
+) -> Option<String> {
+    let clap::error::ContextValue::String(flag) = e.get(clap::error::ContextKind::InvalidArg)?
+    else {
+        return None;
+    };
+    let long = flag.trim_start_matches("--").split([' ', '=']).next()?;
+    let on_command_line =
+        std::env::args().any(|a| a == format!("--{long}") || a.starts_with(&format!("--{long}=")));
+    if on_command_line {
+        return None;
+    }
+    commands
+        .into_iter()
+        .flat_map(|c| c.get_arguments())
+        .filter(|a| a.get_long() == Some(long))
+        .filter_map(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned())
+        .find(|v| std::env::var_os(v).is_some())
+}
+
+/// Prints a parse error (and where its value came from) and gives its exit code.
+pub fn report_parse_error<'a>(
+    e: &clap::Error,
+    commands: impl IntoIterator<Item = &'a clap::Command>,
+) -> std::process::ExitCode {
+    let from_env = env_source(e, commands);
+    let code = e.exit_code();
+    let _ = e.print();
+    if let Some(var) = from_env {
+        eprintln!("note: that value came from the environment variable {var}");
+    }
+    std::process::ExitCode::from(code as u8)
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+pub async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}
+
+/// A multi-threaded runtime for the services.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_option_that_takes_a_value_gets_its_variable() {
+        let command = clap::Command::new("x")
+            .arg(clap::Arg::new("listen").long("listen-addr"))
+            .arg(
+                clap::Arg::new("own")
+                    .long("own")
+                    .env("MY_OWN"),
+            )
+            .arg(
+                clap::Arg::new("once")
+                    .long("once")
+                    .action(clap::ArgAction::SetTrue),
+            );
+        let command = super::with_env(command, "exporter");
+        let env = |id: &str| {
+            command
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_env())
+                .map(|e| e.to_string_lossy().into_owned())
+        };
+        assert_eq!(env("listen").as_deref(), Some("GPULEDGER_EXPORTER_LISTEN_ADDR"));
+        assert_eq!(env("own").as_deref(), Some("MY_OWN"));
+        assert_eq!(env("once"), None);
+    }
+}
