@@ -8,8 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# One build directory per machine, outside the clone, so bundled C/C++ builds once.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gpuledger-target}"
+# The build goes where `cargo run` puts it too (./target, or $CARGO_TARGET_DIR when set), so the
+# README's two commands compile the bundled DuckDB once, whichever runs first.
 
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)

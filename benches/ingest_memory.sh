@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peak memory of the aggregator under hostile ingest (BENCHMARKS.md, "Ingest memory bound").
+# Peak memory of the aggregator under hostile ingest (BENCHMARKS.md, "Memory").
 #
 # Starts `gpuledger aggregator` on a fresh ledger, reads its peak RSS (VmHWM) once it is idle (the
 # baseline), then after each attack, in rounds of N concurrent requests from one valid node token:

@@ -1,4 +1,4 @@
-//! Reclaim benchmarks (BENCHMARKS.md, "Reclaim"):
+//! Reclaim benchmarks (BENCHMARKS.md, "Reclaim latency"):
 //!
 //! 1. latency: from the second an idle-hoarding episode becomes detectable in live 1 Hz data to
 //!    its `hoarding.detected` webhook's arrival, with the aggregator's default settings (the

@@ -10,8 +10,8 @@ use gpuledger_ledger::store::Retention;
 
 /// Every explicit limit of the service; what happens at each is documented on the field.
 ///
-/// What ingest can cost in memory follows from these, whatever clients send (README, "Limits"):
-/// bodies being read ≤ `ingest_slots` × `max_body_bytes`; bodies being decoded ≤
+/// What ingest can cost in memory follows from these, whatever clients send (docs/aggregator.md,
+/// "Memory bound"): bodies being read ≤ `ingest_slots` × `max_body_bytes`; bodies being decoded ≤
 /// `decode_slots` × (`batch.max_decoded_bytes()` + 32 bytes × `batch.max_values()`); batches
 /// waiting for the writer ≤ `queue_samples` samples; plus DuckDB's `duckdb_memory_limit`.
 #[derive(Debug, Clone)]
@@ -95,7 +95,7 @@ pub struct Config {
     /// Where `POST /api/v1/export` writes Parquet; `None`: the endpoint is off.
     pub export_dir: Option<PathBuf>,
     /// Also push the metrics (operational and ledger families) over OTLP/HTTP; the traces go
-    /// where the binary's logging set-up sends them (README, "OpenTelemetry").
+    /// where the binary's logging set-up sends them (docs/otlp.md, "OpenTelemetry (OTLP)").
     pub otlp: Option<gpuledger_otel::OtlpConfig>,
 }
 

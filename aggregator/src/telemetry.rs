@@ -379,7 +379,7 @@ impl AggregatorMetrics {
         );
         r.register(
             "gpuledger_aggregator_raw_rewritten_rows",
-            "Raw rows the hourly rewrite put in instance order (BENCHMARKS.md: about 2.5x smaller)",
+            "Raw rows the hourly rewrite put in instance order (docs/perf/storage.md, \"Row order matters\": about 2.5x smaller)",
             self.raw_rewritten.clone(),
         );
         r.register_with_unit(
@@ -522,7 +522,8 @@ impl WriteObserver for AggregatorMetrics {
 
 /// The families computed from the ledger (tenants' allocation and use, open hoarding episodes,
 /// per-node fragmentation). Unlike the operational families they name tenants, workloads and
-/// nodes, so `/metrics` serves them only with a token that may read them (README, "Metrics").
+/// nodes, so `/metrics` serves them only with a token that may read them (docs/metrics.md, "Who
+/// sees which metrics").
 #[derive(Clone)]
 pub struct LedgerFamilies {
     registry: std::sync::Arc<Registry>,

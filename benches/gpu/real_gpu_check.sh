@@ -11,7 +11,8 @@
 #
 # Usage: GPULEDGER_BIN=path/to/gpuledger GPULOAD_BIN=path/to/gpuload benches/gpu/real_gpu_check.sh OUTDIR
 # OUTDIR receives: env.txt, run.log, logs.txt, scrapes.txt, reference.csv, api.json, ledger.duckdb.
-# The figures read from one run are in BENCHMARKS.md, "A real GPU".
+# The figures read from one run are in BENCHMARKS.md, "Real GPUs: H100 and H200 against NVIDIA's
+# binding".
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: real_gpu_check.sh OUTDIR}"

@@ -94,7 +94,7 @@ pub struct ExporterConfig {
     pub kubelet: Option<KubeletConfig>,
     /// How long to keep sending at shutdown.
     pub drain_timeout: Duration,
-    /// Also push `/metrics`'s families over OTLP/HTTP (README, "OpenTelemetry").
+    /// Also push `/metrics`'s families over OTLP/HTTP (docs/otlp.md, "OpenTelemetry (OTLP)").
     pub otlp: Option<gpuledger_otel::OtlpConfig>,
 }
 

@@ -1,7 +1,7 @@
 //! The exporter's `/metrics`: one series per instance per counter, and the exporter's own health.
 //!
-//! Names follow `gpuledger_<subsystem>_<name>_<unit>` (see the README's metric reference, which a
-//! test keeps in step with this file). Instance series carry the labels `node`, `gpu_uuid`,
+//! Names follow `gpuledger_<subsystem>_<name>_<unit>` (see docs/metrics.md, "Exporter metrics",
+//! which a test keeps in step with this file). Instance series carry the labels `node`, `gpu_uuid`,
 //! `gpu_model`, `mig_profile`, `gpu_instance_id`, `tenant`, `workload`, `slo_class` (empty when not
 //! applicable; Prometheus drops empty labels). A series disappears the second its instance, its
 //! allocation or its measurement goes away.

@@ -14,8 +14,8 @@
 //! rewrite frees the hour's rows in file order, and the next hour's rows reuse those blocks (and
 //! those rows skip DuckDB's optimistic writes, so most reach the file only sorted); when
 //! every hour waited for the end, the file grew by all of them and kept them free (a third of a
-//! 24 h import's bytes, BENCHMARKS.md). An hour the file comes back to is rewritten again at the
-//! end.
+//! 24 h import's bytes, docs/perf/storage.md, "A streamed import rewrites each hour on the way").
+//! An hour the file comes back to is rewritten again at the end.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -134,9 +134,9 @@ impl Chunker {
 /// A kept file's batches again, their series ordered by instance and then by first second, in
 /// batches of at most [`CHUNK`] samples. The writer appends raw rows in the order it is given
 /// them, and one instance's seconds side by side take about a third of the bytes of rows that
-/// interleave instances (BENCHMARKS.md, "Row order matters"); rows written in this order need no
-/// rewrite afterwards, which left a third of a 2 h import's file as free blocks. Batches with
-/// shares are left as they are.
+/// interleave instances (docs/perf/storage.md, "Row order matters"); rows written in this order
+/// need no rewrite afterwards, which left a third of a 2 h import's file as free blocks. Batches
+/// with shares are left as they are.
 fn in_instance_order(batches: Vec<Batch>) -> Vec<Batch> {
     if batches.iter().any(|b| !b.shares.is_empty()) {
         return batches;

@@ -5,8 +5,8 @@
 //! second set of instruments beside the `prometheus-client` families; each family becomes one
 //! OpenTelemetry asynchronous instrument whose callback reads the very text `/metrics` serves
 //! ([`metrics`]), so a scrape and a push taken at the same moment carry the same names, labels
-//! and values. How a family maps (names, units, types) is in [`metrics`]; the README's
-//! "OpenTelemetry" section is the operator's view.
+//! and values. How a family maps (names, units, types) is in [`metrics`]; docs/otlp.md,
+//! "OpenTelemetry (OTLP)" is the operator's view.
 #![warn(missing_docs)]
 
 pub mod metrics;

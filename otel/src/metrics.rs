@@ -2,7 +2,7 @@
 //! OpenTelemetry asynchronous instrument, exported every interval by the SDK's periodic reader
 //! through `opentelemetry-otlp` (OTLP/HTTP, protobuf, cumulative temporality).
 //!
-//! The mapping (README, "OpenTelemetry"):
+//! The mapping (docs/otlp.md, "OpenTelemetry (OTLP)"):
 //!
 //! | OpenMetrics family | OTLP metric |
 //! | --- | --- |

@@ -173,7 +173,7 @@ pub enum Format {
     /// `application/json`: readable, and what every receiver reads.
     Json,
     /// `application/vnd.msgpack`: numbers in binary, 1.4-1.6x as fast to decode
-    /// (BENCHMARKS.md, "A binary body"). What the exporter sends by default.
+    /// (docs/perf/ingest.md, "A binary body: MessagePack"). What the exporter sends by default.
     #[default]
     #[serde(rename = "msgpack")]
     MessagePack,
@@ -822,7 +822,7 @@ impl Batch {
 /// more than deflate's largest ratio (1032:1) allows for the body. The guess this replaced, 8×
 /// the body, asked a 100 s batch (2.9:1) for 1.1 MB to hold 412 KB, and grew the buffer for a
 /// body that compresses past 8:1. The bench's bodies (random counters) never did; live bodies
-/// compress 4.1:1 there (BENCHMARKS.md, "Decoding a live exporter's body").
+/// compress 4.1:1 there (docs/perf/ingest.md, "Decoding a live exporter's body").
 fn inflated_size_hint(body: &[u8]) -> usize {
     let trailer = body.len().checked_sub(4).map(|at| &body[at..]);
     let isize = trailer.map_or(0, |t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]) as usize);

@@ -4,6 +4,8 @@ mod aggregator;
 mod demo;
 mod exporter;
 mod reclaimer;
+#[cfg(test)]
+mod reference;
 mod simulate;
 
 use anyhow::Context;

@@ -8,13 +8,12 @@
 //! table, day and cluster, replaced by a later export of the same day).
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
 
 use super::AppState;
-use crate::error::{ApiError, json_body};
+use super::extract::Admin;
 use super::params::time_param;
+use crate::error::ApiError;
 use gpuledger_ledger::export::{ExportError, ExportOptions, ExportReport};
 
 /// What a client asks for.
@@ -35,11 +34,9 @@ pub struct ExportRequest {
 /// `POST /api/v1/export`.
 pub async fn export(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    bytes: Bytes,
+    _: Admin,
+    super::extract::Json(req): super::extract::Json<ExportRequest>,
 ) -> Result<Json<ExportReport>, ApiError> {
-    app.tokens.authenticate(&headers)?.require_admin()?;
-    let req: ExportRequest = json_body(&bytes)?;
     let Some(dir) = app.config.export_dir.clone() else {
         return Err(ApiError::status(
             axum::http::StatusCode::CONFLICT,

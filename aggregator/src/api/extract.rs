@@ -216,6 +216,16 @@ pub fn range(
     }
 }
 
+/// `[from, to)` where both ends are optional (unbounded); `from` must be before `to`.
+pub fn open_range(from: Option<Time>, to: Option<Time>) -> Result<(i64, i64), ApiError> {
+    let from = from.map_or(i64::MIN, |t| t.0);
+    let to = to.map_or(i64::MAX, |t| t.0);
+    if from >= to {
+        return Err(ApiError::bad_request("from", "from must be before to"));
+    }
+    Ok((from, to))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,38 +1,36 @@
 //! `GET /api/v1/hoarding?state=open|closed|all&from=&to=`: idle hoarding episodes overlapping
 //! `[from, to)` (default: all of them). Definitions: `schema/ANALYTICS.md`.
 
-use std::collections::HashMap;
-
 use axum::Json;
-use axum::extract::{Query, State};
-use axum::http::HeaderMap;
-
-use super::AppState;
-use crate::error::ApiError;
-use super::params::Params;
+use axum::extract::State;
 use gpuledger_ledger::analytics::{self, EpisodeState};
 
-/// The handler.
+use super::AppState;
+use super::extract::{Query, Reader, Time, open_range};
+use crate::error::ApiError;
+
+/// The query of `GET /api/v1/hoarding`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoardingQuery {
+    /// open (default), closed or all.
+    #[serde(default)]
+    pub state: EpisodeState,
+    /// Start of the range the episodes overlap (default: unbounded).
+    pub from: Option<Time>,
+    /// End of the range the episodes overlap (default: unbounded).
+    pub to: Option<Time>,
+}
+
+/// `GET /api/v1/hoarding`.
 pub async fn hoarding(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    reader: Reader,
+    Query(q): Query<HoardingQuery>,
 ) -> Result<Json<analytics::HoardingView>, ApiError> {
-    let role = app.tokens.authenticate(&headers)?;
-    let tenant = role.read_scope()?.map(str::to_owned);
-    let q = Params::checked(q, &["state", "from", "to"])?;
-    let state = q.choice(
-        "state",
-        EpisodeState::Open,
-        |s| match s {
-            "open" => Some(EpisodeState::Open),
-            "closed" => Some(EpisodeState::Closed),
-            "all" => Some(EpisodeState::All),
-            _ => None,
-        },
-        "open, closed, all",
-    )?;
-    let (from, to) = q.open_range()?;
+    let tenant = reader.scope;
+    let state = q.state;
+    let (from, to) = open_range(q.from, q.to)?;
     let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
     let settings = app.config.analytics.clone();
     let rows = tokio::task::spawn_blocking(move || {

@@ -117,13 +117,12 @@ impl App {
 /// says what it recomputed.
 pub async fn evaluate_now(
     State(app): State<AppState>,
-    headers: HeaderMap,
-) -> Result<axum::Json<EvaluateReport>, error::ApiError> {
-    app.tokens.authenticate(&headers)?.require_admin()?;
+    _: extract::Admin,
+) -> Result<axum::Json<EvaluateReport>, crate::error::ApiError> {
     let report = app
         .evaluate()
         .await
-        .map_err(|e| error::ApiError::internal(&e))?;
+        .map_err(|e| crate::error::ApiError::internal(&e))?;
     Ok(axum::Json(report))
 }
 
@@ -184,15 +183,16 @@ impl App {
 /// `GET /metrics`: the aggregator's own families, OpenMetrics or classic by `Accept`. Table row
 /// counts and file size are read at scrape time.
 ///
-/// Who sees what (README, "Metrics"): without a token, the operational families only (ingest,
-/// writer, store, analytics runs), which name no tenant; with a `viewer` or `admin` token, also
-/// the ledger families (tenants, hoarding episodes, fragmentation); with a `tenant:` token, that
-/// tenant's own series of them; a node token sees the operational families. An unknown token is
-/// 401, so a mistyped scrape credential fails loudly instead of silently losing series.
+/// Who sees what (docs/metrics.md, "Who sees which metrics"): without a token, the operational
+/// families only (ingest, writer, store, analytics runs), which name no tenant; with a `viewer` or
+/// `admin` token, also the ledger families (tenants, hoarding episodes, fragmentation); with a
+/// `tenant:` token, that tenant's own series of them; a node token sees the operational families.
+/// An unknown token is 401, so a mistyped scrape credential fails loudly instead of silently losing
+/// series.
 pub async fn metrics(
     State(app): State<AppState>,
     headers: HeaderMap,
-) -> Result<impl IntoResponse, error::ApiError> {
+) -> Result<impl IntoResponse, crate::error::ApiError> {
     let format = exposition::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let scope: Option<Option<String>> = match headers.contains_key(header::AUTHORIZATION) {
         false => None,
@@ -203,7 +203,7 @@ pub async fn metrics(
     };
     let body = tokio::task::spawn_blocking(move || app.render_metrics(scope.as_ref(), format))
         .await
-        .map_err(|e| error::ApiError::internal(&e))?;
+        .map_err(|e| crate::error::ApiError::internal(&e))?;
     Ok((
         StatusCode::OK,
         [(header::CONTENT_TYPE, format.content_type())],

@@ -1,99 +1,11 @@
-//! Query parameters, read one way by every read endpoint and page: unknown parameters are a 400
-//! naming them (a typo is never silently ignored), times are RFC 3339 or Unix seconds from 1970
-//! to 9999, a range is `month=YYYY-MM` or `from`/`to` (the current month to date by default),
-//! and every difference is checked, so no query value can overflow into a wrong answer.
-
-use std::collections::HashMap;
+//! The values query parameters and bodies name, read one way everywhere (the typed extractors of
+//! [`super::extract`] use them): times are RFC 3339 or Unix seconds from 1970 to 9999, a month is
+//! `YYYY-MM`, a range is the current month to date by default, and every difference is checked,
+//! so no query value can overflow into a wrong answer.
 
 use chrono::TimeZone;
 
 use crate::error::ApiError;
-
-/// The checked query of one request.
-#[derive(Debug, Clone, Default)]
-pub struct Params {
-    q: HashMap<String, String>,
-}
-
-impl Params {
-    /// The query, refused with a 400 naming the first parameter not in `known`.
-    pub fn checked(q: HashMap<String, String>, known: &[&str]) -> Result<Params, ApiError> {
-        let mut unknown: Vec<&String> = q.keys().filter(|k| !known.contains(&k.as_str())).collect();
-        unknown.sort();
-        match unknown.first() {
-            Some(k) => Err(ApiError::bad_request(
-                (*k).clone(),
-                format!(
-                    "unknown parameter; this endpoint takes {}",
-                    if known.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        known.join(", ")
-                    }
-                ),
-            )),
-            None => Ok(Params { q }),
-        }
-    }
-
-    /// A parameter's value.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.q.get(name).map(String::as_str)
-    }
-
-    /// Whether it was given.
-    pub fn has(&self, name: &str) -> bool {
-        self.q.contains_key(name)
-    }
-
-    /// A time parameter.
-    pub fn time(&self, name: &'static str) -> Result<Option<i64>, ApiError> {
-        time_param(name, self.get(name))
-    }
-
-    /// One of a fixed set of names (`group_by`, `state`, `mode`); `default` when absent.
-    pub fn choice<T>(
-        &self,
-        name: &'static str,
-        default: T,
-        parse: impl Fn(&str) -> Option<T>,
-        names: &str,
-    ) -> Result<T, ApiError> {
-        match self.get(name) {
-            None => Ok(default),
-            Some(s) => parse(s)
-                .ok_or_else(|| ApiError::bad_request(name, format!("{s:?} is not one of {names}"))),
-        }
-    }
-
-    /// `[from, to)`: `month=YYYY-MM`, or `from`/`to` (`to` defaults to now, `from` to the start
-    /// of `to`'s UTC month), at most `max_secs` long.
-    pub fn range(&self, max_secs: i64) -> Result<(i64, i64), ApiError> {
-        match self.get("month") {
-            Some(m) => {
-                if self.has("from") || self.has("to") {
-                    return Err(ApiError::bad_request(
-                        "month",
-                        "give either month, or from and to",
-                    ));
-                }
-                month(m)
-                    .ok_or_else(|| ApiError::bad_request("month", format!("{m:?} is not YYYY-MM")))
-            }
-            None => range_params(self.get("from"), self.get("to"), max_secs),
-        }
-    }
-
-    /// `[from, to)` where both ends are optional (unbounded); `from` must be before `to`.
-    pub fn open_range(&self) -> Result<(i64, i64), ApiError> {
-        let from = self.time("from")?.unwrap_or(i64::MIN);
-        let to = self.time("to")?.unwrap_or(i64::MAX);
-        if from >= to {
-            return Err(ApiError::bad_request("from", "from must be before to"));
-        }
-        Ok((from, to))
-    }
-}
 
 /// `YYYY-MM` → the month's `[start, next month's start)`, for years 1970–9998.
 pub fn month(s: &str) -> Option<(i64, i64)> {
@@ -189,39 +101,12 @@ pub fn range_of(from: Option<i64>, to: Option<i64>, max_secs: i64) -> Result<(i6
 mod tests {
     use super::*;
 
-    fn params(kv: &[(&str, &str)], known: &[&str]) -> Result<Params, ApiError> {
-        Params::checked(
-            kv.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            known,
-        )
-    }
-
     #[test]
-    fn one_reading_of_unknowns_months_and_choices() {
-        let e = params(&[("zz", "1"), ("bogus", "1")], &["from"]).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("bogus"));
-        let p = params(&[("month", "2026-02")], &["month", "from", "to"]).unwrap();
-        assert_eq!(p.range(i64::MAX).unwrap(), (1_769_904_000, 1_772_323_200));
-        let p = params(&[("month", "2026-02"), ("to", "0")], &["month", "to"]).unwrap();
-        assert_eq!(
-            p.range(i64::MAX).unwrap_err().field.as_deref(),
-            Some("month")
-        );
-        let p = params(&[("month", "2026-2")], &["month"]).unwrap();
-        assert_eq!(
-            p.range(i64::MAX).unwrap_err().field.as_deref(),
-            Some("month")
-        );
-        let p = params(&[("by", "x")], &["by"]).unwrap();
-        let e = p
-            .choice("by", 0, |s| (s == "y").then_some(1), "y")
-            .unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("by"));
-        assert_eq!(p.choice("other", 7, |_| Some(1), "y").unwrap(), 7);
-        let p = params(&[("from", "5"), ("to", "5")], &["from", "to"]).unwrap();
-        assert_eq!(p.open_range().unwrap_err().field.as_deref(), Some("from"));
+    fn months_are_read_for_years_1970_to_9998() {
+        assert_eq!(month("2026-02"), Some((1_769_904_000, 1_772_323_200)));
+        for bad in ["2026-2", "2026-13", "1969-12", "9999-01", "x"] {
+            assert_eq!(month(bad), None, "{bad}");
+        }
     }
 
     /// Regression: `showback?from=9223372036854775707&to=9223372036854775807` answered

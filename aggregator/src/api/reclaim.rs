@@ -1,4 +1,4 @@
-//! The reclaim API (README, "Reclaim"):
+//! The reclaim API (docs/reclaim.md):
 //!
 //! - `GET /api/v1/reclaims?from=&to=&limit=`: every decision and its reason (viewer, admin, or a
 //!   `tenant:` token for its own);
@@ -8,17 +8,14 @@
 //!   `POST /api/v1/webhooks/replay`, `POST /api/v1/webhooks/endpoints/{name}/enable`;
 //! - `POST /api/v1/alertmanager` (admin): Alertmanager's webhook.
 
-use std::collections::HashMap;
-
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 
-use crate::error::ApiError;
-use super::params::Params;
+use super::extract::{self, Admin, Caller, Query, Reader, Time};
 use super::{AppState, time_param};
 use crate::auth::Role;
+use crate::error::ApiError;
 use crate::reclaim::alertmanager::{self, IntakeReport, WebhookMessage};
 use gpuledger_ledger::reclaim::records::{self, Decision, Delivery, Exemption, NewExemption, Replay};
 
@@ -44,15 +41,46 @@ async fn write<T: Send + 'static>(
         .map_err(|e| ApiError::unavailable(format!("the ledger cannot be written: {e}"), 5))
 }
 
-fn limit(q: &Params) -> Result<i64, ApiError> {
-    match q.get("limit") {
+fn limit(limit: Option<i64>) -> Result<i64, ApiError> {
+    match limit {
         None => Ok(1000),
-        Some(s) => s
-            .parse::<i64>()
-            .ok()
-            .filter(|n| (1..=100_000).contains(n))
-            .ok_or_else(|| ApiError::bad_request("limit", format!("{s:?} is not 1 to 100000"))),
+        Some(n) if (1..=100_000).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::bad_request(
+            "limit",
+            format!("{n} is not 1 to 100000"),
+        )),
     }
+}
+
+/// The query of `GET /api/v1/reclaims`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimsQuery {
+    /// Decisions at or after this (default: all).
+    pub from: Option<Time>,
+    /// Decisions before this.
+    pub to: Option<Time>,
+    /// At most this many (1 to 100000, default 1000).
+    pub limit: Option<i64>,
+}
+
+/// A query that takes no parameters.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoQuery {}
+
+/// The query of `GET /api/v1/webhooks/deliveries`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveriesQuery {
+    /// Only rows in this state.
+    pub state: Option<String>,
+    /// Only this endpoint.
+    pub endpoint: Option<String>,
+    /// Only this event.
+    pub event_id: Option<String>,
+    /// At most this many (1 to 100000, default 1000).
+    pub limit: Option<i64>,
 }
 
 /// The answer of `GET /api/v1/reclaims`.
@@ -67,15 +95,13 @@ pub struct Reclaims {
 /// `GET /api/v1/reclaims`.
 pub async fn reclaims(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    reader: Reader,
+    Query(q): Query<ReclaimsQuery>,
 ) -> Result<Json<Reclaims>, ApiError> {
-    let role = app.tokens.authenticate(&headers)?;
-    let tenant = role.read_scope()?.map(str::to_owned);
-    let q = Params::checked(q, &["from", "to", "limit"])?;
-    let from = q.time("from")?.unwrap_or(0);
-    let to = q.time("to")?.unwrap_or(i64::MAX);
-    let limit = limit(&q)?;
+    let tenant = reader.scope;
+    let from = q.from.map_or(0, |t| t.0);
+    let to = q.to.map_or(i64::MAX, |t| t.0);
+    let limit = limit(q.limit)?;
     let decisions = read(&app, move |c| {
         records::decisions(c, from, to, tenant.as_deref(), limit)
     })
@@ -96,12 +122,10 @@ pub struct Exemptions {
 /// `GET /api/v1/exemptions`: those in force (a `tenant:` token sees its own).
 pub async fn list_exemptions(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    reader: Reader,
+    Query(NoQuery {}): Query<NoQuery>,
 ) -> Result<Json<Exemptions>, ApiError> {
-    let role = app.tokens.authenticate(&headers)?;
-    let tenant = role.read_scope()?.map(str::to_owned);
-    Params::checked(q, &[])?;
+    let tenant = reader.scope;
     let now = chrono::Utc::now().timestamp();
     let exemptions = read(&app, move |c| {
         records::exemptions(c, now, tenant.as_deref())
@@ -116,11 +140,9 @@ const MAX_SNOOZE_SECS: u64 = 7 * 86400;
 /// `POST /api/v1/exemptions`: keep a workload for a while.
 pub async fn create_exemption(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    bytes: Bytes,
+    Caller(role): Caller,
+    extract::Json(req): extract::Json<NewExemption>,
 ) -> Result<(StatusCode, Json<Exemption>), ApiError> {
-    let role = app.tokens.authenticate(&headers)?;
-    let req: NewExemption = crate::error::json_body(&bytes)?;
     let e = add_exemption(&app, &role, req, "snoozed through the API").await?;
     Ok((StatusCode::CREATED, Json(e)))
 }
@@ -197,10 +219,9 @@ pub async fn add_exemption(
 /// `DELETE /api/v1/exemptions/{id}`: ends it now (admin, or the tenant's own token).
 pub async fn delete_exemption(
     State(app): State<AppState>,
-    headers: HeaderMap,
+    Caller(role): Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let role = app.tokens.authenticate(&headers)?;
     let scope = match &role {
         Role::Admin => None,
         Role::Tenant(t) => Some(t.clone()),
@@ -237,12 +258,10 @@ pub struct Deliveries {
 /// `GET /api/v1/webhooks/deliveries` (admin).
 pub async fn deliveries(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    _: Admin,
+    Query(q): Query<DeliveriesQuery>,
 ) -> Result<Json<Deliveries>, ApiError> {
-    app.tokens.authenticate(&headers)?.require_admin()?;
-    let q = Params::checked(q, &["state", "endpoint", "event_id", "limit"])?;
-    let state = q.get("state").map(str::to_owned);
+    let state = q.state;
     if let Some(s) = &state
         && !records::DELIVERY_STATES.contains(&s.as_str())
     {
@@ -251,9 +270,8 @@ pub async fn deliveries(
             format!("{s:?} is not one of {:?}", records::DELIVERY_STATES),
         ));
     }
-    let endpoint = q.get("endpoint").map(str::to_owned);
-    let event_id = q.get("event_id").map(str::to_owned);
-    let limit = limit(&q)?;
+    let (endpoint, event_id) = (q.endpoint, q.event_id);
+    let limit = limit(q.limit)?;
     let (deliveries, disabled_endpoints) = read(&app, move |c| {
         let rows = records::deliveries(
             c,
@@ -285,10 +303,9 @@ pub struct Requeued {
 /// `POST /api/v1/webhooks/replay` (admin): sends matching events again, under their own ids.
 pub async fn replay(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    bytes: Bytes,
+    _: Admin,
+    bytes: axum::body::Bytes,
 ) -> Result<Json<Requeued>, ApiError> {
-    app.tokens.authenticate(&headers)?.require_admin()?;
     let req: Replay = if bytes.is_empty() {
         crate::error::json_body(b"{}")?
     } else {
@@ -331,10 +348,9 @@ pub async fn replay(
 /// `POST /api/v1/webhooks/endpoints/{name}/enable` (admin): undoes a 410's disabling.
 pub async fn enable_endpoint(
     State(app): State<AppState>,
-    headers: HeaderMap,
+    _: Admin,
     Path(name): Path<String>,
 ) -> Result<Json<Requeued>, ApiError> {
-    app.tokens.authenticate(&headers)?.require_admin()?;
     if !app.config.reclaim.endpoints.iter().any(|e| e.name == name) {
         return Err(ApiError::status(
             StatusCode::NOT_FOUND,
@@ -350,11 +366,9 @@ pub async fn enable_endpoint(
 /// `POST /api/v1/alertmanager` (admin token in Alertmanager's `http_config.authorization`).
 pub async fn alertmanager_webhook(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    bytes: Bytes,
+    _: Admin,
+    extract::Json(msg): extract::Json<WebhookMessage>,
 ) -> Result<Json<IntakeReport>, ApiError> {
-    app.tokens.authenticate(&headers)?.require_admin()?;
-    let msg: WebhookMessage = crate::error::json_body(&bytes)?;
     if msg.version != "4" {
         return Err(ApiError::bad_request(
             "version",

@@ -2,18 +2,29 @@
 //! shared instances (time-sliced and MPS GPUs) over whole UTC hours, from the exporters'
 //! per-process view. It sits beside the ledger: showback charges an instance to its holder; this
 //! says how the holders and co-users of a shared instance actually used it, so finance can split
-//! that charge by use. Definitions: `schema/ANALYTICS.md` ("Shares of shared instances").
-
-use std::collections::HashMap;
+//! that charge by use. Definitions: `schema/ANALYTICS.md` ("Shares of shared instances (`GET
+//! /api/v1/shares`)").
 
 use axum::Json;
-use axum::extract::{Query, State};
-use axum::http::HeaderMap;
+use axum::extract::State;
+use gpuledger_ledger::analytics::shares::{self, GroupBy, SharesView};
 
 use super::AppState;
+use super::extract::{Query, Reader, Time};
 use crate::error::ApiError;
-use super::params::Params;
-use gpuledger_ledger::analytics::shares::{self, GroupBy, SharesView};
+
+/// The query of `GET /api/v1/shares`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharesQuery {
+    /// Start, on a whole UTC hour (default: 24 h before `to`).
+    pub from: Option<Time>,
+    /// End, on a whole UTC hour (default: the current hour's start).
+    pub to: Option<Time>,
+    /// The grouping (default `instance`).
+    #[serde(default)]
+    pub group_by: GroupBy,
+}
 
 fn whole_hour(name: &'static str, t: i64) -> Result<i64, ApiError> {
     if t.rem_euclid(3600) != 0 {
@@ -26,27 +37,21 @@ fn whole_hour(name: &'static str, t: i64) -> Result<i64, ApiError> {
 }
 
 /// The handler.
+/// `GET /api/v1/shares`.
 pub async fn shares(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    reader: Reader,
+    Query(q): Query<SharesQuery>,
 ) -> Result<Json<SharesView>, ApiError> {
-    let role = app.tokens.authenticate(&headers)?;
-    let tenant = role.read_scope()?.map(str::to_owned);
-    let q = Params::checked(q, &["from", "to", "group_by"])?;
-    let by = q.choice(
-        "group_by",
-        GroupBy::Instance,
-        GroupBy::parse,
-        GroupBy::NAMES,
-    )?;
+    let tenant = reader.scope;
+    let by = q.group_by;
     let now = chrono::Utc::now().timestamp();
-    let to = match q.time("to")? {
-        Some(t) => whole_hour("to", t)?,
+    let to = match q.to {
+        Some(t) => whole_hour("to", t.0)?,
         None => now - now.rem_euclid(3600),
     };
-    let from = match q.time("from")? {
-        Some(f) => whole_hour("from", f)?,
+    let from = match q.from {
+        Some(f) => whole_hour("from", f.0)?,
         None => to - 24 * 3600,
     };
     if from >= to {

@@ -1,34 +1,46 @@
 //! `GET /api/v1/showback?from=&to=` (or `month=`) `&group_by=`: allocated, used and idle GPU-seconds and cost per
 //! group over `[from, to)`, and the fleet's totals. Definitions: `schema/ANALYTICS.md`.
 
-use std::collections::HashMap;
-
 use axum::Json;
-use axum::extract::{Query, State};
-use axum::http::HeaderMap;
+use axum::extract::State;
+use gpuledger_ledger::analytics::showback::{self, GroupBy, ShowbackError};
 
 use super::AppState;
+use super::extract::{Month, Query, Reader, Time, range};
 use crate::error::ApiError;
-use super::params::Params;
-use gpuledger_ledger::analytics::showback::{self, GroupBy, ShowbackError};
+
+/// The query of `GET /api/v1/showback` and its CSV.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShowbackQuery {
+    /// Start of the range (default: the start of `to`'s UTC month).
+    pub from: Option<Time>,
+    /// End of the range (default: now).
+    pub to: Option<Time>,
+    /// A calendar month instead of `from`/`to`.
+    pub month: Option<Month>,
+    /// The grouping (default `tenant`).
+    #[serde(default)]
+    pub group_by: GroupBy,
+}
 
 /// `GET /api/v1/showback`.
 pub async fn showback(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    reader: Reader,
+    Query(q): Query<ShowbackQuery>,
 ) -> Result<Json<showback::ShowbackView>, ApiError> {
-    Ok(Json(view(&app, &headers, q).await?))
+    Ok(Json(view(&app, reader, q).await?))
 }
 
 /// `GET /api/v1/showback.csv`: the same rows as RFC 4180 CSV, one per group, with stable column
 /// names (the key columns, then the figures as in the JSON).
 pub async fn showback_csv(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    reader: Reader,
+    Query(q): Query<ShowbackQuery>,
 ) -> Result<axum::response::Response, ApiError> {
-    let v = view(&app, &headers, q).await?;
+    let v = view(&app, reader, q).await?;
     let name = format!("gpuledger-showback-{}-{}", v.from, v.to);
     Ok(crate::render::csv_response(
         &crate::render::views::showback(&v, "showback"),
@@ -38,15 +50,13 @@ pub async fn showback_csv(
 
 async fn view(
     app: &AppState,
-    headers: &HeaderMap,
-    q: HashMap<String, String>,
+    reader: Reader,
+    q: ShowbackQuery,
 ) -> Result<showback::ShowbackView, ApiError> {
-    let role = app.tokens.authenticate(headers)?;
-    let tenant = role.read_scope()?.map(str::to_owned);
-    let q = Params::checked(q, &["from", "to", "month", "group_by"])?;
-    let by = q.choice("group_by", GroupBy::Tenant, GroupBy::parse, GroupBy::NAMES)?;
+    let tenant = reader.scope;
+    let by = q.group_by;
     let retention = app.config.retention;
-    let (from, to) = q.range(retention.rollup_secs)?;
+    let (from, to) = range(q.month, q.from, q.to, retention.rollup_secs)?;
     let raw_from = chrono::Utc::now().timestamp() - retention.raw_secs;
     let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
     let settings = app.config.analytics.clone();
@@ -56,13 +66,7 @@ async fn view(
     })
     .await
     .map_err(|e| ApiError::internal(&e))?;
-    let s = match result {
-        Ok(s) => s,
-        Err(e @ ShowbackError::RawGone { field, .. }) => {
-            return Err(ApiError::bad_request(field, e.to_string()));
-        }
-        Err(e) => return Err(ApiError::internal(&e)),
-    };
+    let s = result.map_err(showback_error)?;
     Ok(s.view(
         by,
         from,
@@ -70,4 +74,12 @@ async fn view(
         app.config.analytics.prices.currency.clone(),
         tenant.is_some(),
     ))
+}
+
+/// A showback's error as an answer: a range edge whose raw seconds are gone is the caller's 400.
+pub fn showback_error(e: ShowbackError) -> ApiError {
+    match e {
+        e @ ShowbackError::RawGone { field, .. } => ApiError::bad_request(field, e.to_string()),
+        e => ApiError::internal(&e),
+    }
 }

@@ -19,7 +19,7 @@
 //! depends on the digest of what was presented, which says nothing usable about a configured
 //! token, and not on how many are configured. (A fleet has one token per node. Comparing every
 //! configured token in constant time on every request was 7 % of the aggregator's CPU at 1,250
-//! nodes, BENCHMARKS.md.)
+//! nodes, docs/perf/ingest.md, "The request path's CPU: token look-up, and allocators".)
 
 pub mod session;
 

@@ -10,6 +10,7 @@
 //!   refused: SameSite=Strict alone is not relied on.
 //! - The proxy header is trusted only when configured, and maps user names to roles in config.
 
+use cookie::{Cookie, SameSite};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -127,19 +128,12 @@ pub struct Sessions {
     map: Mutex<HashMap<String, Session>>,
 }
 
-/// 256 random bits, URL-safe base64.
-fn random_id() -> String {
+/// 256 random bits from the operating system, URL-safe base64; an error (no entropy source)
+/// refuses the sign-in rather than issuing a guessable id.
+fn random_id() -> Result<String, getrandom::Error> {
     let mut buf = [0u8; 32];
-    let mut filled = 0;
-    while filled < buf.len() {
-        // SAFETY: the pointer and length describe the unfilled part of `buf`.
-        let n =
-            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
-        if n > 0 {
-            filled += n as usize;
-        }
-    }
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(buf)
+    getrandom::fill(&mut buf)?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(buf))
 }
 
 /// Who a request is, for the pages.
@@ -166,8 +160,8 @@ impl Reader {
 
 impl Sessions {
     /// Starts a session for `role`; returns its id and CSRF token.
-    pub fn create(&self, role: Role, ttl: Duration) -> (String, String) {
-        let (id, csrf) = (random_id(), random_id());
+    pub fn create(&self, role: Role, ttl: Duration) -> Result<(String, String), getrandom::Error> {
+        let (id, csrf) = (random_id()?, random_id()?);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         map.retain(|_, s| s.expires > now);
@@ -179,7 +173,7 @@ impl Sessions {
                 expires: now + ttl,
             },
         );
-        (id, csrf)
+        Ok((id, csrf))
     }
 
     fn get(&self, id: &str) -> Option<Session> {
@@ -202,35 +196,34 @@ pub fn session_id(headers: &HeaderMap) -> Option<String> {
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
-        .map(|(_, v)| v.to_owned())
+        .flat_map(Cookie::split_parse)
+        .filter_map(Result::ok)
+        .find(|c| c.name() == COOKIE)
+        .map(|c| c.value().to_owned())
+}
+
+/// The session cookie with `value`, for `max_age`.
+fn cookie(value: &str, max_age: Duration, settings: &UiSettings) -> String {
+    Cookie::build((COOKIE, value))
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(settings.cookie_secure)
+        .max_age(cookie::time::Duration::seconds(
+            i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX),
+        ))
+        .build()
+        .to_string()
 }
 
 /// The `Set-Cookie` value for a new session.
 pub fn set_cookie(id: &str, settings: &UiSettings) -> String {
-    format!(
-        "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
-        settings.session_ttl.as_secs(),
-        if settings.cookie_secure {
-            "; Secure"
-        } else {
-            ""
-        }
-    )
+    cookie(id, settings.session_ttl, settings)
 }
 
 /// The `Set-Cookie` value that ends a session.
 pub fn clear_cookie(settings: &UiSettings) -> String {
-    format!(
-        "{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
-        if settings.cookie_secure {
-            "; Secure"
-        } else {
-            ""
-        }
-    )
+    cookie("", Duration::ZERO, settings)
 }
 
 /// Who the request is: a bearer token first, then the session cookie, then the trusted proxy's

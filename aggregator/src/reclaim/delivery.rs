@@ -99,7 +99,7 @@ fn retry_after(headers: &reqwest::header::HeaderMap, now: i64) -> Option<i64> {
     Some((t - now).clamp(0, 86400))
 }
 
-/// Sends one event once. Traced as a `webhook.delivery` span (README, "OpenTelemetry").
+/// Sends one event once. Traced as a `webhook.delivery` span (docs/otlp.md, "Traces (aggregator)").
 #[tracing::instrument(
     name = "webhook.delivery",
     skip_all,

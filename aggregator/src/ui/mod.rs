@@ -11,10 +11,8 @@
 
 pub mod period;
 
-use std::collections::HashMap;
-
 use askama::Template;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use gpuledger_web::{Chart, GpuLayout, Kpi, Nav, Page, Section, Series, SignIn, Slot, Table};
@@ -25,23 +23,87 @@ use gpuledger_ledger::analytics::showback::{self, GroupBy, ShowbackError};
 use gpuledger_ledger::analytics::{self, EpisodeState};
 use crate::api::AppState;
 use crate::error::{ApiError, Form};
-use crate::api::params::Params;
+use crate::api::extract::{Month, Query, Reader as ApiReader, Time};
 use crate::auth::Role;
 use period::Period;
 use crate::auth::session::{self, Reader};
 use crate::render::{csv_response, views};
 
 /// The parameters every page takes.
-const PAGE_PARAMS: &[&str] = &[
-    "month", "from", "to", "sort", "dir", "format", "table", "mode", "idle",
-];
+/// The query every page takes: its period, its cost options, how to sort, and CSV.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// A calendar month (the current one by default).
+    pub month: Option<Month>,
+    /// Or a range's start.
+    pub from: Option<Time>,
+    /// And its end.
+    pub to: Option<Time>,
+    /// A column of a sortable table.
+    pub sort: Option<String>,
+    /// asc (default) or desc.
+    pub dir: Option<SortDir>,
+    /// html (default) or csv.
+    pub format: Option<PageFormat>,
+    /// With format=csv: which table.
+    pub table: Option<String>,
+    /// allocation or usage (default: the configured one).
+    pub mode: Option<CostMode>,
+    /// overhead or share (default: the configured one).
+    pub idle: Option<IdleSharing>,
+}
+
+/// A sort direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SortDir {
+    /// Ascending.
+    Asc,
+    /// Descending.
+    Desc,
+}
+
+/// What a page answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PageFormat {
+    /// The page.
+    Html,
+    /// One of its tables as CSV.
+    Csv,
+}
+
+/// The query of `GET /api/v1/bill`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BillQuery {
+    /// A calendar month (the current one by default).
+    pub month: Option<Month>,
+    /// Or a range's start.
+    pub from: Option<Time>,
+    /// And its end.
+    pub to: Option<Time>,
+    /// allocation or usage (default: the configured one).
+    pub mode: Option<CostMode>,
+    /// overhead or share (default: the configured one).
+    pub idle: Option<IdleSharing>,
+}
+
+/// The query of `GET /signin`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignInQuery {
+    /// Where to go after signing in (a local path only).
+    pub next: Option<String>,
+}
 
 /// A page's request: who, which period, and how to answer.
 struct Request {
     reader: Reader,
     tenant: Option<String>,
     period: Period,
-    q: Params,
+    q: PageQuery,
 }
 
 impl Request {
@@ -59,57 +121,66 @@ impl Request {
     }
 
     fn csv_wanted(&self) -> Result<Option<&str>, ApiError> {
-        match self.q.get("format") {
-            None | Some("html") => Ok(None),
-            Some("csv") => self
+        match self.q.format {
+            None | Some(PageFormat::Html) => Ok(None),
+            Some(PageFormat::Csv) => self
                 .q
-                .get("table")
+                .table
+                .as_deref()
                 .map(Some)
                 .ok_or_else(|| ApiError::bad_request("table", "format=csv needs table=<id>")),
-            Some(f) => Err(ApiError::bad_request(
-                "format",
-                format!("{f:?} is not html or csv"),
-            )),
         }
     }
 
     fn mode(&self, app: &AppState) -> Result<(CostMode, IdleSharing), ApiError> {
-        cost_options(&self.q, &app.config.analytics.billing)
+        Ok(cost_options(
+            self.q.mode,
+            self.q.idle,
+            &app.config.analytics.billing,
+        ))
     }
 
     /// The period's query plus the cost options, for links and CSV.
     fn query(&self) -> String {
         let mut q = self.period.query.clone();
-        for k in ["mode", "idle"] {
-            if let Some(v) = self.q.get(k) {
-                q.push_str(&format!("&{k}={}", views::segment(v)));
-            }
+        if let Some(m) = self.q.mode {
+            q.push_str(&format!("&mode={}", m.as_str()));
+        }
+        if let Some(i) = self.q.idle {
+            q.push_str(&format!("&idle={}", i.as_str()));
         }
         q
     }
 }
 
-/// `mode` and `idle` from the query, or the configured defaults; 400 naming the parameter.
+/// `mode` and `idle` as asked, or the configured defaults.
 fn cost_options(
-    q: &Params,
+    mode: Option<CostMode>,
+    idle: Option<IdleSharing>,
     billing: &bill::BillingSettings,
-) -> Result<(CostMode, IdleSharing), ApiError> {
-    Ok((
-        q.choice("mode", billing.cost_mode, CostMode::parse, CostMode::NAMES)?,
-        q.choice("idle", billing.idle, IdleSharing::parse, IdleSharing::NAMES)?,
-    ))
+) -> (CostMode, IdleSharing) {
+    (
+        mode.unwrap_or(billing.cost_mode),
+        idle.unwrap_or(billing.idle),
+    )
 }
 
 /// Who is asking and for what; `Err(redirect)` to the sign-in page when nobody is signed in.
 fn request(
     app: &AppState,
     headers: &HeaderMap,
-    q: HashMap<String, String>,
+    q: PageQuery,
     path: &str,
 ) -> Result<Result<Request, Response>, ApiError> {
-    let q = Params::checked(q, PAGE_PARAMS)?;
+    let period = period::period(
+        q.month,
+        q.from,
+        q.to,
+        chrono::Utc::now().timestamp(),
+        app.config.retention.rollup_secs,
+    )?;
     let Some(reader) = session::reader(headers, &app.tokens, &app.sessions, &app.config.ui)? else {
-        let back = format!("{path}?{}", period_query(&q));
+        let back = format!("{path}?{}", period.query);
         return Ok(Err(Redirect::to(&format!(
             "/signin?next={}",
             views::segment(&back)
@@ -117,11 +188,6 @@ fn request(
         .into_response()));
     };
     let tenant = reader.role.read_scope()?.map(str::to_owned);
-    let period = period::period(
-        &q,
-        chrono::Utc::now().timestamp(),
-        app.config.retention.rollup_secs,
-    )?;
     Ok(Ok(Request {
         reader,
         tenant,
@@ -130,13 +196,6 @@ fn request(
     }))
 }
 
-fn period_query(q: &Params) -> String {
-    ["month", "from", "to"]
-        .iter()
-        .filter_map(|k| q.get(*k).map(|v| format!("{k}={}", views::segment(v))))
-        .collect::<Vec<_>>()
-        .join("&")
-}
 
 /// Runs blocking reads on a reader connection.
 async fn read<T: Send + 'static>(
@@ -149,15 +208,10 @@ async fn read<T: Send + 'static>(
         .map_err(|e| ApiError::internal(&e))?
 }
 
-fn showback_error(e: ShowbackError) -> ApiError {
-    match e {
-        e @ ShowbackError::RawGone { field, .. } => ApiError::bad_request(field, e.to_string()),
-        e => ApiError::internal(&e),
-    }
-}
-
-/// The fleet's bill for `[from, to)`, then cut to `tenant`'s line for a tenant reader.
-pub fn compute_bill(
+/// The fleet's bill for `[from, to)`, then cut to `tenant`'s line for a tenant reader
+/// ([`bill::compute`]), as an answer's error.
+#[allow(clippy::too_many_arguments)]
+fn compute_bill(
     conn: &duckdb::Connection,
     from: i64,
     to: i64,
@@ -167,24 +221,7 @@ pub fn compute_bill(
     idle: IdleSharing,
     tenant: Option<&str>,
 ) -> Result<Bill, ApiError> {
-    let s = showback::showback(conn, from, to, GroupBy::Tenant, None, raw_from, settings)
-        .map_err(showback_error)?;
-    let moved = analytics::shares::transfers(conn, from, to, mode, settings)
-        .map_err(|e| ApiError::internal(&e))?;
-    let b = bill::bill(
-        &s,
-        &moved,
-        from,
-        to,
-        settings.prices.currency.clone(),
-        mode,
-        idle,
-        &settings.billing,
-    );
-    Ok(match tenant {
-        Some(t) => b.for_tenant(t),
-        None => b,
-    })
+    bill::compute(conn, from, to, settings, raw_from, mode, idle, tenant).map_err(crate::api::showback::showback_error)
 }
 
 fn raw_from(app: &AppState) -> i64 {
@@ -251,17 +288,8 @@ fn finish(
             t.csv_href = Some(format!("{path}?{q}&format=csv&table={}", t.id));
             if sortable.contains(&t.id) {
                 t.sort_href = Some(format!("{path}?{q}&"));
-                if let Some(col) = req.q.get("sort") {
-                    let desc = match req.q.get("dir") {
-                        None | Some("asc") => false,
-                        Some("desc") => true,
-                        Some(d) => {
-                            return Err(ApiError::bad_request(
-                                "dir",
-                                format!("{d:?} is not asc or desc"),
-                            ));
-                        }
-                    };
+                if let Some(col) = req.q.sort.as_deref() {
+                    let desc = req.q.dir == Some(SortDir::Desc);
                     if !t.sort_by(col, desc) {
                         return Err(ApiError::bad_request(
                             "sort",
@@ -333,7 +361,7 @@ fn trend_chart(days: &[analytics::trend::Day], fleet: bool) -> Chart {
 pub async fn overview(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    Query(q): Query<PageQuery>,
 ) -> Result<Response, ApiError> {
     let req = match request(&app, &headers, q, "/")? {
         Ok(r) => r,
@@ -488,7 +516,7 @@ fn pct(a: f64, b: f64) -> f64 {
 pub async fn tenants(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    Query(q): Query<PageQuery>,
 ) -> Result<Response, ApiError> {
     let req = match request(&app, &headers, q, "/tenants")? {
         Ok(r) => r,
@@ -554,7 +582,7 @@ pub async fn tenant(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(name): Path<String>,
-    Query(q): Query<HashMap<String, String>>,
+    Query(q): Query<PageQuery>,
 ) -> Result<Response, ApiError> {
     let path = format!("/tenants/{}", views::segment(&name));
     let req = match request(&app, &headers, q, &path)? {
@@ -579,7 +607,7 @@ pub async fn tenant(
         let view = |by: GroupBy| -> Result<_, ApiError> {
             Ok(
                 showback::showback(c, from, to, by, Some(&who), raw, &settings)
-                    .map_err(showback_error)?
+                    .map_err(crate::api::showback::showback_error)?
                     .view(by, from, to, settings.prices.currency.clone(), true),
             )
         };
@@ -641,7 +669,7 @@ pub async fn tenant(
 pub async fn hoarding(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    Query(q): Query<PageQuery>,
 ) -> Result<Response, ApiError> {
     let req = match request(&app, &headers, q, "/hoarding")? {
         Ok(r) => r,
@@ -721,7 +749,7 @@ pub async fn hoarding(
 pub async fn prices(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    Query(q): Query<PageQuery>,
 ) -> Result<Response, ApiError> {
     let req = match request(&app, &headers, q, "/prices")? {
         Ok(r) => r,
@@ -814,7 +842,7 @@ fn layout(g: &analytics::fleet::GpuAt) -> GpuLayout {
 pub async fn fleet(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    Query(q): Query<PageQuery>,
 ) -> Result<Response, ApiError> {
     let req = match request(&app, &headers, q, "/fleet")? {
         Ok(r) => r,
@@ -909,18 +937,27 @@ pub async fn fleet(
 }
 
 /// `GET /signin`.
-pub async fn signin_page(Query(q): Query<HashMap<String, String>>) -> Response {
-    let next = safe_next(q.get("next").map(String::as_str));
+pub async fn signin_page(Query(q): Query<SignInQuery>) -> Response {
+    let next = safe_next(q.next.as_deref());
     match (SignIn { error: None, next }).render() {
         Ok(h) => Html(h).into_response(),
         Err(e) => ApiError::internal(&e).into_response(),
     }
 }
 
-/// Only a local path may be the target after sign-in (no open redirect).
-fn safe_next(next: Option<&str>) -> String {
+/// Only a local path may be the target after sign-in (no open redirect): one `/`, then visible
+/// ASCII only. A browser drops tabs and newlines from a URL and reads `\` as `/`, so
+/// `/\t/host` and `/\\host` would leave the site; neither can pass, and the answer's
+/// `Location` header is always valid.
+pub fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_owned(),
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\') =>
+        {
+            n.to_owned()
+        }
         _ => "/".to_owned(),
     }
 }
@@ -955,7 +992,10 @@ pub async fn signin(
             return Ok((StatusCode::UNAUTHORIZED, Html(html)).into_response());
         }
     };
-    let (id, _) = app.sessions.create(role, app.config.ui.session_ttl);
+    let (id, _) = app
+        .sessions
+        .create(role, app.config.ui.session_ttl)
+        .map_err(|e| ApiError::internal(&format!("no random session id: {e}")))?;
     let mut r = Redirect::to(&safe_next(f.next.as_deref())).into_response();
     if let Ok(v) = HeaderValue::from_str(&session::set_cookie(&id, &app.config.ui)) {
         r.headers_mut().insert(header::SET_COOKIE, v);
@@ -1027,21 +1067,18 @@ pub async fn snooze(
 /// `GET /api/v1/bill` (JSON) — the Tenants page's value.
 pub async fn bill_json(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    reader: ApiReader,
+    Query(q): Query<BillQuery>,
 ) -> Result<Response, ApiError> {
-    let tenant = app
-        .tokens
-        .authenticate(&headers)?
-        .read_scope()?
-        .map(str::to_owned);
-    let q = Params::checked(q, &["month", "from", "to", "mode", "idle"])?;
+    let tenant = reader.scope;
     let period = period::period(
-        &q,
+        q.month,
+        q.from,
+        q.to,
         chrono::Utc::now().timestamp(),
         app.config.retention.rollup_secs,
     )?;
-    let (mode, idle) = cost_options(&q, &app.config.analytics.billing)?;
+    let (mode, idle) = cost_options(q.mode, q.idle, &app.config.analytics.billing);
     let (from, to) = (period.from, period.to);
     let settings = app.config.analytics.clone();
     let raw = raw_from(&app);

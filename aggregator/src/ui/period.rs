@@ -3,8 +3,8 @@
 
 use chrono::{Datelike, TimeZone, Utc};
 
+use crate::api::extract::{Month, Time, range};
 use crate::error::ApiError;
-use crate::api::params::Params;
 
 /// A period, with what the pages need to show it and move to the next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,17 +52,23 @@ fn month(year: i32, month: u32) -> Option<Period> {
     })
 }
 
-/// Reads the period from the query ([`Params::range`]: `month`, or `from`/`to`); without
-/// either, the UTC month of `now`. `max_secs` bounds a range.
-pub fn period(q: &Params, now: i64, max_secs: i64) -> Result<Period, ApiError> {
-    if q.has("month") {
-        let (from, _) = q.range(max_secs)?;
+/// The period of a query's `month`, or `from`/`to` ([`range`]); without either, the UTC month
+/// of `now`. `max_secs` bounds a range.
+pub fn period(
+    m: Option<Month>,
+    from: Option<Time>,
+    to: Option<Time>,
+    now: i64,
+    max_secs: i64,
+) -> Result<Period, ApiError> {
+    if m.is_some() {
+        let (from, _) = range(m, from, to, max_secs)?;
         let t = Utc.timestamp_opt(from, 0).single().unwrap_or_default();
         return month(t.year(), t.month())
             .ok_or_else(|| ApiError::bad_request("month", "not a month"));
     }
-    if q.has("from") || q.has("to") {
-        let (from, to) = q.range(max_secs)?;
+    if from.is_some() || to.is_some() {
+        let (from, to) = range(None, from, to, max_secs)?;
         let fmt = |t: i64| {
             Utc.timestamp_opt(t, 0)
                 .single()
@@ -86,46 +92,38 @@ pub fn period(q: &Params, now: i64, max_secs: i64) -> Result<Period, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::extract::parse_query;
 
-    fn q(kv: &[(&str, &str)]) -> Params {
-        let all = ["month", "from", "to"];
-        Params::checked(
-            kv.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            &all,
-        )
-        .unwrap()
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Q {
+        month: Option<Month>,
+        from: Option<Time>,
+        to: Option<Time>,
+    }
+
+    fn period_of(query: &str, now: i64) -> Result<Period, ApiError> {
+        let q: Q = parse_query(query)?;
+        period(q.month, q.from, q.to, now, i64::MAX)
     }
 
     #[test]
     fn months_ranges_and_the_default() {
-        let p = period(&q(&[("month", "2026-12")]), 0, i64::MAX).unwrap();
+        let p = period_of("month=2026-12", 0).unwrap();
         assert_eq!((p.from, p.to), (1_796_083_200, 1_798_761_600));
         assert_eq!(
             (p.label.as_str(), p.prev.as_str(), p.next.as_str()),
             ("December 2026", "month=2026-11", "month=2027-01")
         );
         let now = 1_795_000_000; // 2026-11-18
-        assert_eq!(
-            period(&q(&[]), now, i64::MAX).unwrap().query,
-            "month=2026-11"
-        );
+        assert_eq!(period_of("", now).unwrap().query, "month=2026-11");
         for bad in ["2026-13", "2026-1", "26-11", "x"] {
-            let e = period(&q(&[("month", bad)]), now, i64::MAX).unwrap_err();
+            let e = period_of(&format!("month={bad}"), now).unwrap_err();
             assert_eq!(e.field.as_deref(), Some("month"), "{bad}");
         }
-        let e = period(&q(&[("month", "2026-11"), ("from", "0")]), now, i64::MAX).unwrap_err();
+        let e = period_of("month=2026-11&from=0", now).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("month"));
-        let p = period(
-            &q(&[
-                ("from", "2026-11-01T00:00:00Z"),
-                ("to", "2026-11-02T00:00:00Z"),
-            ]),
-            now,
-            i64::MAX,
-        )
-        .unwrap();
+        let p = period_of("from=2026-11-01T00:00:00Z&to=2026-11-02T00:00:00Z", now).unwrap();
         assert_eq!(p.next, "from=2026-11-02T00:00:00Z&to=2026-11-03T00:00:00Z");
     }
 }

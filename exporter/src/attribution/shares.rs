@@ -94,9 +94,10 @@ fn owner_from_segment(segment: &str) -> Option<Owner> {
 const MPS_SERVER: &str = "nvidia-cuda-mps-server";
 
 /// The kernel keeps a task's name in 15 bytes (`TASK_COMM_LEN` 16, with its NUL), so the MPS
-/// server's `/proc/<pid>/comm` reads `nvidia-cuda-mps`: seen on an H100 (BENCHMARKS.md, "Two
-/// Slurm jobs on one GPU"). The control daemon (`nvidia-cuda-mps-control`) reads the same, but it
-/// holds no GPU context, so it is never in the driver's process list that owners are asked for.
+/// server's `/proc/<pid>/comm` reads `nvidia-cuda-mps`: seen on an H100 (docs/perf/gpu.md, "Two
+/// Slurm jobs on one GPU: time-sliced and under MPS"). The control daemon
+/// (`nvidia-cuda-mps-control`) reads the same, but it holds no GPU context, so it is never in the
+/// driver's process list that owners are asked for.
 const COMM_LEN: usize = 15;
 
 /// Whether `comm` (the text of `/proc/<pid>/comm`) names the MPS server.

@@ -1,5 +1,5 @@
 //! JSON in place of MessagePack while the aggregator cannot read it (schema/WIRE.md,
-//! "MessagePack").
+//! "MessagePack bodies").
 //!
 //! A 415, or a 400 naming `body`, to a MessagePack body means one of two things: the aggregator
 //! reads JSON only (it is older than this exporter), or this one body is damaged (a corrupt spool

@@ -1,6 +1,7 @@
 //! The bill: what each tenant is charged for a period, in whole cents, and the platform's
 //! overhead, such that Σ tenants + overhead = the fleet's cost to the cent. Definitions:
-//! `schema/ANALYTICS.md` ("Money").
+//! `schema/ANALYTICS.md` ("Money: the price book and the bill (`GET /api/v1/bill`, the Tenants
+//! page)").
 //!
 //! Key decisions:
 //! - The fleet's cost is its observed capacity at the price book's prices. A tenant is charged

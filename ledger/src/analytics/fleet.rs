@@ -2,7 +2,7 @@
 //! an instant with re-geometry advice ([`at_instant`]), or free and stranded capacity summed
 //! over a range ([`over_range`]). `GET /api/v1/fragmentation` serialises these values and the
 //! Fleet page draws them, so the two cannot disagree. Definitions: `schema/ANALYTICS.md`
-//! ("Fragmentation").
+//! ("Fragmentation (`GET /api/v1/fragmentation`)").
 
 use std::collections::BTreeMap;
 

@@ -9,7 +9,8 @@
 //! ([`plan`], [`runs_from`]) with the same additions in the same order, so its sums are equal to
 //! the bit to a scan of the whole run. Before this, one allocation idle for a week made every
 //! 15 s pass read a week of its GPU's minutes, and of every GPU's, since the read is one scan
-//! from the earliest start (BENCHMARKS.md, "The evaluation against the hoarders' history").
+//! from the earliest start (docs/perf/analytics.md, "The evaluation against the hoarders'
+//! history").
 
 use std::collections::HashMap;
 use std::sync::Arc;

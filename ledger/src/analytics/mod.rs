@@ -70,14 +70,14 @@ impl Default for Settings {
             // Reclaim decides after each evaluation: 15 s keeps detection-to-webhook under 30 s
             // (BENCHMARKS.md, "Reclaim latency") at 0.1-0.26 s per 10,000 instances per pass in
             // the release build (early and late in the hour), however long the hoarders have
-            // been idle (BENCHMARKS.md, "The evaluation against the hoarders' history" and
+            // been idle (docs/perf/analytics.md, "The evaluation against the hoarders' history" and
             // "Several fleets at once").
             interval: Duration::from_secs(15),
             prices: prices::PriceBook::default(),
             demand: HashMap::new(),
             demand_lookback: Duration::from_secs(7 * 86400),
             billing: bill::BillingSettings::default(),
-            // About 0.1-0.2 s of reading per snapshot on 2 cores (BENCHMARKS.md, "The
+            // About 0.1-0.2 s of reading per snapshot on 2 cores (docs/perf/analytics.md, "The
             // evaluation read in short snapshots").
             snapshot_instances: 20_000,
         }
@@ -118,7 +118,7 @@ const HOURS_PER_PASS: usize = 50_000;
 /// (at most `max_passes`). Changes that arrive meanwhile are left to the next evaluation: under
 /// a live fleet's ingest every pass finds newly changed hours, and an evaluation that chased
 /// them ran pass after pass, holding a core and delaying the metrics and reclaim after it
-/// (BENCHMARKS.md, "Several fleets at once").
+/// (docs/perf/analytics.md, "Several fleets at once").
 pub async fn evaluate(
     readers: &Readers,
     writer: &Writer,
@@ -181,7 +181,8 @@ type Dirty = (i64, fragmentation::GpuKey, i64, i64);
 /// next ones, whole GPUs at a time. DuckDB checkpoints no WAL while a snapshot older than a
 /// committed update is open, and the writer's folds update the rollups every few seconds; a
 /// single snapshot over four 10,000-GPU fleets was open 1.3–2.5 s, and the WAL it held back was
-/// checkpointed later in one stall (BENCHMARKS.md, "The evaluation read in short snapshots").
+/// checkpointed later in one stall (docs/perf/analytics.md, "The evaluation read in short
+/// snapshots").
 ///
 /// Why that is exact: each GPU's results come from one snapshot, at least as new as the first,
 /// from all its instances there ([`facts::Selection`]: those the dimensions knew, and any
@@ -510,9 +511,11 @@ pub struct HoardingView {
 }
 
 /// Which episodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EpisodeState {
-    /// ended_at is null.
+    /// ended_at is null (the default).
+    #[default]
     Open,
     /// ended_at is set.
     Closed,

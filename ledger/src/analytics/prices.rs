@@ -1,6 +1,6 @@
 //! The price book: what one GPU-hour of each model costs, an optional price per instance-hour of
 //! a MIG profile, each with the instant it takes effect. Definitions: `schema/ANALYTICS.md`
-//! ("Money").
+//! ("Money: the price book and the bill (`GET /api/v1/bill`, the Tenants page)").
 //!
 //! Key decision: a price is looked up per piece of the range, never per range. Showback cuts the
 //! range at every instant a price takes effect ([`PriceBook::changes_within`]), so a price change
@@ -329,27 +329,21 @@ pub enum IdleSharing {
 }
 
 impl CostMode {
-    /// The API names.
-    pub const NAMES: &'static str = "allocation, usage";
-    /// Parses an API name.
-    pub fn parse(s: &str) -> Option<CostMode> {
-        match s {
-            "allocation" => Some(CostMode::Allocation),
-            "usage" => Some(CostMode::Usage),
-            _ => None,
+    /// The name the API and the pages use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CostMode::Allocation => "allocation",
+            CostMode::Usage => "usage",
         }
     }
 }
 
 impl IdleSharing {
-    /// The API names.
-    pub const NAMES: &'static str = "overhead, share";
-    /// Parses an API name.
-    pub fn parse(s: &str) -> Option<IdleSharing> {
-        match s {
-            "overhead" => Some(IdleSharing::Overhead),
-            "share" => Some(IdleSharing::Share),
-            _ => None,
+    /// The name the API and the pages use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleSharing::Overhead => "overhead",
+            IdleSharing::Share => "share",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Shares of shared instances (time-sliced and MPS GPUs): what each owner used over whole UTC
 //! hours, from the exporters' per-process view (`GET /api/v1/shares`), and what the bill moves
 //! between tenants because of it ([`transfers`]). Definitions: `schema/ANALYTICS.md` ("Shares of
-//! shared instances", "Money").
+//! shared instances (`GET /api/v1/shares`)", "Money").
 
 use std::collections::BTreeMap;
 
@@ -24,10 +24,11 @@ GROUP BY ALL
 ORDER BY h.tenant NULLS LAST, h.workload NULLS LAST, i.node, i.gpu_uuid, i.gpu_instance_id";
 
 /// How rows are grouped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GroupBy {
-    /// Per owner and instance.
+    /// Per owner and instance (the default).
+    #[default]
     Instance,
     /// Per tenant and workload.
     Workload,
@@ -35,20 +36,6 @@ pub enum GroupBy {
     Tenant,
 }
 
-impl GroupBy {
-    /// The API names.
-    pub const NAMES: &'static str = "instance, workload, tenant";
-
-    /// Parses an API name.
-    pub fn parse(s: &str) -> Option<GroupBy> {
-        match s {
-            "instance" => Some(GroupBy::Instance),
-            "workload" => Some(GroupBy::Workload),
-            "tenant" => Some(GroupBy::Tenant),
-            _ => None,
-        }
-    }
-}
 
 /// One owner's use over the range.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -15,10 +15,11 @@ use super::Settings;
 use super::fragmentation::{self, DemandMix};
 
 /// What to group by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GroupBy {
-    /// The tenant.
+    /// The tenant (the default).
+    #[default]
     Tenant,
     /// Tenant and workload.
     Workload,
@@ -33,22 +34,6 @@ pub enum GroupBy {
 }
 
 impl GroupBy {
-    /// Every grouping, as named in the API.
-    pub const NAMES: &'static str = "tenant, workload, node, gpu_model, slo_class, mig_profile";
-
-    /// Parses the API name.
-    pub fn parse(s: &str) -> Option<GroupBy> {
-        Some(match s {
-            "tenant" => GroupBy::Tenant,
-            "workload" => GroupBy::Workload,
-            "node" => GroupBy::Node,
-            "gpu_model" => GroupBy::GpuModel,
-            "slo_class" => GroupBy::SloClass,
-            "mig_profile" => GroupBy::MigProfile,
-            _ => return None,
-        })
-    }
-
     /// The row's key columns, as named in the API.
     pub fn columns(self) -> &'static [&'static str] {
         match self {

@@ -1,6 +1,6 @@
 //! The reclaim settings: the aggregator config file's `[reclaim]`, `[[webhooks]]` and
-//! `[alertmanager]` tables (the key names are the contract of issue #12 and README "Reclaim").
-//! Declared once, here, with their checks: the binary only deserializes and calls
+//! `[alertmanager]` tables (the key names are the contract of issue #12 and docs/reclaim.md, "The
+//! policy"). Declared once, here, with their checks: the binary only deserializes and calls
 //! [`ReclaimFile::resolve`].
 
 use std::collections::BTreeMap;

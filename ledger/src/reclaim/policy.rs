@@ -1,6 +1,7 @@
 //! The reclaim policy as a pure function: one episode, what was done about it so far, the
 //! clock and the settings in; the next step out ([`decide`]). Everything that reads or writes the
-//! ledger is in [`super::pass`]; this module is the definition (README, "Reclaim"), tested alone.
+//! ledger is in [`super::pass`]; this module is the definition (docs/reclaim.md, "The policy"),
+//! tested alone.
 //!
 //! An episode goes `seen → notified → requested → resolved`, or `… → cancelled → resolved`;
 //! each arrow sends one event ([`EventType`]). Holds send nothing and say why.

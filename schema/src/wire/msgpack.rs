@@ -3,9 +3,9 @@
 //! same serde types, so the two encodings cannot describe different batches.
 //!
 //! What JSON decoding costs is mostly reading text: numbers out of digits, strings out of quotes
-//! (BENCHMARKS.md, "Decoding a live exporter's body"). MessagePack carries a ratio as 8 bytes and
-//! a second as an integer, so a live body decodes in a fraction of the time (BENCHMARKS.md, "A
-//! binary body").
+//! (docs/perf/ingest.md, "Decoding a live exporter's body"). MessagePack carries a ratio as 8 bytes
+//! and a second as an integer, so a live body decodes in a fraction of the time
+//! (docs/perf/ingest.md, "A binary body: MessagePack").
 //!
 //! Bounds: as for JSON, the values are counted before any is decoded ([`values_at_most`]), so a
 //! body of many one-byte values cannot cost more memory than a batch may hold.

@@ -2,7 +2,8 @@
 //!
 //! DuckDB checkpoints inside the commit that takes the WAL past `checkpoint_threshold`, and that
 //! commit's batches, and every batch that arrives meanwhile, wait for it. A checkpoint costs about
-//! 7 ms per MB of WAL on 2 cores (BENCHMARKS.md, "Checkpoints"). So:
+//! 7 ms per MB of WAL on 2 cores (docs/perf/writer.md, "Checkpoints: the paced p99 and DuckDB's
+//! memory"). So:
 //! - while the writer keeps up (it spent under [`BUSY_SHARE`] of the last [`WINDOW`] writing
 //!   groups, and waited for batches the rest) the threshold is [`STEADY`]: a 0.1–0.25 s stall
 //!   every second or two. At 256 MB a 10,000-GPU fleet's pace (70,000 samples/s) met a 1.7–2.2 s
@@ -18,7 +19,7 @@
 //! from 250,000 samples a second), four 10,000-GPU fleets (280,000 samples/s) kept the writer busy
 //! and gathered 210–320 MB of WAL between checkpoints: a paced p99 of 0.97–1.52 s on 2 cores
 //! (0.89–1.35 s judged by time), where the writer spent about half its time writing
-//! (BENCHMARKS.md, "Checkpoints judged by the writer's time, not its rate").
+//! (docs/perf/writer.md, "Checkpoints judged by the writer's time, not its rate").
 //!
 //! The first commit after a busy spell may pay for the WAL gathered during it. Retention
 //! checkpoints on its own interval whatever the pace.
@@ -28,7 +29,7 @@
 //! it reads and recompresses runs of adjacent row groups to merge them. Live, that rewrote rows the
 //! hourly compaction (`compact.rs`) rewrites again anyway: a tenth of the writer thread's profile
 //! under a burst, a checkpoint after it that stalled the next seconds' requests, and the merged
-//! groups' old blocks left free inside the file, at the end of an import too (BENCHMARKS.md,
+//! groups' old blocks left free inside the file, at the end of an import too (docs/perf/storage.md,
 //! "Row groups merged only when the writer compacts"). So the store opens with DuckDB's
 //! `max_vacuum_tasks` at 0, and only [`compacting_checkpoint`] (after a compaction, after
 //! retention) merges. Rows deleted from a row group that keeps live rows stay in it, invisible,

@@ -4,9 +4,9 @@
 //! belong to different instances, and DuckDB's per-vector compression (ALP for the ratios,
 //! bit-packing, RLE) finds little to share: one instance's counters change slowly from second to
 //! second, thousands of instances' do not. The same rows one instance after another take about a
-//! third of the space (BENCHMARKS.md, "Row order matters"). So each hour's raw rows are rewritten
-//! ordered by (instance, second) once it is closed: by the aggregator's [`Compactor`], on a
-//! connection of its own beside the writer (ingest does not wait for it), and by an import on
+//! third of the space (docs/perf/storage.md, "Row order matters"). So each hour's raw rows are
+//! rewritten ordered by (instance, second) once it is closed: by the aggregator's [`Compactor`], on
+//! a connection of its own beside the writer (ingest does not wait for it), and by an import on
 //! the writer's thread, in order with its batches. A rewrite goes in slices of at most
 //! [`SLICE_ROWS`] rows (ranges of instance ids), each slice in a transaction of its own: the
 //! slice's rows are inserted again in order, then the old copies (row ids up to the table's
@@ -16,13 +16,15 @@
 //!
 //! **Optimistic writes.** DuckDB's optimistic writes put an insert's full row groups on disk at
 //! once, and leave every insert's last blocks part-filled: an hour at a time, that was a sixth of
-//! the raw rows' bytes (8.56 against 7.33 B a row for the same rows, BENCHMARKS.md, "A streamed
-//! import"). So an import's rewrite turns them off: the slice's rows wait in DuckDB's buffer pool
-//! until the commit (within its memory limit), and the hour's checkpoint packs them. The
+//! the raw rows' bytes (8.56 against 7.33 B a row for the same rows, docs/perf/storage.md, "A
+//! streamed import rewrites each hour on the way"). So an import's rewrite turns them off: the
+//! slice's rows wait in DuckDB's buffer pool until the commit (within its memory limit), and the
+//! hour's checkpoint packs them. The
 //! [`Compactor`] keeps them on. Beside a busy writer its commits cannot checkpoint, so an hour's
 //! rows held back for the hour's checkpoint made that checkpoint, which runs on the writer, hold
 //! every batch back for seconds (2.4 s for 20 M rows); and a live hour's slices are large, so
-//! their part-filled tails cost little (BENCHMARKS.md, "The hourly rewrite beside the writer").
+//! their part-filled tails cost little (docs/perf/storage.md, "The hourly rewrite beside the
+//! writer").
 //!
 //! Nothing reads raw rows to deduplicate (the minute masks in `rollup_1m` are the record), so the
 //! rewrite changes no answer and is safe to repeat; rows that arrive for an hour after it was
@@ -76,14 +78,13 @@ impl WriterThread {
 /// waits for a rewrite.
 ///
 /// On the writer's thread, one hour of a 10,000-GPU fleet (70,000 instances, 252 M raw rows)
-/// held back every batch for over a minute on 2 cores (BENCHMARKS.md, "The hourly rewrite
-/// beside the writer"). DuckDB lets the two work at once: a slice only appends
-/// rows and deletes rows of a closed hour, and the writer only appends raw rows, so no row is
-/// changed by both (a conflict would roll the slice back, and the next run redo it). Each slice
-/// reads one snapshot, so a batch the writer commits meanwhile (a late one, for the same hour)
-/// is neither copied nor deleted by it. The checkpoint that frees an hour's old copies needs no
-/// other write transaction open, so the writer runs it between its groups
-/// ([`Writer::compacting_checkpoint`]).
+/// held back every batch for over a minute on 2 cores (docs/perf/storage.md, "The hourly rewrite
+/// beside the writer"). DuckDB lets the two work at once: a slice only appends rows and deletes
+/// rows of a closed hour, and the writer only appends raw rows, so no row is changed by both (a
+/// conflict would roll the slice back, and the next run redo it). Each slice reads one snapshot, so
+/// a batch the writer commits meanwhile (a late one, for the same hour) is neither copied nor
+/// deleted by it. The checkpoint that frees an hour's old copies needs no other write transaction
+/// open, so the writer runs it between its groups ([`Writer::compacting_checkpoint`]).
 ///
 /// A slice keeps DuckDB's threads busy, and on few cores the writer and the requests wait for
 /// them; so the compactor pauses [`SLICE_PAUSE`] after each slice. For a full fleet's hour that

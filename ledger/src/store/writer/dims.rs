@@ -58,7 +58,7 @@ pub(super) type HolderKey = (Option<String>, Option<String>, Option<String>);
 /// those bytes, and compares them with the arena's, so it reads two places in memory (the
 /// table's slot and the key's bytes) rather than a bucket and each of a key's strings: at a
 /// fleet's 70,000 instances none of them is in cache, and those reads were most of what the
-/// writer spent assigning ids (BENCHMARKS.md, "Ids found in one arena, and from each node's
+/// writer spent assigning ids (docs/perf/writer.md, "Ids found in one arena, and from each node's
 /// last batch"). Equality is still checked byte for byte: a hash never stands for a key.
 #[derive(Debug, Default)]
 pub(super) struct Interned {

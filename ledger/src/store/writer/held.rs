@@ -3,7 +3,7 @@
 //! A live group's minute deltas number about a fifth of its samples (one per instance and 5 s
 //! batch), and folding them into the minute, hour, day, tenant and GPU rollups is one `MERGE` per
 //! rollup whose rows are nearly all updates: that cost more than everything else a group does
-//! (BENCHMARKS.md, "Where the time goes now"). So when samples already wait behind a group,
+//! (docs/perf/ingest.md, "Where the time goes now"). So when samples already wait behind a group,
 //! the writer commits the group's raw rows and batch ids but keeps its minute and GPU deltas in
 //! memory, summed per (instance, holder, minute): twelve 5 s batches of a series become one row.
 //! Once it has held for [`HOLD_FOR`] (while [`HOLD_BEHIND`] samples or more wait) or
@@ -40,9 +40,9 @@ use super::rollups::{
 /// [`HOLD_FOR`]; with fewer waiting it holds for up to [`HOLD_BRIEFLY`]. Holding long pays when
 /// the same instances bring several batches before the fold, i.e. when the writer is behind. At
 /// a live fleet's own pace each instance sends one batch per 5 s: there a long hold only made the
-/// folds fewer and larger (the paced load's p99 rose from ~0.5 s to 1.1 s, BENCHMARKS.md), and a
-/// fold per group, five `MERGE`s for a batch or two, made the writer's fixed cost most of its
-/// work.
+/// folds fewer and larger (the paced load's p99 rose from ~0.5 s to 1.1 s, docs/perf/ingest.md,
+/// "Live path: 1,000 senders, 280-sample gzip batches"), and a fold per group, five `MERGE`s for a
+/// batch or two, made the writer's fixed cost most of its work.
 pub(super) const HOLD_BEHIND: usize = 50_000;
 
 /// Longest the writer holds folds back while it is behind.
@@ -252,7 +252,8 @@ impl Held {
     ///
     /// The two sets of minute deltas are folded as one set of rows without merging them into a
     /// map: what is held can be 250,000 rows, and growing the group's map to take them cost
-    /// 1.35 % of the writer's time under the live load (BENCHMARKS.md, "Folding what is held").
+    /// 1.35 % of the writer's time under the live load (docs/perf/writer.md, "Folding what is
+    /// held").
     pub(super) fn fold_with(
         &self,
         tx: &Connection,

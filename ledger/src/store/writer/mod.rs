@@ -155,8 +155,8 @@ impl IngestJob {
 /// The writer's answer to an ingest job. It brings the batch back, with its places in the queue,
 /// so that the request's thread frees it: the request thread allocated it, and freeing a group's
 /// batches (hundreds of thousands of small vectors) on the writer thread took 7 % of the one
-/// serial stage (BENCHMARKS.md, "The writer's own work"). The places are given back once the batch
-/// is freed, so the queue still bounds the batches' memory.
+/// serial stage (docs/perf/writer.md, "The writer's own work, and what bounds the live path"). The
+/// places are given back once the batch is freed, so the queue still bounds the batches' memory.
 struct Written {
     result: Result<IngestOutcome, StoreError>,
     _batch: Batch,
@@ -227,8 +227,9 @@ const GROUP_SAMPLES: usize = 1_000_000;
 /// While batches trickle in, the shortest time from one group's start to the next. At a fleet's
 /// own pace (250 small batches a second) the writer otherwise wrote 58 groups a second of 2
 /// batches at the median, and spent nearly all its time on what each group costs whatever its
-/// size: the commit, the mask and batch-id look-ups, the folds (BENCHMARKS.md, "At a fleet's own
-/// pace"). The writer pauses only when the last group left batches waiting and fewer than
+/// size: the commit, the mask and batch-id look-ups, the folds (docs/perf/writer.md, "At a fleet's
+/// own pace, and the backfill"). The writer pauses only when the last group left batches waiting
+/// and fewer than
 /// [`held::HOLD_BEHIND`] samples wait now: a lone batch, or one sent after the last was
 /// acknowledged, is written at once, and a writer that is behind does not wait.
 const GATHER: std::time::Duration = std::time::Duration::from_millis(50);

@@ -1,6 +1,6 @@
 //! The pass: one walk over a group's new samples that decides, second by second, what is stored.
 //!
-//! This is the exactly-once core (README, "Exactly once"). Before it, the writer
+//! This is the exactly-once core (docs/aggregator.md, "Exactly once"). Before it, the writer
 //! reads the seconds the ledger holds for the group's instances and minutes: the minute masks of
 //! `rollup_1m` plus those of the held folds ([`held`](super::held)). The pass then keeps the first
 //! copy of every (instance, second) no mask covers, appends it to the raw columns when it is
@@ -125,12 +125,12 @@ pub(super) fn pass(
     raw_cutoff: i64,
     outcomes: &mut [IngestOutcome],
 ) -> Result<Pass, WriteError> {
-    // The raw columns are sized once, for every sample of the group (BENCHMARKS.md, "The
-    // writer's own work").
+    // The raw columns are sized once, for every sample of the group (docs/perf/writer.md, "The
+    // writer's own work, and what bounds the live path").
     let samples = group.iter().map(|(_, b, _)| b.sample_count()).sum();
     // So are the pass's maps, for the (series, minute) runs the group can bring: grown by
     // doubling, their rehashing took some 5 % of the writer's time under the live load
-    // (BENCHMARKS.md, "The pass's maps sized for the group"). The count is an upper bound (a
+    // (docs/perf/writer.md, "The pass's maps sized for the group"). The count is an upper bound (a
     // group of duplicates brings no key), so it is capped: a live group of 1,000 batches is
     // some 70,000 runs.
     let runs: usize = group

@@ -4,7 +4,8 @@
 //!
 //! The columns are Arrow builders (values plus a validity bitmap), sized once for the group: an
 //! `Option<f64>` column took 16 bytes a value and grew by reallocation, which the writer's
-//! profile showed as copies and page faults (BENCHMARKS.md, "The writer's own work").
+//! profile showed as copies and page faults (docs/perf/writer.md, "The writer's own work, and what
+//! bounds the live path").
 
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 //! group's minutes ([`pass::covered`](super::pass::covered)). Asked of DuckDB, that is a query per
 //! group which DuckDB plans again every time (it keeps no plan for a prepared statement that has
 //! parameters and reads a table): a tenth of the writer's time at a fleet's own pace
-//! (BENCHMARKS.md, "The recent minutes' masks in the writer's memory"). So the writer keeps
+//! (docs/perf/writer.md, "The recent minutes' masks in the writer's memory"). So the writer keeps
 //! those seconds itself for the minutes live batches reach.
 //!
 //! What it keeps is the set of seconds **stored**: the minute masks of `rollup_1m` together with
@@ -20,7 +20,8 @@
 //!   recovery, a failed write) drops every minute ([`Recent::forget`]): they are read again. A
 //!   job given by a caller ([`Writer::apply`](super::Writer::apply): the analytics' results,
 //!   reclaim's records) writes other tables, and keeps them: after each one, reading every
-//!   instance's current minutes again stalled a three-fleet load (BENCHMARKS.md).
+//!   instance's current minutes again stalled a three-fleet load (docs/perf/writer.md, "The recent
+//!   minutes' masks in the writer's memory").
 
 use std::collections::BTreeMap;
 

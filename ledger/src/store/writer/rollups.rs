@@ -483,8 +483,8 @@ pub(super) fn fold_gpu_deltas(
         return Ok(());
     }
     // One row per instance and hour: a fold of what 70,000 instances sent is 70,000 rows, which
-    // took 19.7 ms a row at a time and 2.9 ms as columns (BENCHMARKS.md, "The writer's share of
-    // an evaluation").
+    // took 19.7 ms a row at a time and 2.9 ms as columns (docs/perf/analytics.md, "The writer's
+    // share of an evaluation").
     let n = gpu_deltas.len();
     let (mut buckets, mut iids) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let (mut observed, mut instance) = (Vec::with_capacity(n), Vec::with_capacity(n));

@@ -5,7 +5,7 @@
 //!
 //! The seconds are not read through `Series::shares`, which clones the instance's and the owner's
 //! names for every second, nor appended a value at a time: with two owners on every instance
-//! that made the writer's cost per sample 2.5 times what it is without shares (BENCHMARKS.md,
+//! that made the writer's cost per sample 2.5 times what it is without shares (docs/perf/writer.md,
 //! "Shares on the writer's thread").
 
 use std::sync::Arc;

@@ -1,12 +1,12 @@
 //! The Prometheus rules in alerts/ are valid and do what their unit tests say (promtool), and the
 //! example Alertmanager configuration is valid (amtool).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::require_tool;
+use crate::common::require_tool;
 
 fn alerts_dir() -> PathBuf {
     common::root().join("alerts")

@@ -5,12 +5,12 @@
 //! holds rollup folds back (batches waiting behind it): the restart folds what the raw rows hold
 //! and the masks lack.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Aggregator, eventually, open_ledger, simulate, token_file};
+use crate::common::{ADMIN_TOKEN, Aggregator, eventually, open_ledger, simulate, token_file};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 

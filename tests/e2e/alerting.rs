@@ -4,14 +4,14 @@
 //! idle latency-critical replica in the same trace (idle for 2 h, under the 24 h bar for its
 //! class) must not be delivered.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
-use common::{ADMIN_TOKEN, Aggregator, free_port, require_tool};
+use crate::common::{ADMIN_TOKEN, Aggregator, free_port, require_tool};
 use gpuledger_schema::wire::Batch;
 use serde_json::Value;
 use tokio::sync::mpsc;

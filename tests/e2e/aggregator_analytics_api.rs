@@ -2,9 +2,9 @@
 //! hoarding and fragmentation; tokens scope what each caller sees; bad parameters get a 400
 //! naming them; the analytics metrics are promtool-clean and carry the open episodes.
 
-mod common;
+use crate::common;
 
-use common::{ADMIN_TOKEN, Aggregator};
+use crate::common::{ADMIN_TOKEN, Aggregator};
 use gpuledger_schema::wire::Batch;
 use serde_json::Value;
 

@@ -2,12 +2,12 @@
 //! pod-resources v1 API on a temporary unix socket (it stands in for the kubelet, which cannot run
 //! here). It serves every device id form; the exporter labels each instance with its pod.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Exporter, eventually};
+use crate::common::{Exporter, eventually};
 use gpuledger_exporter::attribution::kubelet::proto::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };

@@ -1,11 +1,11 @@
 //! The aggregator over real HTTP on loopback with a real DuckDB file: authentication, errors that
 //! name the field, exactly-once storage, and an exporter feeding it.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Aggregator, Exporter, eventually, open_ledger, token_file};
+use crate::common::{ADMIN_TOKEN, Aggregator, Exporter, eventually, open_ledger, token_file};
 use gpuledger_schema::wire::{Batch, Format, MSGPACK_CONTENT_TYPE as MSGPACK};
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 

@@ -1,13 +1,13 @@
 //! Shipping survives an aggregator outage and an exporter restart: every batch arrives, and a
 //! batch seen twice is always the same batch id.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use common::fake_aggregator::{FakeAggregator, Mode};
-use common::{Exporter, eventually, token_file};
+use crate::common::fake_aggregator::{FakeAggregator, Mode};
+use crate::common::{Exporter, eventually, token_file};
 use gpuledger_exporter::source::sim::{Fleet, Simulator};
 use gpuledger_schema::wire::Format;
 

@@ -2,13 +2,13 @@
 //! against the real binary over HTTP on loopback with a real DuckDB file. Each test's first line
 //! says what broke.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Aggregator, eventually, open_ledger};
+use crate::common::{ADMIN_TOKEN, Aggregator, eventually, open_ledger};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, ShareSample, SloClass};
 

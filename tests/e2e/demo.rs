@@ -5,14 +5,14 @@
 //! shows the tenants; Ctrl-C stops it cleanly with the totals; a second run on the same directory
 //! fills only the gap and counts nothing twice.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use common::browser::Browser;
+use crate::common::browser::Browser;
 use gpuledger_exporter::source::sim::{Fleet, Simulator};
 use serde_json::Value;
 

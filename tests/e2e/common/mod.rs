@@ -17,6 +17,23 @@ pub fn gpuledger() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpuledger"))
 }
 
+/// Another binary of the workspace (`gpuledger-exporter`, `gpuledger-reclaimer`): `cargo test
+/// --workspace` builds them beside `gpuledger`.
+pub fn bin(name: &str) -> Command {
+    Command::new(bin_path(name))
+}
+
+/// Where [`bin`] finds `name`.
+pub fn bin_path(name: &str) -> std::path::PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_gpuledger")).with_file_name(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run the tests with `cargo test --workspace --all-targets` (./test.sh)",
+        path.display()
+    );
+    path
+}
+
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -1,12 +1,12 @@
 //! A real Prometheus (Debian's `prometheus`) scrapes a running exporter, and its query API
 //! returns the series.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Exporter, eventually, free_port, require_tool};
+use crate::common::{Exporter, eventually, free_port, require_tool};
 
 async fn query(port: u16, q: &str) -> Option<serde_json::Value> {
     let url = format!("http://127.0.0.1:{port}/api/v1/query");

@@ -2,11 +2,11 @@
 //! its policy, its outbox and a webhook receiver on loopback that checks every signature with the
 //! `standardwebhooks` crate.
 
-mod common;
+use crate::common;
 
-use common::receiver::{Receiver, secret};
-use common::traces::{held, sample, whole};
-use common::{ADMIN_TOKEN, Aggregator, eventually};
+use crate::common::receiver::{Receiver, secret};
+use crate::common::traces::{held, sample, whole};
+use crate::common::{ADMIN_TOKEN, Aggregator, eventually};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Sample, SloClass};
 use serde_json::Value;

@@ -1,6 +1,6 @@
 //! The example configuration under deploy/ parses with the real code.
 
-mod common;
+use crate::common;
 
 use gpuledger_exporter::attribution::StaticMap;
 
@@ -158,9 +158,9 @@ fn the_statefulset_config_map_is_accepted_up_to_the_missing_token_file() {
 
 #[test]
 fn the_grafana_dashboard_queries_only_documented_metrics() {
-    let readme =
-        std::fs::read_to_string(format!("{}/README.md", common::root().display())).unwrap();
-    let documented: std::collections::BTreeSet<String> = readme
+    let doc =
+        std::fs::read_to_string(format!("{}/docs/metrics.md", common::root().display())).unwrap();
+    let documented: std::collections::BTreeSet<String> = doc
         .lines()
         .filter_map(|l| l.strip_prefix("| `gpuledger_"))
         .map(|l| format!("gpuledger_{}", l.split('`').next().unwrap()))
@@ -180,7 +180,7 @@ fn the_grafana_dashboard_queries_only_documented_metrics() {
                 .unwrap_or(&name);
             assert!(
                 documented.contains(family),
-                "{name} (in {expr}) is not in README.md's metric tables"
+                "{name} (in {expr}) is not in docs/metrics.md's metric tables"
             );
             used += 1;
         }
@@ -385,11 +385,18 @@ fn the_systemd_units_verify_and_are_hardened() {
             );
         }
         let copy = dir.path().join(path.file_name().unwrap());
-        std::fs::write(
-            &copy,
-            text.replace("/usr/local/bin/gpuledger", env!("CARGO_BIN_EXE_gpuledger")),
-        )
-        .unwrap();
+        // The exporter and the reclaimer run their lean binaries, the aggregator the combined one.
+        let text = ["gpuledger-exporter", "gpuledger-reclaimer"]
+            .iter()
+            .fold(text, |t, name| {
+                t.replace(
+                    &format!("/usr/local/bin/{name}"),
+                    common::bin_path(name).to_str().unwrap(),
+                )
+            })
+            .replace("/usr/local/bin/gpuledger ", &format!("{} ", env!("CARGO_BIN_EXE_gpuledger")));
+        assert!(!text.contains("/usr/local/bin/"), "{}", path.display());
+        std::fs::write(&copy, text).unwrap();
         units.push(copy);
     }
     assert_eq!(

@@ -4,11 +4,11 @@
 //! Then randomised traces check the invariants (allocated + unallocated = capacity, used ≤
 //! allocated, rollup-based = raw-based) over random ranges.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
-use common::traces::{self, Lcg};
+use crate::common::traces::{self, Lcg};
 use duckdb::Connection;
 use gpuledger_ledger::analytics::showback::{self, GroupBy};
 use gpuledger_ledger::analytics::{self, EpisodeState, Settings};

@@ -1,12 +1,12 @@
 //! The aggregator's own /metrics, from a running aggregator that ingested and refused batches:
 //! promtool-clean in the classic format, accepted by a strict OpenMetrics parser, and kept in step
-//! with the README's table.
+//! with docs/metrics.md's table.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 
-use common::{ADMIN_TOKEN, Aggregator};
+use crate::common::{ADMIN_TOKEN, Aggregator};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
@@ -111,8 +111,8 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap().to_owned())
         .collect();
-    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
-    let documented: BTreeSet<String> = readme
+    let doc = std::fs::read_to_string(common::root().join("docs/metrics.md")).unwrap();
+    let documented: BTreeSet<String> = doc
         .lines()
         .filter_map(|l| {
             ["aggregator_", "tenant_", "hoarding_", "fragmentation_"]
@@ -123,7 +123,7 @@ async fn the_aggregator_metrics_are_clean_for_promtool_and_openmetrics_and_match
         .collect();
     assert_eq!(
         documented, exported,
-        "README.md's aggregator metric table and /metrics differ"
+        "docs/metrics.md's aggregator metric table and /metrics differ"
     );
 }
 

@@ -3,7 +3,7 @@
 //! a stand-in `scontrol` that records its arguments. Requests are signed by the
 //! `standardwebhooks` crate, an implementation independent of gpuledger's.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
@@ -12,8 +12,8 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, patch, post};
-use common::receiver::secret;
-use common::{free_port, gpuledger};
+use crate::common::receiver::secret;
+use crate::common::{free_port, gpuledger};
 use serde_json::{Value, json};
 
 const API_TOKEN: &str = "sa-token-for-the-fake-api-server";
@@ -25,6 +25,10 @@ struct Api {
     seen: Mutex<Vec<(String, String, Value)>>,
     /// Answers to evictions, in order (then 201).
     eviction_answers: Mutex<Vec<u16>>,
+    /// The token evictions need, when not [`API_TOKEN`] (a rotated one).
+    accepted: Mutex<Option<String>>,
+    /// The bearer token of every eviction, in order.
+    bearers: Mutex<Vec<String>>,
 }
 
 type Shared = Arc<Api>;
@@ -39,7 +43,15 @@ async fn eviction(
     h: HeaderMap,
     body: String,
 ) -> (StatusCode, String) {
-    if !authorized(&h) {
+    let bearer = h
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_owned();
+    api.bearers.lock().unwrap().push(bearer.clone());
+    let want = api.accepted.lock().unwrap().clone();
+    if bearer != want.as_deref().unwrap_or(API_TOKEN) {
         return (StatusCode::UNAUTHORIZED, "{}".into());
     }
     let v: Value = serde_json::from_str(&body).unwrap();
@@ -137,6 +149,14 @@ impl Drop for Reclaimer {
 }
 
 async fn start(api: &str, mode: &str, extra: &str) -> Reclaimer {
+    let mut command = gpuledger();
+    command.arg("reclaimer");
+    start_with(command, api, mode, extra).await
+}
+
+/// Starts `command` (the `gpuledger reclaimer` subcommand or the `gpuledger-reclaimer` binary)
+/// with a config for `api` and `mode`.
+async fn start_with(mut command: std::process::Command, api: &str, mode: &str, extra: &str) -> Reclaimer {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, API_TOKEN).unwrap();
@@ -177,8 +197,8 @@ command = ["{}", "requeue", "{{job}}"]
         ),
     )
     .unwrap();
-    let child = gpuledger()
-        .args(["reclaimer", "--config", cfg.to_str().unwrap()])
+    let child = command
+        .args(["--config", cfg.to_str().unwrap()])
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .spawn()
@@ -513,4 +533,40 @@ async fn the_aggregator_and_the_reclaimer_hand_the_gpus_back() {
         .count();
     assert_eq!(delivered, 4, "two notices and two requests: {out}");
     assert_eq!(api.seen.lock().unwrap().len(), 1, "evicted once");
+}
+
+/// Regression: the reclaimer read its service-account token once at start, so one that outlived
+/// the projected token (the kubelet rotates it about hourly) had every eviction refused. The next
+/// call after a rotation now carries the new token. Runs the lean `gpuledger-reclaimer` binary.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rotated_token_is_used_on_the_next_call() {
+    let (api_url, api) = fake_api().await;
+    let r = start_with(common::bin("gpuledger-reclaimer"), &api_url, "evict", "").await;
+    let (status, body, _) = send(
+        &r,
+        "msg_rotation_1",
+        &event("reclaim.requested", "lab/nb-before", false),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // The kubelet writes the new token beside the old one and swaps it in.
+    let rotated = "sa-token-rotated-0123456789";
+    let next = r.dir.path().join("token.next");
+    std::fs::write(&next, rotated).unwrap();
+    std::fs::rename(&next, r.dir.path().join("token")).unwrap();
+    *api.accepted.lock().unwrap() = Some(rotated.into());
+    let (status, body, _) = send(
+        &r,
+        "msg_rotation_2",
+        &event("reclaim.requested", "lab/nb-after", false),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcome"], "acted", "{body}");
+    assert_eq!(
+        *api.bearers.lock().unwrap(),
+        [API_TOKEN.to_owned(), rotated.to_owned()]
+    );
 }

@@ -8,7 +8,7 @@
 //! (itself checked against `prometheus-client`'s own encoder in schema's unit tests), with this
 //! file's own table of the expected OTLP names and units.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use common::{ADMIN_TOKEN, Aggregator, Exporter, eventually, gpuledger, token_file};
+use crate::common::{ADMIN_TOKEN, Aggregator, Exporter, eventually, gpuledger, token_file};
 use gpuledger_schema::exposition::{self, Kind};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;

@@ -2,13 +2,13 @@
 //! itself cannot run here; the environment variables are what slurmd hands a Prolog), are
 //! shellcheck-clean, and the exporter charges a MIG slice to the job's account.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Exporter, eventually, require_tool};
+use crate::common::{Exporter, eventually, require_tool};
 use gpuledger_exporter::source::sim::{Fleet, Simulator};
 
 fn run_script(script: &str, dir: &Path, env: &[(&str, &str)]) -> std::process::Output {

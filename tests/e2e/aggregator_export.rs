@@ -3,13 +3,13 @@
 //! file), each twice, and DuckDB reading the Parquet files alone gets both clusters' totals back,
 //! once. Also `gpuledger import`: all or nothing, and idempotent.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::fake_aggregator::{FakeAggregator, Mode};
-use common::{ADMIN_TOKEN, Aggregator, gpuledger, open_ledger, simulate, token_file};
+use crate::common::fake_aggregator::{FakeAggregator, Mode};
+use crate::common::{ADMIN_TOKEN, Aggregator, gpuledger, open_ledger, simulate, token_file};
 
 fn replay(
     dir: &std::path::Path,
@@ -174,13 +174,13 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
         "{rollup_files:?}"
     );
     let conn = duckdb::Connection::open_in_memory().unwrap();
-    // The README's fleet query, on these files and days, answers what the ledgers say.
-    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
-    let query = readme
+    // docs/multi-cluster.md's fleet query, on these files and days, answers what the ledgers say.
+    let doc = std::fs::read_to_string(common::root().join("docs/multi-cluster.md")).unwrap();
+    let query = doc
         .split("<!-- fleet-query -->\n```sql\n")
         .nth(1)
         .and_then(|rest| rest.split("```").next())
-        .expect("README.md's fleet query");
+        .expect("docs/multi-cluster.md's fleet query");
     let day = |t: i64| {
         chrono::DateTime::from_timestamp(t.div_euclid(86400) * 86400, 0)
             .unwrap()
@@ -338,8 +338,9 @@ fn import_is_all_or_nothing_and_importing_twice_stores_nothing_new() {
 
 /// Regression: an import wrote its raw rows in file order (every instance's seconds side by
 /// side), then rewrote each hour in instance order, which left the old copies as free blocks: a
-/// third of a 2 h trace's file (BENCHMARKS.md, "Storage"). A file small enough to keep is now
-/// sent in instance order at once: one run of rows per instance, none rewritten.
+/// third of a 2 h trace's file (docs/perf/storage.md, "Storage, and the month question, against
+/// Prometheus"). A file small enough to keep is now sent in instance order at once: one run of rows
+/// per instance, none rewritten.
 #[test]
 fn a_kept_import_is_written_in_instance_order_with_no_free_blocks() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! The exporter's `/metrics`: a golden snapshot from a fixed-seed simulation, linted by promtool
-//! (classic format) and by a strict OpenMetrics parser, and kept in step with the README.
+//! (classic format) and by a strict OpenMetrics parser, and kept in step with docs/metrics.md.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 
@@ -125,8 +125,8 @@ fn the_readme_metric_reference_lists_exactly_the_exported_families() {
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap().to_owned())
         .collect();
-    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
-    let documented: BTreeSet<String> = readme
+    let doc = std::fs::read_to_string(common::root().join("docs/metrics.md")).unwrap();
+    let documented: BTreeSet<String> = doc
         .lines()
         .filter_map(|l| l.strip_prefix("| `gpuledger_"))
         .map(|l| format!("gpuledger_{}", l.split('`').next().unwrap()))
@@ -139,6 +139,6 @@ fn the_readme_metric_reference_lists_exactly_the_exported_families() {
         .collect();
     assert_eq!(
         documented, exported,
-        "README.md's metric reference and the exporter's /metrics differ"
+        "docs/metrics.md's metric reference and the exporter's /metrics differ"
     );
 }

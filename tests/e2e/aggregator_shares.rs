@@ -2,9 +2,9 @@
 //! `shares` are stored once however often they are re-sent, `GET /api/v1/shares` answers them per
 //! owner (scoped by token, 400s naming the field), and the hourly rollup equals the raw rows.
 
-mod common;
+use crate::common;
 
-use common::Aggregator;
+use crate::common::Aggregator;
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, ShareSample, SloClass};
 use serde_json::Value;

@@ -6,10 +6,10 @@
 //! every page and export. Screenshots of every page are saved under the test's target tmpdir
 //! (`web-screenshots/`).
 
-mod common;
+use crate::common;
 
-use common::browser::Browser;
-use common::{ADMIN_TOKEN, Aggregator};
+use crate::common::browser::Browser;
+use crate::common::{ADMIN_TOKEN, Aggregator};
 use gpuledger_schema::SloClass;
 use gpuledger_schema::wire::Batch;
 use serde_json::{Value, json};

@@ -1,12 +1,12 @@
 //! Replay: a valid trace ships exactly its rows (the HTTP backfill path); a malformed one is
 //! refused with file:line:column and nothing of it is shipped.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::fake_aggregator::FakeAggregator;
-use common::{gpuledger, token_file};
+use crate::common::fake_aggregator::FakeAggregator;
+use crate::common::{gpuledger, token_file};
 use gpuledger_schema::Sample;
 use gpuledger_schema::trace::TraceReader;
 

@@ -5,12 +5,12 @@
 //! is wrong — no 5xx, no hang — the ledger must be unchanged afterwards, and a valid batch must
 //! still be stored.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Aggregator};
+use crate::common::{ADMIN_TOKEN, Aggregator};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 use serde_json::{Value, json};
