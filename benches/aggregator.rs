@@ -971,8 +971,8 @@ fn history_evaluation(
 /// older than the raw window (rollups only, as most of the demo's month is). Generating the rows
 /// is not timed, only the writer.
 fn history_day(dir: &std::path::Path) {
-    use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
     use gpuledger_exporter::source::sim::{Fleet, Simulator};
+    use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
     use gpuledger_schema::wire::Series;
     let sim = Simulator::new(Fleet::builtin());
     let day = (chrono::Utc::now().timestamp() / 86_400 - 3) * 86_400;

@@ -16,9 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpuledger_ledger::store::{self, Writer};
 use gpuledger_aggregator::reclaim;
 use gpuledger_ledger::analytics;
+use gpuledger_ledger::store::{self, Writer};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 

@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gpuledger_schema::wire::TimeWindow;
 use crate::auth::Tokens;
 use gpuledger_ledger::store::Retention;
+use gpuledger_schema::wire::TimeWindow;
 
 /// Every explicit limit of the service; what happens at each is documented on the field.
 ///

@@ -13,14 +13,14 @@ use std::time::Duration;
 use gpuledger_schema::options::{self, duration};
 use serde::{Deserialize, Serialize};
 
+use crate::auth::Tokens;
+use crate::auth::session::UiFile;
+use crate::config::{Config, Limits};
 use gpuledger_ledger::analytics::Settings as AnalyticsSettings;
 use gpuledger_ledger::analytics::bill::BillingSettings;
 use gpuledger_ledger::analytics::prices::{PriceBook, PriceFile};
-use crate::auth::Tokens;
-use crate::config::{Config, Limits};
 use gpuledger_ledger::reclaim::config::{AlertmanagerFile, ReclaimFile, WebhookFile};
 use gpuledger_ledger::store::Retention;
-use crate::auth::session::UiFile;
 
 /// The options of `gpuledger aggregator`. A flag on the command line wins over its environment
 /// variable, which wins over the config file (TOML, the flag's long name with `_` for `-`).

@@ -24,7 +24,9 @@ async fn json_errors(response: Response) -> Response {
         return response;
     }
     let message = match status {
-        StatusCode::NOT_FOUND => "no such path; the routes are listed in docs/aggregator.md, \"Routes\"",
+        StatusCode::NOT_FOUND => {
+            "no such path; the routes are listed in docs/aggregator.md, \"Routes\""
+        }
         StatusCode::METHOD_NOT_ALLOWED => "this path does not take that method",
         StatusCode::REQUEST_TIMEOUT => "the request took longer than the server allows",
         StatusCode::PAYLOAD_TOO_LARGE => "the body is over this route's limit",

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use crate::api::{App, AppState};
 use crate::config::Config;
+use crate::telemetry::{AggregatorMetrics, TableLabels};
 use gpuledger_ledger::store::query::Readers;
 use gpuledger_ledger::store::{self, Writer};
-use crate::telemetry::{AggregatorMetrics, TableLabels};
 use gpuledger_schema::exposition;
 
 /// Why the service could not run.

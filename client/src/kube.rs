@@ -296,7 +296,9 @@ impl KubeClient {
 
     /// Reads the token file now: an error if it is configured and cannot be read.
     pub fn check_token(&self) -> Result<(), KubeError> {
-        self.token.as_ref().map_or(Ok(()), |t| t.current().map(drop))
+        self.token
+            .as_ref()
+            .map_or(Ok(()), |t| t.current().map(drop))
     }
 
     /// The API server's base URL.

@@ -24,7 +24,9 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let config = args.options.over_file(args.config.as_deref())?.resolve()?;
     gpuledger_otel::init_logging(None);
-    gpuledger_otel::process::runtime()?
-        .block_on(daemon::run(config, gpuledger_otel::process::shutdown_signal()))?;
+    gpuledger_otel::process::runtime()?.block_on(daemon::run(
+        config,
+        gpuledger_otel::process::shutdown_signal(),
+    ))?;
     Ok(())
 }

@@ -95,11 +95,7 @@ mod tests {
     fn every_option_that_takes_a_value_gets_its_variable() {
         let command = clap::Command::new("x")
             .arg(clap::Arg::new("listen").long("listen-addr"))
-            .arg(
-                clap::Arg::new("own")
-                    .long("own")
-                    .env("MY_OWN"),
-            )
+            .arg(clap::Arg::new("own").long("own").env("MY_OWN"))
             .arg(
                 clap::Arg::new("once")
                     .long("once")
@@ -113,7 +109,10 @@ mod tests {
                 .and_then(|a| a.get_env())
                 .map(|e| e.to_string_lossy().into_owned())
         };
-        assert_eq!(env("listen").as_deref(), Some("GPULEDGER_EXPORTER_LISTEN_ADDR"));
+        assert_eq!(
+            env("listen").as_deref(),
+            Some("GPULEDGER_EXPORTER_LISTEN_ADDR")
+        );
         assert_eq!(env("own").as_deref(), Some("MY_OWN"));
         assert_eq!(env("once"), None);
     }

@@ -56,8 +56,12 @@ impl KubernetesFile {
         let api = self
             .api_server
             .unwrap_or_else(|| "https://kubernetes.default.svc".into());
-        let token_file = self.token_file.or_else(|| Some(sa("token")).filter(|p| p.exists()));
-        let ca_file = self.ca_file.or_else(|| Some(sa("ca.crt")).filter(|p| p.exists()));
+        let token_file = self
+            .token_file
+            .or_else(|| Some(sa("token")).filter(|p| p.exists()));
+        let ca_file = self
+            .ca_file
+            .or_else(|| Some(sa("ca.crt")).filter(|p| p.exists()));
         let client = KubeClient::new(KubeConfig {
             api_server: api,
             token_file,

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use gpuledger_aggregator::Limits;
-use gpuledger_ledger::export::{self, ExportOptions};
-use gpuledger_client::ingest::{IngestClient, IngestConfig, Sink};
-use gpuledger_ledger::import::{self, ImportOptions};
 use gpuledger_aggregator::options::AggregatorOptions;
+use gpuledger_client::ingest::{IngestClient, IngestConfig, Sink};
+use gpuledger_ledger::export::{self, ExportOptions};
+use gpuledger_ledger::import::{self, ImportOptions};
 use gpuledger_ledger::store::Retention;
 
 /// Flags of `gpuledger aggregator`. Every flag can also be set in `--config FILE` (TOML, the

@@ -8,7 +8,6 @@ mod reclaimer;
 mod reference;
 mod simulate;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 /// Who holds which GPU slice, how much of it they use, what it costs, and what to reclaim.
@@ -51,7 +50,8 @@ impl Cli {
     pub fn command_with_env() -> clap::Command {
         let mut command = <Cli as clap::CommandFactory>::command();
         for name in ENV_COMMANDS {
-            command = command.mut_subcommand(name, |sub| gpuledger_otel::process::with_env(sub, name));
+            command =
+                command.mut_subcommand(name, |sub| gpuledger_otel::process::with_env(sub, name));
         }
         command
     }
@@ -89,18 +89,6 @@ pub use gpuledger_otel::process::shutdown_signal;
 /// A multi-threaded runtime for the services.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(gpuledger_otel::process::runtime()?)
-}
-
-/// The `--config` TOML file of a subcommand, or its defaults when none is given.
-pub fn config_file<T: serde::de::DeserializeOwned + Default>(
-    path: Option<&std::path::Path>,
-) -> anyhow::Result<T> {
-    let Some(path) = path else {
-        return Ok(T::default());
-    };
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
 }
 
 #[cfg(test)]

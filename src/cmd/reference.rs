@@ -8,11 +8,23 @@ use std::fmt::Write as _;
 
 /// The subcommands the reference covers, in its order, with what runs them.
 const ROLES: [(&str, &str); 5] = [
-    ("exporter", "`gpuledger-exporter` or `gpuledger exporter`, on every GPU node"),
+    (
+        "exporter",
+        "`gpuledger-exporter` or `gpuledger exporter`, on every GPU node",
+    ),
     ("aggregator", "`gpuledger aggregator`, one per cluster"),
-    ("reclaimer", "`gpuledger-reclaimer` or `gpuledger reclaimer`, beside a scheduler"),
-    ("demo", "`gpuledger demo`, the simulated fleet on one machine"),
-    ("import", "`gpuledger import`, trace files into a ledger or a running aggregator"),
+    (
+        "reclaimer",
+        "`gpuledger-reclaimer` or `gpuledger reclaimer`, beside a scheduler",
+    ),
+    (
+        "demo",
+        "`gpuledger demo`, the simulated fleet on one machine",
+    ),
+    (
+        "import",
+        "`gpuledger import`, trace files into a ledger or a running aggregator",
+    ),
 ];
 
 /// The reference's Markdown.

@@ -5,8 +5,6 @@
 //! holds rollup folds back (batches waiting behind it): the restart folds what the raw rows hold
 //! and the masks lack.
 
-use crate::common;
-
 use std::process::Stdio;
 use std::time::Duration;
 

@@ -5,8 +5,6 @@
 //! is wrong — no 5xx, no hang — the ledger must be unchanged afterwards, and a valid batch must
 //! still be stored.
 
-use crate::common;
-
 use std::sync::Arc;
 use std::time::Duration;
 

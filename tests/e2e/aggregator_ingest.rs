@@ -1,8 +1,6 @@
 //! The aggregator over real HTTP on loopback with a real DuckDB file: authentication, errors that
 //! name the field, exactly-once storage, and an exporter feeding it.
 
-use crate::common;
-
 use std::time::Duration;
 
 use crate::common::{ADMIN_TOKEN, Aggregator, Exporter, eventually, open_ledger, token_file};

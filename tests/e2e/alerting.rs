@@ -9,9 +9,9 @@ use crate::common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::{ADMIN_TOKEN, Aggregator, free_port, require_tool};
 use axum::Json;
 use axum::extract::State;
-use crate::common::{ADMIN_TOKEN, Aggregator, free_port, require_tool};
 use gpuledger_schema::wire::Batch;
 use serde_json::Value;
 use tokio::sync::mpsc;

@@ -4,8 +4,6 @@
 //! Then randomised traces check the invariants (allocated + unallocated = capacity, used ≤
 //! allocated, rollup-based = raw-based) over random ranges.
 
-use crate::common;
-
 use std::sync::Arc;
 
 use crate::common::traces::{self, Lcg};
@@ -983,8 +981,8 @@ fn rollup_contents(conn: &Connection) -> Vec<(String, Vec<String>)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn minute_rows_store_exactly_what_their_seconds_would() {
-    use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
     use gpuledger_exporter::source::sim::{Fleet, Simulator};
+    use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
     use gpuledger_schema::wire::Series;
 
     // Two hours of the simulator's minute view for one mixed node: leases start and end

@@ -394,7 +394,10 @@ fn the_systemd_units_verify_and_are_hardened() {
                     common::bin_path(name).to_str().unwrap(),
                 )
             })
-            .replace("/usr/local/bin/gpuledger ", &format!("{} ", env!("CARGO_BIN_EXE_gpuledger")));
+            .replace(
+                "/usr/local/bin/gpuledger ",
+                &format!("{} ", env!("CARGO_BIN_EXE_gpuledger")),
+            );
         assert!(!text.contains("/usr/local/bin/"), "{}", path.display());
         std::fs::write(&copy, text).unwrap();
         units.push(copy);

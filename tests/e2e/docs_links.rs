@@ -21,7 +21,10 @@ fn root() -> PathBuf {
 
 /// `path` relative to the repository root, for messages.
 fn shown(path: &Path) -> String {
-    path.strip_prefix(root()).unwrap_or(path).display().to_string()
+    path.strip_prefix(root())
+        .unwrap_or(path)
+        .display()
+        .to_string()
 }
 
 /// `a/b/../c` as `a/c`, without touching the file system.
@@ -47,7 +50,10 @@ fn files_under(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
     entries.sort();
     for path in entries {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         if path.is_dir() {
             if name != "target" && !name.starts_with('.') && name != "node_modules" {
                 files_under(&path, extensions, out);
@@ -65,9 +71,18 @@ fn files_under(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
 /// The Markdown pages whose links a reader follows.
 fn doc_pages() -> Vec<PathBuf> {
     let root = root();
-    let top = ["README.md", "BENCHMARKS.md", "CHANGELOG.md", "deploy/README.md", "web/README.md"];
-    let mut pages: Vec<PathBuf> =
-        top.iter().map(|p| root.join(p)).filter(|p| p.is_file()).collect();
+    let top = [
+        "README.md",
+        "BENCHMARKS.md",
+        "CHANGELOG.md",
+        "deploy/README.md",
+        "web/README.md",
+    ];
+    let mut pages: Vec<PathBuf> = top
+        .iter()
+        .map(|p| root.join(p))
+        .filter(|p| p.is_file())
+        .collect();
     files_under(&root.join("docs"), &["md"], &mut pages);
     for dir in ["schema", "alerts"] {
         let Ok(entries) = fs::read_dir(root.join(dir)) else {
@@ -186,7 +201,10 @@ fn link_targets(line: &str) -> Vec<String> {
         let target = inner
             .strip_prefix('<')
             .and_then(|t| t.split_once('>'))
-            .map_or_else(|| inner.split_whitespace().next().unwrap_or_default(), |(t, _)| t);
+            .map_or_else(
+                || inner.split_whitespace().next().unwrap_or_default(),
+                |(t, _)| t,
+            );
         targets.push(target.to_string());
         rest = &after[end..];
     }
@@ -199,10 +217,15 @@ fn broken_link(page: &Path, target: &str) -> Option<String> {
         return Some("empty link target".into());
     }
     let lower = target.to_lowercase();
-    if ["http://", "https://", "mailto:"].iter().any(|p| lower.starts_with(p)) {
+    if ["http://", "https://", "mailto:"]
+        .iter()
+        .any(|p| lower.starts_with(p))
+    {
         return None;
     }
-    let (path, anchor) = target.split_once('#').map_or((target, None), |(p, a)| (p, Some(a)));
+    let (path, anchor) = target
+        .split_once('#')
+        .map_or((target, None), |(p, a)| (p, Some(a)));
     let path = path.replace("%20", " ");
     let file = if path.is_empty() {
         page.to_path_buf()
@@ -225,7 +248,12 @@ fn broken_link(page: &Path, target: &str) -> Option<String> {
 fn every_link_in_the_docs_resolves() {
     let mut broken = Vec::new();
     let pages = doc_pages();
-    assert!(pages.len() > 10, "only {} Markdown pages under {}", pages.len(), root().display());
+    assert!(
+        pages.len() > 10,
+        "only {} Markdown pages under {}",
+        pages.len(),
+        root().display()
+    );
     for page in pages {
         let text = fs::read_to_string(&page).unwrap();
         for (n, (line, fenced)) in text.lines().zip(fenced_lines(&text)).enumerate() {
@@ -234,12 +262,21 @@ fn every_link_in_the_docs_resolves() {
             }
             for target in link_targets(line) {
                 if let Some(why) = broken_link(&page, &target) {
-                    broken.push(format!("{}:{}: link ({target}): {why}", shown(&page), n + 1));
+                    broken.push(format!(
+                        "{}:{}: link ({target}): {why}",
+                        shown(&page),
+                        n + 1
+                    ));
                 }
             }
         }
     }
-    assert!(broken.is_empty(), "{} broken link(s):\n{}", broken.len(), broken.join("\n"));
+    assert!(
+        broken.is_empty(),
+        "{} broken link(s):\n{}",
+        broken.len(),
+        broken.join("\n")
+    );
 }
 
 /// A line with its comment marker (`//`, `///`, `//!`, `#`) taken off, if it is a comment line;
@@ -252,7 +289,9 @@ fn comment_text(line: &str, markdown: bool) -> Option<&str> {
     if let Some(rest) = trimmed.strip_prefix("//") {
         return Some(rest.trim_start_matches(['/', '!']).trim_start());
     }
-    trimmed.strip_prefix('#').map(|rest| rest.trim_start_matches('#').trim_start())
+    trimmed
+        .strip_prefix('#')
+        .map(|rest| rest.trim_start_matches('#').trim_start())
 }
 
 /// Whether `path` names a cited page: BENCHMARKS.md, or a page under docs/ or schema/.
@@ -294,7 +333,9 @@ fn citations(file: &Path, line: &str, next: Option<&str>) -> Vec<Citation> {
         let linked = before == Some('(') && text[..start].ends_with("](");
         if linked {
             // `[text](PATH#anchor)`: the citation goes on after the link.
-            let Some(close) = after.find(')') else { continue };
+            let Some(close) = after.find(')') else {
+                continue;
+            };
             after = &after[close + 1..];
         } else if before == Some('`') {
             after = after.strip_prefix('`').unwrap_or(after);
@@ -303,7 +344,9 @@ fn citations(file: &Path, line: &str, next: Option<&str>) -> Vec<Citation> {
         let Some(rest) = separators.iter().find_map(|sep| after.strip_prefix(sep)) else {
             continue;
         };
-        let Some(title_end) = rest.find('"') else { continue };
+        let Some(title_end) = rest.find('"') else {
+            continue;
+        };
         let resolved = if linked {
             normalize(&file.parent().unwrap_or(Path::new("")).join(path))
         } else if is_cited_page(path) {
@@ -311,14 +354,19 @@ fn citations(file: &Path, line: &str, next: Option<&str>) -> Vec<Citation> {
         } else {
             continue;
         };
-        let relative = resolved.strip_prefix(root()).map(|p| p.to_string_lossy().into_owned());
+        let relative = resolved
+            .strip_prefix(root())
+            .map(|p| p.to_string_lossy().into_owned());
         if linked && !relative.is_ok_and(|p| is_cited_page(&p)) {
             continue;
         }
         found.push(Citation {
             path: path.to_string(),
             file: resolved,
-            title: rest[..title_end].split_whitespace().collect::<Vec<_>>().join(" "),
+            title: rest[..title_end]
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" "),
         });
     }
     found
@@ -332,9 +380,15 @@ fn every_cited_section_exists() {
     let mut broken = Vec::new();
     let mut count = 0;
     for file in files {
-        let Ok(text) = fs::read_to_string(&file) else { continue };
+        let Ok(text) = fs::read_to_string(&file) else {
+            continue;
+        };
         let markdown = file.extension().is_some_and(|e| e == "md");
-        let fenced = if markdown { fenced_lines(&text) } else { Vec::new() };
+        let fenced = if markdown {
+            fenced_lines(&text)
+        } else {
+            Vec::new()
+        };
         let lines: Vec<&str> = text.lines().collect();
         for (n, line) in lines.iter().enumerate() {
             if fenced.get(n).copied().unwrap_or(false) {
@@ -352,7 +406,11 @@ fn every_cited_section_exists() {
                 let why = match fs::read_to_string(&citation.file) {
                     Err(_) => format!("{} does not exist", shown(&citation.file)),
                     Ok(page) if !headings(&page).contains(&citation.title) => {
-                        format!("{} has no heading \"{}\"", shown(&citation.file), citation.title)
+                        format!(
+                            "{} has no heading \"{}\"",
+                            shown(&citation.file),
+                            citation.title
+                        )
                     }
                     Ok(_) => continue,
                 };
@@ -367,5 +425,10 @@ fn every_cited_section_exists() {
         }
     }
     assert!(count > 0, "found no citations under {}", root.display());
-    assert!(broken.is_empty(), "{} broken citation(s):\n{}", broken.len(), broken.join("\n"));
+    assert!(
+        broken.is_empty(),
+        "{} broken citation(s):\n{}",
+        broken.len(),
+        broken.join("\n")
+    );
 }

@@ -1,8 +1,6 @@
 //! Replay: a valid trace ships exactly its rows (the HTTP backfill path); a malformed one is
 //! refused with file:line:column and nothing of it is shipped.
 
-use crate::common;
-
 use std::time::Duration;
 
 use crate::common::fake_aggregator::FakeAggregator;

@@ -2,8 +2,6 @@
 //! pod-resources v1 API on a temporary unix socket (it stands in for the kubelet, which cannot run
 //! here). It serves every device id form; the exporter labels each instance with its pod.
 
-use crate::common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -14,10 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::{ADMIN_TOKEN, Aggregator, Exporter, eventually, gpuledger, token_file};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use crate::common::{ADMIN_TOKEN, Aggregator, Exporter, eventually, gpuledger, token_file};
 use gpuledger_schema::exposition::{self, Kind};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;

@@ -9,11 +9,11 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::receiver::secret;
+use crate::common::{free_port, gpuledger};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, patch, post};
-use crate::common::receiver::secret;
-use crate::common::{free_port, gpuledger};
 use serde_json::{Value, json};
 
 const API_TOKEN: &str = "sa-token-for-the-fake-api-server";
@@ -156,7 +156,12 @@ async fn start(api: &str, mode: &str, extra: &str) -> Reclaimer {
 
 /// Starts `command` (the `gpuledger reclaimer` subcommand or the `gpuledger-reclaimer` binary)
 /// with a config for `api` and `mode`.
-async fn start_with(mut command: std::process::Command, api: &str, mode: &str, extra: &str) -> Reclaimer {
+async fn start_with(
+    mut command: std::process::Command,
+    api: &str,
+    mode: &str,
+    extra: &str,
+) -> Reclaimer {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, API_TOKEN).unwrap();

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::ApiError;
 use crate::auth::TokenId;
 use crate::config::Limits;
+use crate::error::ApiError;
 
 /// The ingest slots and decode slots of one service.
 pub struct Admission {

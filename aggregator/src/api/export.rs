@@ -65,20 +65,21 @@ pub async fn export(
         other => ApiError::internal(&other),
     })?;
     let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
-    let report = tokio::task::spawn_blocking(move || gpuledger_ledger::export::export_with(&conn, &opts))
-        .await
-        .map_err(|e| ApiError::internal(&e))?
-        .map_err(|e| match e {
-            ExportError::Option { field, message } => ApiError::unprocessable(
-                if field == "parquet" {
-                    "export_dir"
-                } else {
-                    field
-                },
-                message,
-            ),
-            other => ApiError::internal(&other),
-        })?;
+    let report =
+        tokio::task::spawn_blocking(move || gpuledger_ledger::export::export_with(&conn, &opts))
+            .await
+            .map_err(|e| ApiError::internal(&e))?
+            .map_err(|e| match e {
+                ExportError::Option { field, message } => ApiError::unprocessable(
+                    if field == "parquet" {
+                        "export_dir"
+                    } else {
+                        field
+                    },
+                    message,
+                ),
+                other => ApiError::internal(&other),
+            })?;
     tracing::info!(
         from = report.from,
         to = report.to,

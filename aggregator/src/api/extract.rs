@@ -256,7 +256,11 @@ mod tests {
     fn an_unknown_parameter_is_a_400_naming_it() {
         assert_eq!(field("from=0&bogus=1"), "bogus");
         let e = parse_query::<Q>("zz=1").unwrap_err();
-        assert!(e.message.contains("from, month, limit, group_by"), "{}", e.message);
+        assert!(
+            e.message.contains("from, month, limit, group_by"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

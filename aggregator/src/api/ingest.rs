@@ -16,13 +16,12 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use gpuledger_schema::wire::{self, Batch, Format, WireError};
-use uuid::Uuid;
 
 use super::AppState;
-use crate::error::ApiError;
 use crate::auth::{Role, TokenId};
-use gpuledger_ledger::store::{IngestOutcome, QueueError, Reservation, StoreError};
+use crate::error::ApiError;
 use crate::telemetry::{IngestRejected, RejectReason};
+use gpuledger_ledger::store::{IngestOutcome, QueueError, Reservation, StoreError};
 
 /// Bodies up to this size whose document (inflated, for gzip) is at most
 /// [`INLINE_DOCUMENT_BYTES`] are decoded on the request's own task; the others on a blocking

@@ -23,9 +23,9 @@ use gpuledger_schema::exposition;
 
 use crate::auth::Tokens;
 use crate::config::Config;
+use crate::telemetry::{AggregatorMetrics, TableLabels};
 use gpuledger_ledger::store::Writer;
 use gpuledger_ledger::store::query::{self, Readers};
-use crate::telemetry::{AggregatorMetrics, TableLabels};
 
 /// What every handler shares.
 pub struct App {
@@ -71,18 +71,23 @@ impl App {
     pub async fn evaluate(&self) -> Result<EvaluateReport, gpuledger_ledger::store::StoreError> {
         let _one = self.analytics_lock.lock().await;
         let started = std::time::Instant::now();
-        let report =
-            gpuledger_ledger::analytics::evaluate(&self.readers, &self.writer, &self.config.analytics, 10_000)
-                .await?;
+        let report = gpuledger_ledger::analytics::evaluate(
+            &self.readers,
+            &self.writer,
+            &self.config.analytics,
+            10_000,
+        )
+        .await?;
         let conn = self.readers.connect()?;
         let settings = self.config.analytics.clone();
-        let current =
-            tokio::task::spawn_blocking(move || gpuledger_ledger::analytics::current(&conn, &settings))
-                .await
-                .map_err(|e| {
-                    gpuledger_ledger::store::StoreError::Io(format!("the analytics task failed: {e}"))
-                })?
-                .map_err(gpuledger_ledger::store::StoreError::from_db)?;
+        let current = tokio::task::spawn_blocking(move || {
+            gpuledger_ledger::analytics::current(&conn, &settings)
+        })
+        .await
+        .map_err(|e| {
+            gpuledger_ledger::store::StoreError::Io(format!("the analytics task failed: {e}"))
+        })?
+        .map_err(gpuledger_ledger::store::StoreError::from_db)?;
         self.metrics.set_current(&current);
         if let Some(newest) = current.newest {
             use gpuledger_ledger::store::writer::WriteObserver;

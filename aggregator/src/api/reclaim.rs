@@ -17,7 +17,9 @@ use super::{AppState, time_param};
 use crate::auth::Role;
 use crate::error::ApiError;
 use crate::reclaim::alertmanager::{self, IntakeReport, WebhookMessage};
-use gpuledger_ledger::reclaim::records::{self, Decision, Delivery, Exemption, NewExemption, Replay};
+use gpuledger_ledger::reclaim::records::{
+    self, Decision, Delivery, Exemption, NewExemption, Replay,
+};
 
 /// Parses a JSON body, naming the field at fault.
 async fn read<T: Send + 'static>(

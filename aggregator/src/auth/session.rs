@@ -19,8 +19,8 @@ use axum::http::HeaderMap;
 use axum::http::header;
 use base64::Engine;
 
-use crate::error::ApiError;
 use crate::auth::{Role, Tokens};
+use crate::error::ApiError;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "gpuledger_session";
@@ -305,8 +305,8 @@ mod tests {
     #[test]
     fn sessions_are_random_and_expire() {
         let s = Sessions::default();
-        let (a, _) = s.create(Role::Viewer, Duration::from_secs(60));
-        let (b, _) = s.create(Role::Viewer, Duration::ZERO);
+        let (a, _) = s.create(Role::Viewer, Duration::from_secs(60)).unwrap();
+        let (b, _) = s.create(Role::Viewer, Duration::ZERO).unwrap();
         assert_ne!(a, b);
         assert_eq!(a.len(), 43);
         assert!(s.get(&a).is_some());

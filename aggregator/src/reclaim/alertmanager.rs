@@ -15,9 +15,9 @@ use duckdb::{Connection, params};
 use gpuledger_schema::webhook;
 use serde::{Deserialize, Serialize};
 
+use gpuledger_ledger::analytics::{self, EpisodeState};
 use gpuledger_ledger::reclaim::config::{Alertmanager, Settings};
 use gpuledger_ledger::reclaim::pass::id_of;
-use gpuledger_ledger::analytics::{self, EpisodeState};
 
 /// The alert name.
 pub const ALERT_NAME: &str = "GpuledgerHoardingEpisode";

@@ -15,10 +15,10 @@ use backon::BackoffBuilder;
 use duckdb::{Connection, params};
 use gpuledger_schema::webhook;
 
+use crate::telemetry::{AggregatorMetrics, EndpointLabels, EndpointOutcomeLabels};
 use gpuledger_ledger::reclaim::config::Endpoint;
 use gpuledger_ledger::store::query::Readers;
 use gpuledger_ledger::store::{StoreError, Writer};
-use crate::telemetry::{AggregatorMetrics, EndpointLabels, EndpointOutcomeLabels};
 
 /// Rows attempted per round at most.
 const ROUND: usize = 256;

@@ -32,4 +32,3 @@ pub fn csv_response(table: &Table, name: &str) -> Response {
     }
     r
 }
-

@@ -15,19 +15,19 @@ use askama::Template;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use gpuledger_web::{Chart, GpuLayout, Kpi, Nav, Page, Section, Series, SignIn, Slot, Table};
+use gpuledger_web::{Chart, GpuLayout, Kpi, Nav, Page, Section, Series, SignIn, Slot};
 
-use gpuledger_ledger::analytics::bill::{self, Bill, Money};
-use gpuledger_ledger::analytics::prices::{CostMode, IdleSharing};
-use gpuledger_ledger::analytics::showback::{self, GroupBy, ShowbackError};
-use gpuledger_ledger::analytics::{self, EpisodeState};
 use crate::api::AppState;
-use crate::error::{ApiError, Form};
 use crate::api::extract::{Month, Query, Reader as ApiReader, Time};
 use crate::auth::Role;
-use period::Period;
 use crate::auth::session::{self, Reader};
+use crate::error::{ApiError, Form};
 use crate::render::{csv_response, views};
+use gpuledger_ledger::analytics::bill::{self, Bill, Money};
+use gpuledger_ledger::analytics::prices::{CostMode, IdleSharing};
+use gpuledger_ledger::analytics::showback::{self, GroupBy};
+use gpuledger_ledger::analytics::{self, EpisodeState};
+use period::Period;
 
 /// The parameters every page takes.
 /// The query every page takes: its period, its cost options, how to sort, and CSV.
@@ -196,7 +196,6 @@ fn request(
     }))
 }
 
-
 /// Runs blocking reads on a reader connection.
 async fn read<T: Send + 'static>(
     app: &AppState,
@@ -221,7 +220,8 @@ fn compute_bill(
     idle: IdleSharing,
     tenant: Option<&str>,
 ) -> Result<Bill, ApiError> {
-    bill::compute(conn, from, to, settings, raw_from, mode, idle, tenant).map_err(crate::api::showback::showback_error)
+    bill::compute(conn, from, to, settings, raw_from, mode, idle, tenant)
+        .map_err(crate::api::showback::showback_error)
 }
 
 fn raw_from(app: &AppState) -> i64 {
@@ -1087,4 +1087,37 @@ pub async fn bill_json(
     })
     .await?;
     Ok(axum::Json(bill).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_next;
+
+    /// Regression: `next=/%09/host/page` (a tab) passed the local-path check, and the browser,
+    /// which drops tabs, went to `//host/page`; `next=/%0A/evil` was a 500 (not a header value).
+    #[test]
+    fn open_redirect_after_sign_in_is_refused() {
+        for bad in [
+            "/\t/127.0.0.2:19950/pwned.html",
+            "/\n/evil",
+            "/\r\n/evil",
+            "/\\/evil",
+            "/\\evil",
+            "//evil",
+            "https://evil",
+            "evil",
+            "/a b",
+            "/é",
+        ] {
+            assert_eq!(safe_next(Some(bad)), "/", "{bad:?}");
+        }
+        for good in [
+            "/",
+            "/tenants/ml%2Fteam?month=2026-11",
+            "/hoarding?from=0&to=1#x",
+        ] {
+            assert_eq!(safe_next(Some(good)), good);
+        }
+        assert_eq!(safe_next(None), "/");
+    }
 }

@@ -19,9 +19,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Serialize, Serializer};
 
+use super::prices::{CostMode, IdleSharing};
 use super::shares::Transfer;
 use super::showback::{Figures, Showback, ShowbackError};
-use super::prices::{CostMode, IdleSharing};
 
 /// An amount in cents; serialised as a decimal number of the currency (`12.34`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]

@@ -36,7 +36,6 @@ pub enum GroupBy {
     Tenant,
 }
 
-
 /// One owner's use over the range.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Figures {

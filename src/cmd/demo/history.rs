@@ -14,8 +14,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::io::{IsTerminal, Write};
 
 use gpuledger_aggregator::Startup;
-use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
 use gpuledger_exporter::source::sim::{MinuteReading, Simulator};
+use gpuledger_ledger::store::writer::{MinuteBatch, MinuteRow};
 use gpuledger_schema::wire::{Batch, Series};
 use gpuledger_schema::{Attribution, Instance};
 

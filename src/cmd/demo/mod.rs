@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use gpuledger_ledger::analytics::showback::{self, GroupBy};
 use gpuledger_aggregator::options::AggregatorOptions;
 use gpuledger_exporter::daemon;
 use gpuledger_exporter::options::ExporterOptions;
 use gpuledger_exporter::source::sim::{Fleet, Simulator};
+use gpuledger_ledger::analytics::showback::{self, GroupBy};
 
 /// Flags of `gpuledger demo`.
 #[derive(Debug, clap::Args)]
@@ -234,10 +234,7 @@ async fn serve(
 }
 
 /// What the ledger now says: the showback finance would read, over everything recorded.
-fn print_totals(
-    db: &Path,
-    settings: &gpuledger_ledger::analytics::Settings,
-) -> anyhow::Result<()> {
+fn print_totals(db: &Path, settings: &gpuledger_ledger::analytics::Settings) -> anyhow::Result<()> {
     let (conn, _) = gpuledger_ledger::store::open(db)?;
     // From the first second recorded to the last, so that coverage reflects the demo's own run.
     let edge = |sql: &str| -> anyhow::Result<Option<(i64, u64)>> {

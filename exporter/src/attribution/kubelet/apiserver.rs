@@ -88,10 +88,7 @@ pub struct Snapshot {
 /// What gpuledger keeps of a listed pod, under its (namespace, name).
 fn pod_meta(p: kube::Pod) -> ((String, String), PodMeta) {
     (
-        (
-            p.metadata.namespace.unwrap_or_default(),
-            p.metadata.name,
-        ),
+        (p.metadata.namespace.unwrap_or_default(), p.metadata.name),
         PodMeta {
             uid: p.metadata.uid,
             labels: p.metadata.labels,
