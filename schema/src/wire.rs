@@ -38,7 +38,8 @@ pub const BATCH_ID_HEADER: &str = "x-gpuledger-batch-id";
 /// What the aggregator answers to a batch it accepted (`200` to `POST /api/v1/ingest`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IngestResponse {
-    /// The batch's id.
+    /// The batch's id (absent from the answers of some older receivers: then nil).
+    #[serde(default)]
     pub batch_id: Uuid,
     /// Samples in the batch.
     pub samples: u64,
@@ -47,6 +48,7 @@ pub struct IngestResponse {
     /// Samples the ledger held already.
     pub duplicate_samples: u64,
     /// The batch id had been stored before.
+    #[serde(default)]
     pub duplicate_batch: bool,
 }
 

@@ -56,7 +56,8 @@ pub fn range_params(
     to: Option<&str>,
     max_secs: i64,
 ) -> Result<(i64, i64), ApiError> {
-    range_of(time_param("from", from)?, time_param("to", to)?, max_secs)
+    let to = time_param("to", to)?;
+    range_of(time_param("from", from)?, to, max_secs)
 }
 
 /// `[from, to)` from parsed times: `to` defaults to now, `from` to the start of `to`'s UTC

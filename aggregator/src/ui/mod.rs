@@ -165,6 +165,24 @@ fn cost_options(
     )
 }
 
+/// The period as the request gave it (`month`, `from`, `to`), for the way back after sign-in.
+fn period_query(q: &PageQuery) -> String {
+    use chrono::TimeZone;
+    let month = q.month.and_then(|Month(start, _)| {
+        chrono::Utc
+            .timestamp_opt(start, 0)
+            .single()
+            .map(|t| format!("month={}", t.format("%Y-%m")))
+    });
+    let from = q.from.map(|Time(t)| format!("from={t}"));
+    let to = q.to.map(|Time(t)| format!("to={t}"));
+    [month, from, to]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
 /// Who is asking and for what; `Err(redirect)` to the sign-in page when nobody is signed in.
 fn request(
     app: &AppState,
@@ -180,7 +198,7 @@ fn request(
         app.config.retention.rollup_secs,
     )?;
     let Some(reader) = session::reader(headers, &app.tokens, &app.sessions, &app.config.ui)? else {
-        let back = format!("{path}?{}", period.query);
+        let back = format!("{path}?{}", period_query(&q));
         return Ok(Err(Redirect::to(&format!(
             "/signin?next={}",
             views::segment(&back)
