@@ -3,8 +3,6 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches};
-
 /// Sample every MIG instance (or whole GPU) each second, attribute it, serve /metrics and ship
 /// batches to the aggregator.
 #[derive(Debug, clap::Parser)]
@@ -15,14 +13,9 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let command = gpuledger_otel::process::with_env(Cli::command(), "exporter");
-    let cli = match command
-        .clone()
-        .try_get_matches()
-        .and_then(|m| Cli::from_arg_matches(&m))
-    {
+    let cli: Cli = match gpuledger_otel::process::parse("exporter") {
         Ok(cli) => cli,
-        Err(e) => return gpuledger_otel::process::report_parse_error(&e, [&command]),
+        Err(code) => return code,
     };
     match gpuledger_exporter::cli::run(cli.args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -66,6 +66,17 @@ pub fn report_parse_error<'a>(
     std::process::ExitCode::from(code as u8)
 }
 
+/// Parses a role binary's command line (`T`, with [`with_env`] for `role`); on a parse error
+/// (or `--help`) prints it and gives the exit code to return.
+pub fn parse<T: clap::Parser>(role: &str) -> Result<T, std::process::ExitCode> {
+    let command = with_env(T::command(), role);
+    command
+        .clone()
+        .try_get_matches()
+        .and_then(|m| T::from_arg_matches(&m))
+        .map_err(|e| report_parse_error(&e, [&command]))
+}
+
 /// Resolves when SIGINT or SIGTERM arrives.
 pub async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();

@@ -3,8 +3,6 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches};
-
 /// Verify signed reclaim webhooks and evict the pod, deactivate its Kueue Workload, or requeue
 /// the Slurm job.
 #[derive(Debug, clap::Parser)]
@@ -15,14 +13,9 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let command = gpuledger_otel::process::with_env(Cli::command(), "reclaimer");
-    let cli = match command
-        .clone()
-        .try_get_matches()
-        .and_then(|m| Cli::from_arg_matches(&m))
-    {
+    let cli: Cli = match gpuledger_otel::process::parse("reclaimer") {
         Ok(cli) => cli,
-        Err(e) => return gpuledger_otel::process::report_parse_error(&e, [&command]),
+        Err(code) => return code,
     };
     gpuledger_otel::init_logging(None);
     match gpuledger_reclaimer::cli::run(cli.args) {
