@@ -10,17 +10,16 @@ use gpuledger_ledger::analytics::prices::PriceInForce;
 use gpuledger_ledger::analytics::showback::ShowbackView;
 use gpuledger_ledger::analytics::trend::Day;
 
-/// A path segment, percent-encoded (a tenant's name in `/tenants/{tenant}`).
+/// Everything but RFC 3986's unreserved characters.
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// A path segment or query value, percent-encoded (a tenant's name in `/tenants/{tenant}`).
 pub fn segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 fn money(m: Money) -> Cell {

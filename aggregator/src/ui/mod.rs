@@ -19,6 +19,7 @@ use gpuledger_web::{Chart, GpuLayout, Kpi, Nav, Page, Section, Series, SignIn, S
 
 use crate::api::AppState;
 use crate::api::extract::{Month, Query, Reader as ApiReader, Time};
+use crate::api::showback::showback_error;
 use crate::auth::Role;
 use crate::auth::session::{self, Reader};
 use crate::error::{ApiError, Form};
@@ -225,23 +226,6 @@ async fn read<T: Send + 'static>(
         .map_err(|e| ApiError::internal(&e))?
 }
 
-/// The fleet's bill for `[from, to)`, then cut to `tenant`'s line for a tenant reader
-/// ([`bill::compute`]), as an answer's error.
-#[allow(clippy::too_many_arguments)]
-fn compute_bill(
-    conn: &duckdb::Connection,
-    from: i64,
-    to: i64,
-    settings: &analytics::Settings,
-    raw_from: i64,
-    mode: CostMode,
-    idle: IdleSharing,
-    tenant: Option<&str>,
-) -> Result<Bill, ApiError> {
-    bill::compute(conn, from, to, settings, raw_from, mode, idle, tenant)
-        .map_err(crate::api::showback::showback_error)
-}
-
 fn raw_from(app: &AppState) -> i64 {
     chrono::Utc::now().timestamp() - app.config.retention.raw_secs
 }
@@ -390,7 +374,8 @@ pub async fn overview(
     let settings = app.config.analytics.clone();
     let raw = raw_from(&app);
     let (bill, days, open) = read(&app, move |c| {
-        let b = compute_bill(c, from, to, &settings, raw, mode, idle, tenant.as_deref())?;
+        let b = bill::compute(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
+            .map_err(showback_error)?;
         let d = analytics::trend::daily(c, from, to, tenant.as_deref())
             .map_err(|e| ApiError::internal(&e))?;
         let o = analytics::episodes(
@@ -545,7 +530,8 @@ pub async fn tenants(
     let settings = app.config.analytics.clone();
     let raw = raw_from(&app);
     let bill = read(&app, move |c| {
-        compute_bill(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
+        bill::compute(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
+            .map_err(showback_error)
     })
     .await?;
     let mode_text = match (bill.cost_mode, bill.idle) {
@@ -619,13 +605,14 @@ pub async fn tenant(
     let raw = raw_from(&app);
     let who = name.clone();
     let (bill, days, models, workloads, eps, reclaims) = read(&app, move |c| {
-        let b = compute_bill(c, from, to, &settings, raw, mode, idle, Some(&who))?;
+        let b = bill::compute(c, from, to, &settings, raw, mode, idle, Some(&who))
+            .map_err(showback_error)?;
         let d =
             analytics::trend::daily(c, from, to, Some(&who)).map_err(|e| ApiError::internal(&e))?;
         let view = |by: GroupBy| -> Result<_, ApiError> {
             Ok(
                 showback::showback(c, from, to, by, Some(&who), raw, &settings)
-                    .map_err(crate::api::showback::showback_error)?
+                    .map_err(showback_error)?
                     .view(by, from, to, settings.prices.currency.clone(), true),
             )
         };
@@ -1101,7 +1088,8 @@ pub async fn bill_json(
     let settings = app.config.analytics.clone();
     let raw = raw_from(&app);
     let bill = read(&app, move |c| {
-        compute_bill(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
+        bill::compute(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
+            .map_err(showback_error)
     })
     .await?;
     Ok(axum::Json(bill).into_response())
