@@ -146,6 +146,18 @@ impl Cell {
         }
     }
 
+    /// The cell as a CSV writes it for a spreadsheet: text that a spreadsheet would read as a
+    /// formula (it begins with `=`, `+`, `-`, `@`, a tab or a carriage return: OWASP's list) gets
+    /// a leading `'`, so it is shown as the text it is. Numbers are written as they are.
+    pub fn csv_value(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Cell::Text { text, .. } if text.starts_with(['=', '+', '-', '@', '\t', '\r']) => {
+                format!("'{text}").into()
+            }
+            cell => cell.value().into(),
+        }
+    }
+
     fn sort_key(&self) -> (u8, f64, &str) {
         match self {
             Cell::Empty => (0, 0.0, ""),
@@ -229,7 +241,7 @@ impl Table {
         // Writing to a Vec cannot fail.
         let _ = w.write_record(self.columns.iter().map(|c| c.name));
         for row in &self.rows {
-            let _ = w.write_record(row.iter().map(Cell::value));
+            let _ = w.write_record(row.iter().map(|c| c.csv_value().into_owned()));
         }
         String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
     }
@@ -259,6 +271,40 @@ mod tests {
         );
         assert_eq!(group("-1234567.891"), "-1,234,567.891");
         assert_eq!(group("123"), "123");
+    }
+
+    /// Regression: a tenant named `=HYPERLINK("http://…","click")` was written as the leading
+    /// cell of every CSV, where a spreadsheet runs it as a formula.
+    #[test]
+    fn csv_formula_injection_is_written_as_text() {
+        let mut t = Table::new(
+            "tenants",
+            vec![
+                Column::text("tenant", "Tenant"),
+                Column::number("cost", "Cost"),
+            ],
+        );
+        for name in [
+            "=HYPERLINK(\"http://x\",\"click\")",
+            "+1",
+            "-1",
+            "@SUM(A1)",
+            "\tx",
+            "\rx",
+        ] {
+            t.rows
+                .push(vec![Cell::text(name), Cell::money("-12.50".into(), -1250)]);
+        }
+        t.rows.push(vec![Cell::text("team-a"), Cell::Empty]);
+        let csv = t.to_csv();
+        let mut r = csv::Reader::from_reader(csv.as_bytes());
+        let rows: Vec<csv::StringRecord> = r.records().map(Result::unwrap).collect();
+        for row in &rows[..6] {
+            assert!(row[0].starts_with('\''), "{:?}", &row[0]);
+            // A negative amount is a number, not text: it stays as it is.
+            assert_eq!(&row[1], "-12.50");
+        }
+        assert_eq!(&rows[6][0], "team-a");
     }
 
     #[test]
