@@ -292,6 +292,24 @@ impl Sample {
                 );
             }
         }
+        for (field, name) in [
+            ("node", Some(&self.instance.node)),
+            ("gpu_uuid", Some(&self.instance.gpu_uuid)),
+            ("tenant", self.attribution.tenant.as_ref()),
+            ("workload", self.attribution.workload.as_ref()),
+        ] {
+            if let Some(name) = name {
+                if name.chars().any(char::is_control) {
+                    return bad(field, "must not hold control characters".into());
+                }
+                if name.trim() != name || name.is_empty() {
+                    return bad(
+                        field,
+                        "must not be empty or begin or end with whitespace".into(),
+                    );
+                }
+            }
+        }
         for (field, v) in [
             ("gpu_instance_id", self.instance.gpu_instance_id),
             ("placement_start", self.instance.placement_start),
@@ -316,6 +334,28 @@ impl Sample {
             }
             if self.instance.gpu_instance_id.is_none() {
                 return bad("gpu_instance_id", "is required for a MIG instance".into());
+            }
+            // On a model the MIG tables know, the placement must be one the profile can have.
+            if let (Some(p), Some(start), Some(size)) = (
+                crate::mig::model(&self.instance.gpu_model).and_then(|m| m.profile(profile)),
+                self.instance.placement_start,
+                self.instance.placement_size,
+            ) {
+                if size != p.size {
+                    return bad(
+                        "placement_size",
+                        format!("{size}: a {} instance covers {} slots", p.name, p.size),
+                    );
+                }
+                if !p.can_start_at(start) {
+                    return bad(
+                        "placement_start",
+                        format!(
+                            "{start}: a {} instance starts at one of {:?}",
+                            p.name, p.starts
+                        ),
+                    );
+                }
             }
         } else if self.instance.gpu_instance_id.is_some() || self.instance.placement_start.is_some()
         {
@@ -433,5 +473,49 @@ mod tests {
             assert_eq!(c.as_str().parse::<SloClass>().unwrap(), c);
         }
         assert!("gold".parse::<SloClass>().is_err());
+    }
+
+    /// Regression: a `3g.40gb` instance with `placement_start` 1 or `placement_size` 1 was
+    /// stored, though the MIG tables say it starts at 0 or 4 and covers 4 slots.
+    #[test]
+    fn a_mig_placement_off_the_profile_table_is_refused() {
+        let mut s = whole_gpu();
+        s.instance.gpu_model = "NVIDIA H100 80GB HBM3".into();
+        s.instance.mig_profile = Some("3g.40gb".into());
+        s.instance.gpu_instance_id = Some(2);
+        s.instance.placement_start = Some(4);
+        s.instance.placement_size = Some(4);
+        assert_eq!(s.validate(), Ok(()));
+        s.instance.placement_start = Some(1);
+        assert_eq!(s.validate().unwrap_err().field, "placement_start");
+        s.instance.placement_start = Some(0);
+        s.instance.placement_size = Some(1);
+        assert_eq!(s.validate().unwrap_err().field, "placement_size");
+        // A model the tables do not know keeps whatever placement NVML reported.
+        s.instance.gpu_model = "Some Future GPU".into();
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    /// Regression: whitespace or NUL as a `gpu_uuid` (and around names) was accepted.
+    #[test]
+    fn whitespace_or_control_characters_in_names_are_refused() {
+        for (field, value) in [
+            ("gpu_uuid", " "),
+            ("gpu_uuid", "GPU-1\0"),
+            ("node", " n1"),
+            ("node", "n1\n"),
+            ("tenant", "team-a "),
+            ("workload", "job\t7"),
+        ] {
+            let mut s = whole_gpu();
+            s.attribution.tenant = Some("t".into());
+            match field {
+                "gpu_uuid" => s.instance.gpu_uuid = value.into(),
+                "node" => s.instance.node = value.into(),
+                "tenant" => s.attribution.tenant = Some(value.into()),
+                _ => s.attribution.workload = Some(value.into()),
+            }
+            assert_eq!(s.validate().unwrap_err().field, field, "{value:?}");
+        }
     }
 }
