@@ -130,7 +130,7 @@ fn the_readme_metric_reference_lists_exactly_the_exported_families() {
         .lines()
         .filter_map(|l| l.strip_prefix("| `gpuledger_"))
         .map(|l| format!("gpuledger_{}", l.split('`').next().unwrap()))
-        // The aggregator's families have their own table (tests/aggregator_metrics.rs).
+        // The aggregator's families have their own table (tests/e2e/aggregator_metrics.rs).
         .filter(|name| {
             !["aggregator_", "tenant_", "hoarding_", "fragmentation_"]
                 .iter()
