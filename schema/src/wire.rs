@@ -1142,7 +1142,8 @@ mod tests {
                 gpu_model: "NVIDIA H100 80GB HBM3".into(),
                 mig_profile: Some("1g.10gb".into()),
                 gpu_instance_id: Some(gi),
-                placement_start: Some(gi),
+                // A 1g.10gb instance starts at slot 0 to 6.
+                placement_start: Some(gi % 7),
                 placement_size: Some(1),
             },
             attribution: Attribution {
