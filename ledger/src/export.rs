@@ -149,8 +149,21 @@ pub fn export(opts: &ExportOptions) -> Result<ExportReport, ExportError> {
     export_with(&conn, opts)
 }
 
+/// The longest cluster name: it is a file name (`<cluster>.parquet`), and file systems take 255
+/// bytes at most.
+pub const MAX_CLUSTER_BYTES: usize = 64;
+
 /// Checks the options that do not depend on the ledger.
 pub fn check(opts: &ExportOptions) -> Result<(), ExportError> {
+    if opts.cluster.len() > MAX_CLUSTER_BYTES {
+        return Err(ExportError::Option {
+            field: "cluster",
+            message: format!(
+                "is {} bytes long; at most {MAX_CLUSTER_BYTES} (it names every file)",
+                opts.cluster.len()
+            ),
+        });
+    }
     if opts.cluster.is_empty()
         || !opts
             .cluster

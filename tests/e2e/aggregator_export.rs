@@ -648,6 +648,40 @@ async fn the_export_endpoint_is_for_admins_and_needs_an_export_dir() {
     );
 }
 
+/// Regression: `POST /api/v1/export` with a 300-character `cluster` was a 500 (DuckDB could not
+/// open a file of that name); it is a 400 naming `cluster`, and nothing is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_name_too_long_for_a_file_is_a_400_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &["--export-dir", out.to_str().unwrap()],
+    )
+    .await;
+    let body = serde_json::json!({
+        "from": "2026-01-01T00:00:00Z",
+        "to": "2026-01-02T00:00:00Z",
+        "cluster": "c".repeat(300),
+    });
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/export", a.url()))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (status, v["error"]["field"].as_str()),
+        (400, Some("cluster")),
+        "{v}"
+    );
+    assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none());
+}
+
 /// `gpuledger import --aggregator`: the same all-or-nothing check, then the running aggregator's
 /// ingest API; a second run stores nothing new, and the ledger never had to stop.
 #[tokio::test(flavor = "multi_thread")]
