@@ -170,17 +170,9 @@ pub struct Time(pub i64);
 impl<'de> serde::Deserialize<'de> for Time {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
-        let t = gpuledger_schema::trace::parse_timestamp(&v).map_err(|e| {
-            de::Error::custom(format!(
-                "{v:?} is not a time (RFC 3339 or Unix seconds): {e}"
-            ))
-        })?;
-        if !(0..=super::params::LATEST_TIME).contains(&t) {
-            return Err(de::Error::custom(format!(
-                "{v:?} is outside 1970-01-01 to 9999-12-31"
-            )));
-        }
-        Ok(Time(t))
+        super::params::parse_time(&v)
+            .map(Time)
+            .map_err(de::Error::custom)
     }
 }
 

@@ -12,7 +12,7 @@ pub mod reclaim;
 pub mod shares;
 pub mod showback;
 
-pub use params::{LATEST_TIME, range_params, time_param};
+pub use params::{LATEST_TIME, time_param};
 
 use std::sync::Arc;
 

@@ -28,36 +28,21 @@ pub fn month(s: &str) -> Option<(i64, i64)> {
 /// difference and every rounding to a day boundary stays far inside 64 bits.
 pub const LATEST_TIME: i64 = 253_402_300_799;
 
-/// Parses a time query parameter: RFC 3339 or Unix seconds, from 1970 to the year 9999; 400
-/// naming it otherwise.
-pub fn time_param(name: &'static str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
-    value
-        .map(|v| {
-            let t = gpuledger_schema::trace::parse_timestamp(v).map_err(|e| {
-                ApiError::bad_request(
-                    name,
-                    format!("{v:?} is not a time (RFC 3339 or Unix seconds): {e}"),
-                )
-            })?;
-            if !(0..=LATEST_TIME).contains(&t) {
-                return Err(ApiError::bad_request(
-                    name,
-                    format!("{v:?} is outside 1970-01-01 to 9999-12-31"),
-                ));
-            }
-            Ok(t)
-        })
-        .transpose()
+/// Reads a time: RFC 3339 or Unix seconds, from 1970 to the year 9999; why not otherwise.
+pub fn parse_time(v: &str) -> Result<i64, String> {
+    let t = gpuledger_schema::trace::parse_timestamp(v)
+        .map_err(|e| format!("{v:?} is not a time (RFC 3339 or Unix seconds): {e}"))?;
+    if !(0..=LATEST_TIME).contains(&t) {
+        return Err(format!("{v:?} is outside 1970-01-01 to 9999-12-31"));
+    }
+    Ok(t)
 }
 
-/// `[from, to)` from the query: `to` defaults to now, `from` to the start of `to`'s UTC month.
-pub fn range_params(
-    from: Option<&str>,
-    to: Option<&str>,
-    max_secs: i64,
-) -> Result<(i64, i64), ApiError> {
-    let to = time_param("to", to)?;
-    range_of(time_param("from", from)?, to, max_secs)
+/// A time parameter or body field ([`parse_time`]); a 400 naming it otherwise.
+pub fn time_param(name: &'static str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
+    value
+        .map(|v| parse_time(v).map_err(|e| ApiError::bad_request(name, e)))
+        .transpose()
 }
 
 /// `[from, to)` from parsed times: `to` defaults to now, `from` to the start of `to`'s UTC
@@ -101,6 +86,16 @@ pub fn range_of(from: Option<i64>, to: Option<i64>, max_secs: i64) -> Result<(i6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `[from, to)` from the two texts, `to` read first (as the handlers do).
+    fn range_params(
+        from: Option<&str>,
+        to: Option<&str>,
+        max: i64,
+    ) -> Result<(i64, i64), ApiError> {
+        let to = time_param("to", to)?;
+        range_of(time_param("from", from)?, to, max)
+    }
 
     #[test]
     fn months_are_read_for_years_1970_to_9998() {
