@@ -78,6 +78,8 @@ pub struct Config {
     pub db: PathBuf,
     /// Address of the API, `/metrics` and the probes.
     pub listen: SocketAddr,
+    /// The listener's connection bound and header read timeout.
+    pub http: gpuledger_otel::serve::Listening,
     /// Who may call.
     pub tokens: Tokens,
     /// How long raw samples and rollups are kept.

@@ -91,6 +91,9 @@ pub struct AggregatorOptions {
     /// OTLP push of the metrics and traces (config file: the `[otlp]` table).
     #[command(flatten)]
     pub otlp: gpuledger_otel::OtlpOptions,
+    /// The listener's connection bound and header read timeout (config file: the `[http]` table).
+    #[command(flatten)]
+    pub http: gpuledger_otel::serve::HttpOptions,
 
     // Keys of the config file only: tables a command line cannot hold.
     /// How far back observed allocations make the MIG demand mix [default: 7days].
@@ -317,6 +320,7 @@ impl AggregatorOptions {
             ui: self.ui.resolve().map_err(invalid)?,
             export_dir: self.export_dir,
             otlp: self.otlp.resolve()?,
+            http: self.http.resolve().map_err(invalid)?,
             db: self
                 .db
                 .unwrap_or_else(|| "/var/lib/gpuledger/ledger.duckdb".into()),

@@ -90,6 +90,7 @@ pub async fn run_with(
             addr: config.listen,
             source,
         })?;
+    let http = config.http;
     let (state, thread, compactor) = open(config, prepare.is_some())?;
     let otlp = start_otlp(&state)?;
     let background = spawn_background(&state, &compactor, prepare)?;
@@ -98,14 +99,18 @@ pub async fn run_with(
     let (invalid_tx, invalid) = tokio::sync::watch::channel(None);
     let watchdog = tokio::spawn(watch_validity(state.readers.clone(), invalid_tx));
     let mut until_invalid = invalid.clone();
-    let served = axum::serve(listener, crate::router::router(state.clone()))
-        .with_graceful_shutdown(async move {
+    let served = gpuledger_otel::serve::serve(
+        listener,
+        crate::router::router(state.clone()),
+        http,
+        async move {
             tokio::select! {
                 () = shutdown => {}
                 _ = until_invalid.wait_for(Option::is_some) => {}
             }
-        })
-        .await;
+        },
+    )
+    .await;
     watchdog.abort();
     // A rewrite in progress ends after its slice (its blocking thread is not aborted with the
     // loop that started it).

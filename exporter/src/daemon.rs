@@ -80,6 +80,8 @@ pub struct ExporterConfig {
     pub source: SourceChoice,
     /// `/metrics` address.
     pub listen: SocketAddr,
+    /// The `/metrics` listener's connection bound and header read timeout.
+    pub http: gpuledger_otel::serve::Listening,
     /// This node's name.
     pub node: String,
     /// Shipping; `None` serves `/metrics` only.
@@ -399,13 +401,14 @@ pub async fn run(
     // async worker (stopping it pushes once more, over blocking HTTP).
     let otlp = start_otlp(&config, &metrics)?;
     let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        axum::serve(listener, crate::server::router(metrics.clone()))
-            .with_graceful_shutdown(async {
-                let _ = server_stop_rx.await;
-            })
-            .into_future(),
-    );
+    let server = tokio::spawn(gpuledger_otel::serve::serve(
+        listener,
+        crate::server::router(metrics.clone()),
+        config.http,
+        async {
+            let _ = server_stop_rx.await;
+        },
+    ));
 
     let (finish_tx, finish_rx) = watch::channel(Finish::Running);
     let (tx, shipper) = match config.ship.clone() {

@@ -142,6 +142,10 @@ pub struct ExporterOptions {
     /// OTLP push of the metrics (config file: the `[otlp]` table).
     #[command(flatten)]
     pub otlp: gpuledger_otel::OtlpOptions,
+    /// The /metrics listener's connection bound and header read timeout (config file: the
+    /// `[http]` table).
+    #[command(flatten)]
+    pub http: gpuledger_otel::serve::HttpOptions,
 }
 
 fn source_names() -> clap::builder::PossibleValuesParser {
@@ -230,6 +234,7 @@ impl ExporterOptions {
             listen: self
                 .listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9835))),
+            http: self.http.resolve().map_err(invalid)?,
             node,
             ship,
             attribution_map: self.attribution_map,

@@ -7,11 +7,16 @@
 //! ([`metrics`]), so a scrape and a push taken at the same moment carry the same names, labels
 //! and values. How a family maps (names, units, types) is in [`metrics`]; docs/otlp.md,
 //! "OpenTelemetry (OTLP)" is the operator's view.
+//!
+//! The crate also holds what every role's process shares beside its telemetry: [`process`]
+//! (environment variables, signals, the runtime) and [`serve`] (the HTTP listener, with its
+//! header read timeout and connection bound).
 #![warn(missing_docs)]
 
 pub mod metrics;
 pub mod options;
 pub mod process;
+pub mod serve;
 pub mod traces;
 
 use std::collections::BTreeMap;

@@ -57,6 +57,18 @@ pub struct ReclaimerFile {
     pub kubernetes: Option<kubernetes::KubernetesFile>,
     /// Act on Slurm jobs (numeric workloads).
     pub slurm: Option<slurm::SlurmFile>,
+    /// `[http]`: the listener's connection bound and header read timeout.
+    #[serde(default)]
+    pub http: gpuledger_otel::serve::HttpOptions,
+}
+
+/// Where and how the reclaimer listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoint {
+    /// The address.
+    pub addr: std::net::SocketAddr,
+    /// Its connection bound and header read timeout.
+    pub http: gpuledger_otel::serve::Listening,
 }
 
 /// The reclaimer, resolved.
@@ -106,7 +118,7 @@ impl Acted {
 
 impl ReclaimerFile {
     /// Checks every key (errors name it) and opens the state file.
-    pub fn resolve(self) -> anyhow::Result<(std::net::SocketAddr, Reclaimer)> {
+    pub fn resolve(self) -> anyhow::Result<(Endpoint, Reclaimer)> {
         use anyhow::Context;
         let mut texts: Vec<(String, String)> = Vec::new();
         if let Some(s) = self.secret {
@@ -145,9 +157,17 @@ impl ReclaimerFile {
             Acted::open(&state).with_context(|| format!("state_file: {}", state.display()))?;
         let path = self.path.unwrap_or_else(|| "/hooks/gpuledger".into());
         anyhow::ensure!(path.starts_with('/'), "path: {path:?} must start with /");
+        let http = self
+            .http
+            .resolve()
+            .map_err(|e| anyhow::anyhow!("http.{e}"))?;
         Ok((
-            self.listen
-                .unwrap_or_else(|| "0.0.0.0:9837".parse().expect("a valid address")),
+            Endpoint {
+                addr: self
+                    .listen
+                    .unwrap_or_else(|| "0.0.0.0:9837".parse().expect("a valid address")),
+                http,
+            },
             Reclaimer {
                 path,
                 secrets,
@@ -471,15 +491,13 @@ pub fn router(r: Reclaimer) -> axum::Router {
 
 /// Serves until `shutdown` resolves.
 pub async fn run(
-    addr: std::net::SocketAddr,
+    at: Endpoint,
     r: Reclaimer,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(listen = %addr, path = r.path, dry_run = r.dry_run, "The reclaimer is listening.");
-    axum::serve(listener, router(r))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let listener = tokio::net::TcpListener::bind(at.addr).await?;
+    tracing::info!(listen = %at.addr, path = r.path, dry_run = r.dry_run, "The reclaimer is listening.");
+    gpuledger_otel::serve::serve(listener, router(r), at.http, shutdown).await
 }
 
 #[cfg(test)]
@@ -530,7 +548,7 @@ pub mod cli {
     pub struct Args {
         /// TOML file: listen, path, secret / secrets / secret_file, tolerance, dry_run,
         /// state_file, [kubernetes] (api_server, token_file, ca_file, mode = "evict" | "kueue"),
-        /// [slurm] (command).
+        /// [slurm] (command), [http] (max_connections, header_read_timeout).
         #[arg(long)]
         pub config: PathBuf,
         /// Log what would be done, act on nothing (overrides the file's dry_run).
@@ -550,18 +568,19 @@ pub mod cli {
         if args.dry_run {
             file.dry_run = Some(true);
         }
-        let (addr, r) = file.resolve()?;
+        let (at, r) = file.resolve()?;
         if args.check_config {
             println!(
-                "gpuledger reclaimer: the configuration is valid: listen {addr}, {}",
+                "gpuledger reclaimer: the configuration is valid: listen {}, {}",
+                at.addr,
                 r.summary()
             );
             return Ok(());
         }
         gpuledger_otel::process::runtime()?.block_on(async {
-            super::run(addr, r, gpuledger_otel::process::shutdown_signal())
+            super::run(at, r, gpuledger_otel::process::shutdown_signal())
                 .await
-                .map_err(|e| anyhow::anyhow!("reclaimer on {addr}: {e}"))
+                .map_err(|e| anyhow::anyhow!("reclaimer on {}: {e}", at.addr))
         })
     }
 }

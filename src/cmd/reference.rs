@@ -27,6 +27,32 @@ const ROLES: [(&str, &str); 5] = [
     ),
 ];
 
+/// The option groups a role flattens into its command line, by the struct that declares them,
+/// and the table of the config file each one's keys live in.
+const TABLES: [(&str, &str); 3] = [
+    ("OtlpOptions", "otlp"),
+    ("HttpOptions", "http"),
+    ("LimitOptions", "limits"),
+];
+
+/// The file key of `arg`: the field's name, in its group's table when it has one.
+fn file_key(sub: &clap::Command, arg: &clap::Arg) -> String {
+    let id = arg.get_id();
+    let table = sub
+        .get_groups()
+        .filter(|g| g.get_args().any(|a| a == id))
+        .find_map(|g| {
+            TABLES
+                .iter()
+                .find(|(group, _)| g.get_id() == *group)
+                .map(|(_, table)| table)
+        });
+    match table {
+        Some(t) => format!("`[{t}] {id}`"),
+        None => format!("`{id}`"),
+    }
+}
+
 /// The reference's Markdown.
 pub fn config_reference() -> String {
     let command = super::Cli::command_with_env();
@@ -34,7 +60,8 @@ pub fn config_reference() -> String {
         "# Configuration reference\n\n\
          Generated from the options' declarations (`src/cmd/reference.rs`); do not edit by hand.\n\
          A flag on the command line wins over its environment variable, which wins over the\n\
-         `--config` TOML file, whose key is the flag's long name with `_` for `-`. Tables that\n\
+         `--config` TOML file, whose key is the flag's long name with `_` for `-` (in the table\n\
+         named, for grouped options: `[limits] max_batch_samples = 50000`). Tables that\n\
          only a file holds (prices, reclaim, webhooks, billing) are described in\n\
          [aggregator.md](aggregator.md) and [reclaim.md](reclaim.md); the example files are in\n\
          [deploy/config/](../deploy/config/).\n",
@@ -60,7 +87,7 @@ pub fn config_reference() -> String {
             let key = if long == "config" {
                 "–".to_owned()
             } else {
-                format!("`{}`", long.replace('-', "_"))
+                file_key(sub, arg)
             };
             let help = arg
                 .get_long_help()

@@ -16,6 +16,7 @@ mod aggregator_shares;
 mod alerting;
 mod alerts;
 mod analytics;
+mod connections;
 mod demo;
 mod deploy_config;
 mod docs_links;
