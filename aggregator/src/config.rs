@@ -49,7 +49,14 @@ pub struct Limits {
     /// Distinct instances (MIG slices or whole GPUs) one node may have reported within the raw
     /// window; a batch that would add more → 422, counted. A node has a few dozen.
     pub max_instances_per_node: usize,
+    /// Distinct instances the whole ledger may have, whatever the nodes; past it → 422, counted
+    /// the same way. Bounds what a `node:*` token can add, and every page listing instances.
+    pub max_instances: usize,
 }
+
+/// The fleet's instance bound when `max_instances` is not given: 20,000 GPUs, each carved into
+/// its seven smallest MIG slices, with room for as many again re-carved within the raw window.
+pub const DEFAULT_MAX_INSTANCES: usize = 280_000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -67,6 +74,7 @@ impl Default for Limits {
             body_read_timeout: Duration::from_secs(10),
             decode_slots: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
             max_instances_per_node: 256,
+            max_instances: DEFAULT_MAX_INSTANCES,
         }
     }
 }

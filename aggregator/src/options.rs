@@ -152,6 +152,10 @@ pub struct LimitOptions {
     /// gets 422 [default: 256].
     #[arg(long)]
     pub max_instances_per_node: Option<usize>,
+    /// Instances the whole ledger may have, whatever the nodes; a batch adding more gets 422
+    /// [default: 280000].
+    #[arg(long)]
+    pub max_instances: Option<usize>,
     /// Ingest requests in flight at once [default: 64].
     #[arg(long)]
     pub ingest_slots: Option<usize>,
@@ -192,6 +196,7 @@ impl LimitOptions {
         for (key, v) in [
             ("max_batch_samples", self.max_batch_samples),
             ("max_instances_per_node", self.max_instances_per_node),
+            ("max_instances", self.max_instances),
             ("ingest_slots", self.ingest_slots),
             ("ingest_slots_per_token", self.ingest_slots_per_token),
         ] {
@@ -204,6 +209,9 @@ impl LimitOptions {
         }
         if let Some(n) = self.max_instances_per_node {
             limits.max_instances_per_node = n;
+        }
+        if let Some(n) = self.max_instances {
+            limits.max_instances = n;
         }
         if let Some(n) = self.ingest_slots {
             limits.ingest_slots = n;

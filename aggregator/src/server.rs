@@ -154,7 +154,10 @@ fn open(
     let (writer, thread) = Writer::spawn_limited(
         conn,
         config.limits.queue_samples,
-        config.limits.max_instances_per_node,
+        gpuledger_ledger::store::writer::InstanceBounds {
+            per_node: config.limits.max_instances_per_node,
+            fleet: config.limits.max_instances,
+        },
         metrics.clone(),
     )?;
     tracing::info!(listen = %config.listen, "The aggregator is listening.");

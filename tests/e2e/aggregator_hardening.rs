@@ -17,13 +17,15 @@ const N2: &str = "node-n2-token-0123456789";
 const SLOW: &str = "node-slow-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";
 const TENANT_A: &str = "tenant-a-token-0123456789";
+const ANY_NODE: &str = "node-any-token-0123456789";
 
 fn token_file(dir: &std::path::Path) -> String {
     let path = dir.join("tokens");
     std::fs::write(
         &path,
         format!(
-            "node:n1 {N1}\nnode:n2 {N2}\nnode:slow {SLOW}\nviewer {VIEWER}\ntenant:a {TENANT_A}\n"
+            "node:n1 {N1}\nnode:n2 {N2}\nnode:slow {SLOW}\nviewer {VIEWER}\ntenant:a {TENANT_A}\n\
+             node:* {ANY_NODE}\n"
         ),
     )
     .unwrap();
@@ -413,6 +415,56 @@ async fn a_node_cannot_add_instances_past_its_bound() {
         a.value("gpuledger_aggregator_store_rows{table=\"instances\"}")
             .await,
         Some(16.0)
+    );
+}
+
+/// Regression (issue 48, finding 3): a `node:*` token added 60,000 instances under 240 invented
+/// nodes, each within `--max-instances-per-node`, and `/fleet` grew to 177.5 MB. Now the whole
+/// ledger has at most `--max-instances`: a batch past it is a 422 naming its first series over,
+/// counted as unstorable, and nothing of it is stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_star_token_cannot_grow_the_ledger_past_max_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = start(
+        dir.path(),
+        &["--max-instances-per-node", "8", "--max-instances", "20"],
+    )
+    .await;
+    let t = now() - 60;
+    let gpus = |node: &str, n: usize| {
+        Batch::from_samples(
+            node,
+            &(0..n)
+                .map(|g| whole_gpu(node, &format!("GPU-{node}-{g}"), None, t, busy(0.0)))
+                .collect::<Vec<_>>(),
+        )
+    };
+    for node in ["invented-1", "invented-2"] {
+        assert_eq!(a.ingest(ANY_NODE, &gpus(node, 8)).await.0, 200, "{node}");
+    }
+    let (status, body) = a.ingest(ANY_NODE, &gpus("invented-3", 8)).await;
+    assert_eq!((status, field(&body)), (422, "series[4]"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-instances)"),
+        "{body}"
+    );
+    assert_eq!(
+        a.ingest(ANY_NODE, &gpus("invented-3", 4)).await.0,
+        200,
+        "up to the bound"
+    );
+    assert_eq!(
+        a.value("gpuledger_aggregator_ingest_rejected_total{reason=\"unstorable\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        a.value("gpuledger_aggregator_store_rows{table=\"instances\"}")
+            .await,
+        Some(20.0)
     );
 }
 

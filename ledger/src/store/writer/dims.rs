@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use duckdb::{Connection, params};
 use gpuledger_schema::wire::{Batch, List, Series};
 
-use super::WriteError;
 use super::rollups::Map;
+use super::{InstanceBounds, WriteError};
 
 /// The dimension tables, mirrored in memory so that ids are assigned without a query per series.
 pub(super) struct Dims {
@@ -28,6 +28,8 @@ pub(super) struct Dims {
     pub(super) gpu_members: Vec<Vec<i32>>,
     /// Instances per node, for the per-node bound.
     pub(super) per_node: HashMap<String, usize>,
+    /// Instances in all, for the fleet's bound.
+    pub(super) total: usize,
     pub(super) next_instance: i32,
     pub(super) next_holder: i32,
     pub(super) new_instances: Vec<(i32, InstanceKey)>,
@@ -325,6 +327,7 @@ impl Dims {
             holders.insert(hash_of(&scratch), &scratch, id);
         }
         Ok(Dims {
+            total: per_node.values().sum(),
             next_instance: instances.ids().max().unwrap_or(0) + 1,
             next_holder: holders.ids().max().unwrap_or(0) + 1,
             instances,
@@ -341,23 +344,50 @@ impl Dims {
     }
 
     /// The id of `s`'s instance; a new one is assigned in memory and written by [`Dims::flush`].
-    /// `None` when a new one would give its node more than `max_per_node` instances.
-    pub(super) fn instance_id(&mut self, s: &Series, max_per_node: usize) -> Option<i32> {
-        self.instance_slot(s, max_per_node).map(|slot| slot.id)
+    /// A refusal naming `field` when a new one would pass one of `bounds`.
+    pub(super) fn instance_id(
+        &mut self,
+        s: &Series,
+        bounds: InstanceBounds,
+        field: impl FnOnce() -> String,
+    ) -> Result<i32, WriteError> {
+        self.instance_slot(s, bounds, field).map(|slot| slot.id)
     }
 
-    fn instance_slot(&mut self, s: &Series, max_per_node: usize) -> Option<Slot> {
+    fn instance_slot(
+        &mut self,
+        s: &Series,
+        bounds: InstanceBounds,
+        field: impl FnOnce() -> String,
+    ) -> Result<Slot, WriteError> {
         InstanceKey::encode_series(s, &mut self.scratch);
         let hash = hash_of(&self.scratch);
         if let Some(slot) = self.instances.find(hash, &self.scratch) {
-            return Some(slot);
+            return Ok(slot);
         }
         let key = InstanceKey::of(s);
         let count = self.per_node.entry(key.node.clone()).or_default();
-        if *count >= max_per_node {
-            return None;
+        let message = if *count >= bounds.per_node {
+            Some(format!(
+                "node {:?} would have more than {} GPU instances in the ledger (--max-instances-per-node)",
+                s.node, bounds.per_node
+            ))
+        } else if self.total >= bounds.fleet {
+            Some(format!(
+                "the ledger would hold more than {} GPU instances (--max-instances)",
+                bounds.fleet
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = message {
+            return Err(WriteError::Rejected {
+                field: field(),
+                message,
+            });
         }
         *count += 1;
+        self.total += 1;
         let id = self.next_instance;
         self.next_instance += 1;
         let slot = match self.gpu_slots.get(&key.gpu_uuid) {
@@ -372,7 +402,7 @@ impl Dims {
         self.gpu_of.insert(id, slot);
         self.gpu_members[slot].push(id);
         self.new_instances.push((id, key));
-        Some(self.instances.insert(hash, &self.scratch, id))
+        Ok(self.instances.insert(hash, &self.scratch, id))
     }
 
     /// The id of `s`'s holder; a new one is written by [`Dims::flush`].
@@ -403,11 +433,11 @@ impl Dims {
     }
 
     /// The (instance, holder) ids of every series and every share of the new batches, assigning
-    /// new ones; a batch that would give a node more instances than allowed is refused, naming
-    /// its first entry that would.
+    /// new ones; a batch that would pass one of `bounds` is refused, naming its first entry that
+    /// would.
     pub(super) fn assign_ids(
         &mut self,
-        max: usize,
+        bounds: InstanceBounds,
         batches: &[(&Batch, i64)],
         new: &[usize],
     ) -> Result<Vec<BatchIds>, WriteError> {
@@ -429,15 +459,7 @@ impl Dims {
                 let slots = match known {
                     Some(slots) => slots,
                     None => {
-                        let Some(instance) = self.instance_slot(s, max) else {
-                            return Err(WriteError::Rejected {
-                                field: format!("{list}[{j}]"),
-                                message: format!(
-                                    "node {:?} would have more than {max} GPU instances in the ledger (--max-instances-per-node)",
-                                    s.node
-                                ),
-                            });
-                        };
+                        let instance = self.instance_slot(s, bounds, || format!("{list}[{j}]"))?;
                         (instance, self.holder_slot(s))
                     }
                 };
@@ -570,6 +592,13 @@ mod tests {
         Series::describing(&instance, &holder)
     }
 
+    fn per_node(n: usize) -> InstanceBounds {
+        InstanceBounds {
+            per_node: n,
+            fleet: usize::MAX,
+        }
+    }
+
     /// A new in-memory ledger and its (empty) mirror.
     fn in_memory() -> (Connection, Dims) {
         let conn = crate::store::open(std::path::Path::new(":memory:"))
@@ -583,14 +612,24 @@ mod tests {
     fn ids_are_assigned_once_and_instances_are_grouped_by_gpu() {
         let (conn, mut dims) = in_memory();
         let a = dims
-            .instance_id(&series("GPU-a", Some(7), None), 10)
+            .instance_id(&series("GPU-a", Some(7), None), per_node(10), String::new)
+            .ok()
             .unwrap();
         let b = dims
-            .instance_id(&series("GPU-a", Some(8), None), 10)
+            .instance_id(&series("GPU-a", Some(8), None), per_node(10), String::new)
+            .ok()
             .unwrap();
-        let c = dims.instance_id(&series("GPU-b", None, None), 10).unwrap();
+        let c = dims
+            .instance_id(&series("GPU-b", None, None), per_node(10), String::new)
+            .ok()
+            .unwrap();
         assert_eq!(
-            dims.instance_id(&series("GPU-a", Some(7), Some("x")), 10),
+            dims.instance_id(
+                &series("GPU-a", Some(7), Some("x")),
+                per_node(10),
+                String::new
+            )
+            .ok(),
             Some(a)
         );
         assert_ne!(a, b);
@@ -613,11 +652,15 @@ mod tests {
         // A key loaded from the table and a series' fields hash alike: the same series finds
         // the same ids after a restart, and no new row is made.
         assert_eq!(
-            reloaded.instance_id(&series("GPU-a", Some(7), None), 10),
+            reloaded
+                .instance_id(&series("GPU-a", Some(7), None), per_node(10), String::new)
+                .ok(),
             Some(a)
         );
         assert_eq!(
-            reloaded.instance_id(&series("GPU-b", None, None), 10),
+            reloaded
+                .instance_id(&series("GPU-b", None, None), per_node(10), String::new)
+                .ok(),
             Some(c)
         );
         assert_eq!(reloaded.holder_id(&series("GPU-a", Some(8), Some("x"))), x);
@@ -691,7 +734,11 @@ mod tests {
             b.series = series;
             b
         };
-        let mut assign = |b: &Batch| dims.assign_ids(10, &[(b, 0)], &[0]).unwrap().remove(0);
+        let mut assign = |b: &Batch| {
+            dims.assign_ids(per_node(10), &[(b, 0)], &[0])
+                .unwrap()
+                .remove(0)
+        };
         let (a, b) = (
             series("GPU-a", None, Some("x")),
             series("GPU-b", None, Some("y")),
@@ -723,17 +770,54 @@ mod tests {
     fn a_node_past_its_bound_gets_no_new_instance() {
         let (_conn, mut dims) = in_memory();
         assert!(
-            dims.instance_id(&series("GPU-a", Some(7), None), 1)
+            dims.instance_id(&series("GPU-a", Some(7), None), per_node(1), String::new)
+                .ok()
                 .is_some()
         );
         assert!(
-            dims.instance_id(&series("GPU-a", Some(7), None), 1)
+            dims.instance_id(&series("GPU-a", Some(7), None), per_node(1), String::new)
+                .ok()
                 .is_some(),
             "a known one"
         );
         assert!(
-            dims.instance_id(&series("GPU-a", Some(8), None), 1)
+            dims.instance_id(&series("GPU-a", Some(8), None), per_node(1), String::new)
+                .ok()
                 .is_none()
         );
+    }
+
+    /// Regression (issue 48, finding 3): a `node:*` token added 60,000 instances under 240
+    /// invented nodes, each within the per-node bound. The fleet's bound holds across nodes, and
+    /// its refusal names the entry and the flag.
+    #[test]
+    fn the_fleet_bound_holds_across_nodes() {
+        let (_conn, mut dims) = in_memory();
+        let bounds = InstanceBounds {
+            per_node: 2,
+            fleet: 3,
+        };
+        let on = |node: &str, gi: u32| {
+            let mut s = series("GPU-a", Some(gi), None);
+            s.node = node.into();
+            s.gpu_uuid = format!("GPU-{node}");
+            s
+        };
+        for (node, gi) in [("n1", 1), ("n1", 2), ("n2", 1)] {
+            dims.instance_id(&on(node, gi), bounds, String::new)
+                .unwrap();
+        }
+        assert!(
+            dims.instance_id(&on("n1", 1), bounds, String::new).is_ok(),
+            "a known instance is no new one"
+        );
+        match dims.instance_id(&on("n3", 1), bounds, || "series[4]".into()) {
+            Err(WriteError::Rejected { field, message }) => {
+                assert_eq!(field, "series[4]");
+                assert!(message.contains("--max-instances)"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(dims.total, 3);
     }
 }

@@ -341,9 +341,9 @@ pub(super) mod tests {
     use gpuledger_schema::wire::Batch;
     use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
-    use super::super::WriterThread;
     use super::super::dims::Dims;
     use super::super::folder::Folder;
+    use super::super::{InstanceBounds, WriterThread};
     use super::*;
 
     /// A writer thread's state on the ledger at `path`, opened as a start opens it (folding what
@@ -357,7 +357,7 @@ pub(super) mod tests {
             folder,
             conn,
             observer: Arc::new(()),
-            max_instances_per_node: usize::MAX,
+            bounds: InstanceBounds::NONE,
             held: Held::default(),
             recent: Default::default(),
             needs_recovery: false,

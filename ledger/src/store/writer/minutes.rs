@@ -141,15 +141,9 @@ impl WriterThread {
         let tx = self.conn.transaction()?;
         let mut ids = Vec::with_capacity(batch.entries.len());
         for (j, s) in batch.entries.iter().enumerate() {
-            let Some(iid) = self.dims.instance_id(s, self.max_instances_per_node) else {
-                return Err(WriteError::Rejected {
-                    field: format!("entries[{j}]"),
-                    message: format!(
-                        "node {:?} would have more than {} GPU instances in the ledger (--max-instances-per-node)",
-                        s.node, self.max_instances_per_node
-                    ),
-                });
-            };
+            let iid = self
+                .dims
+                .instance_id(s, self.bounds, || format!("entries[{j}]"))?;
             ids.push((iid, self.dims.holder_id(s)));
         }
         self.dims.flush(&tx)?;

@@ -186,6 +186,25 @@ impl WriteObserver for () {
     fn folded(&self, _: usize, _: f64) {}
 }
 
+/// How many instances (MIG slices, whole GPUs) the ledger may hold: per node, and in all. A
+/// token that may write for any node could otherwise grow the ledger, and every page that lists
+/// instances, without limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceBounds {
+    /// Instances one node may have.
+    pub per_node: usize,
+    /// Instances the whole ledger may have.
+    pub fleet: usize,
+}
+
+impl InstanceBounds {
+    /// No bound (tools that write a ledger of their own: import, the benchmarks).
+    pub const NONE: InstanceBounds = InstanceBounds {
+        per_node: usize::MAX,
+        fleet: usize::MAX,
+    };
+}
+
 /// The handle async code holds; cheap to clone.
 #[derive(Clone)]
 pub struct Writer {
@@ -253,15 +272,15 @@ impl Writer {
         queue_samples: usize,
         observer: Arc<dyn WriteObserver>,
     ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
-        Writer::spawn_limited(conn, queue_samples, usize::MAX, observer)
+        Writer::spawn_limited(conn, queue_samples, InstanceBounds::NONE, observer)
     }
 
-    /// [`Writer::spawn`], refusing (as [`StoreError::Rejected`]) a batch that would give one node
-    /// more than `max_instances_per_node` instances in the ledger.
+    /// [`Writer::spawn`], refusing (as [`StoreError::Rejected`]) a batch that would pass one of
+    /// `bounds`: give one node, or the whole ledger, more instances than allowed.
     pub fn spawn_limited(
         mut conn: Connection,
         queue_samples: usize,
-        max_instances_per_node: usize,
+        bounds: InstanceBounds,
         observer: Arc<dyn WriteObserver>,
     ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
         if let Some(samples) = held::recover(&mut conn).map_err(StoreError::from_db)? {
@@ -296,7 +315,7 @@ impl Writer {
                     conn,
                     dims,
                     observer,
-                    max_instances_per_node,
+                    bounds,
                     held: held::Held::default(),
                     folder,
                     recent: recent::Recent::default(),
@@ -542,7 +561,7 @@ struct WriterThread {
     conn: Connection,
     dims: Dims,
     observer: Arc<dyn WriteObserver>,
-    max_instances_per_node: usize,
+    bounds: InstanceBounds,
     /// Deltas stored but not yet folded ([`held`]).
     held: held::Held,
     /// The seconds stored in the last minutes, for dedup ([`recent`]).
@@ -914,9 +933,7 @@ impl WriterThread {
             tx.commit()?;
             return Ok(outcomes);
         }
-        let ids = self
-            .dims
-            .assign_ids(self.max_instances_per_node, batches, &new)?;
+        let ids = self.dims.assign_ids(self.bounds, batches, &new)?;
         // Batches of one group may have been admitted with different cutoffs; the latest one is
         // the one in force now. Shares and samples older than it are outside the raw window.
         let raw_cutoff = batches.iter().map(|(_, c)| *c).max().unwrap_or(i64::MIN);
