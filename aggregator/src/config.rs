@@ -52,6 +52,10 @@ pub struct Limits {
     /// Distinct instances the whole ledger may have, whatever the nodes; past it → 422, counted
     /// the same way. Bounds what a `node:*` token can add, and every page listing instances.
     pub max_instances: usize,
+    /// Exemptions in force one tenant may have made through the API (and those made for every
+    /// tenant, counted together); one more → 422 naming `tenant`. Bounds the list and the policy
+    /// pass that reads it.
+    pub max_exemptions_per_tenant: usize,
 }
 
 /// The fleet's instance bound when `max_instances` is not given: 20,000 GPUs, each carved into
@@ -75,6 +79,7 @@ impl Default for Limits {
             decode_slots: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
             max_instances_per_node: 256,
             max_instances: DEFAULT_MAX_INSTANCES,
+            max_exemptions_per_tenant: 100,
         }
     }
 }

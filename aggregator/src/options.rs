@@ -156,6 +156,10 @@ pub struct LimitOptions {
     /// [default: 280000].
     #[arg(long)]
     pub max_instances: Option<usize>,
+    /// Exemptions in force one tenant may have made through the API; one more gets 422
+    /// [default: 100].
+    #[arg(long)]
+    pub max_exemptions_per_tenant: Option<usize>,
     /// Ingest requests in flight at once [default: 64].
     #[arg(long)]
     pub ingest_slots: Option<usize>,
@@ -197,6 +201,7 @@ impl LimitOptions {
             ("max_batch_samples", self.max_batch_samples),
             ("max_instances_per_node", self.max_instances_per_node),
             ("max_instances", self.max_instances),
+            ("max_exemptions_per_tenant", self.max_exemptions_per_tenant),
             ("ingest_slots", self.ingest_slots),
             ("ingest_slots_per_token", self.ingest_slots_per_token),
         ] {
@@ -212,6 +217,9 @@ impl LimitOptions {
         }
         if let Some(n) = self.max_instances {
             limits.max_instances = n;
+        }
+        if let Some(n) = self.max_exemptions_per_tenant {
+            limits.max_exemptions_per_tenant = n;
         }
         if let Some(n) = self.ingest_slots {
             limits.ingest_slots = n;

@@ -406,6 +406,96 @@ async fn a_snooze_keeps_a_workload_and_is_scoped_to_its_tenant() {
     assert_event_count(&report, "reclaim.requested", 1);
 }
 
+/// Regression (issue 48, finding 4): a `tenant:` token posted 1,000 exemptions with 60,000-byte
+/// reasons, all 201, and `GET /api/v1/exemptions` grew to 60 MB. Now a reason has at most 1 KiB, a
+/// tenant at most `max_exemptions_per_tenant` in force, and the list comes a page at a time.
+#[tokio::test(flavor = "multi_thread")]
+async fn exemptions_are_bounded_per_tenant_and_listed_a_page_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(204).await;
+    let cfg = config(
+        dir.path(),
+        &rx.url,
+        "",
+        "[limits]\nmax_exemptions_per_tenant = 5\n",
+    );
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &["--config", cfg.to_str().unwrap()],
+    )
+    .await;
+    let snooze = |reason: String| serde_json::json!({"duration": "1h", "reason": reason});
+    let (status, err) = post(&a, TEAM, "/api/v1/exemptions", snooze("x".repeat(1025))).await;
+    assert_eq!(
+        (status, &err["error"]["field"]),
+        (400, &"reason".into()),
+        "{err}"
+    );
+    let mut made = Vec::new();
+    for i in 0..5 {
+        let (status, e) = post(&a, TEAM, "/api/v1/exemptions", snooze("y".repeat(1024))).await;
+        assert_eq!(status, 201, "{i}: {e}");
+        made.push(e["exemption_id"].as_str().unwrap().to_owned());
+    }
+    let (status, err) = post(&a, TEAM, "/api/v1/exemptions", snooze("one more".into())).await;
+    assert_eq!(
+        (status, &err["error"]["field"]),
+        (422, &"tenant".into()),
+        "{err}"
+    );
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-exemptions-per-tenant"),
+        "{err}"
+    );
+    // Another tenant's bound is its own: the admin's exemptions for tenant "other" still go in.
+    let (status, e) = post(
+        &a,
+        ADMIN_TOKEN,
+        "/api/v1/exemptions",
+        serde_json::json!({"duration": "1h", "tenant": "other"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{e}");
+    // Pages of two, in the order they were made, each naming where the next starts.
+    let mut listed = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (status, page) = get(&a, TEAM, &format!("/api/v1/exemptions?limit=2{after}")).await;
+        assert_eq!(status, 200, "{page}");
+        let rows = page["exemptions"].as_array().unwrap();
+        assert!(rows.len() <= 2);
+        listed.extend(
+            rows.iter()
+                .map(|e| e["exemption_id"].as_str().unwrap().to_owned()),
+        );
+        match page["next"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(listed, made, "the tenant's own, each once, in order");
+    let (status, err) = get(&a, TEAM, "/api/v1/exemptions?limit=0").await;
+    assert_eq!(
+        (status, &err["error"]["field"]),
+        (400, &"limit".into()),
+        "{err}"
+    );
+    // Ending one makes room for one more.
+    let r = reqwest::Client::new()
+        .delete(format!("{}/api/v1/exemptions/{}", a.url(), made[0]))
+        .bearer_auth(TEAM)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let (status, e) = post(&a, TEAM, "/api/v1/exemptions", snooze("again".into())).await;
+    assert_eq!(status, 201, "{e}");
+}
+
 /// The receiver answers 503 for a while and the aggregator is killed with SIGKILL and restarted
 /// meanwhile: every event arrives once the receiver is back, and a duplicate only ever comes
 /// under the same webhook-id with the same body.

@@ -2,8 +2,9 @@
 //!
 //! - `GET /api/v1/reclaims?from=&to=&limit=`: every decision and its reason (viewer, admin, or a
 //!   `tenant:` token for its own);
-//! - `GET /api/v1/exemptions`, `POST /api/v1/exemptions` (admin, or a `tenant:` token for its own
-//!   workloads: the "keep it 4 more hours" answer to a notice), `DELETE /api/v1/exemptions/{id}`;
+//! - `GET /api/v1/exemptions?limit=&after=` (paged by id), `POST /api/v1/exemptions` (admin, or a
+//!   `tenant:` token for its own workloads: the "keep it 4 more hours" answer to a notice; at most
+//!   `max_exemptions_per_tenant` in force), `DELETE /api/v1/exemptions/{id}`;
 //! - admin: `GET /api/v1/webhooks/deliveries?state=&endpoint=&event_id=`,
 //!   `POST /api/v1/webhooks/replay`, `POST /api/v1/webhooks/endpoints/{name}/enable`;
 //! - `POST /api/v1/alertmanager` (admin): Alertmanager's webhook.
@@ -71,6 +72,16 @@ pub struct ReclaimsQuery {
 #[serde(deny_unknown_fields)]
 pub struct NoQuery {}
 
+/// The query of `GET /api/v1/exemptions`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExemptionsQuery {
+    /// At most this many (1 to 100000, default 1000).
+    pub limit: Option<i64>,
+    /// The page after this exemption id: the previous answer's `next`.
+    pub after: Option<String>,
+}
+
 /// The query of `GET /api/v1/webhooks/deliveries`.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -117,23 +128,34 @@ pub async fn reclaims(
 /// The answer of `GET /api/v1/exemptions`.
 #[derive(Debug, serde::Serialize)]
 pub struct Exemptions {
-    /// Exemptions in force.
+    /// Exemptions in force, in the order they were made.
     pub exemptions: Vec<Exemption>,
+    /// Where the next page starts (`?after=`); absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
-/// `GET /api/v1/exemptions`: those in force (a `tenant:` token sees its own).
+/// `GET /api/v1/exemptions`: those in force (a `tenant:` token sees its own), a page at a time.
 pub async fn list_exemptions(
     State(app): State<AppState>,
     reader: Reader,
-    Query(NoQuery {}): Query<NoQuery>,
+    Query(q): Query<ExemptionsQuery>,
 ) -> Result<Json<Exemptions>, ApiError> {
     let tenant = reader.scope;
     let now = chrono::Utc::now().timestamp();
-    let exemptions = read(&app, move |c| {
-        records::exemptions(c, now, tenant.as_deref())
+    let limit = limit(q.limit)?;
+    let after = q.after;
+    let mut exemptions = read(&app, move |c| {
+        records::exemptions(c, now, tenant.as_deref(), after.as_deref(), limit + 1)
     })
     .await?;
-    Ok(Json(Exemptions { exemptions }))
+    let next = if exemptions.len() as i64 > limit {
+        exemptions.truncate(limit as usize);
+        exemptions.last().map(|e| e.exemption_id.clone())
+    } else {
+        None
+    };
+    Ok(Json(Exemptions { exemptions, next }))
 }
 
 /// Longest snooze: a week (a permanent exemption belongs in the config file).
@@ -195,6 +217,18 @@ pub async fn add_exemption(
     {
         return Err(ApiError::bad_request("workload", "must be 1 to 512 bytes"));
     }
+    if let Some(r) = &req.reason
+        && r.len() > records::MAX_REASON_BYTES
+    {
+        return Err(ApiError::bad_request(
+            "reason",
+            format!(
+                "{} bytes is longer than the {} a reason may have",
+                r.len(),
+                records::MAX_REASON_BYTES
+            ),
+        ));
+    }
     let now = chrono::Utc::now().timestamp();
     let e = Exemption {
         exemption_id: format!("exm_{}", uuid::Uuid::now_v7().simple()),
@@ -206,7 +240,28 @@ pub async fn add_exemption(
         created_at: now,
     };
     let stored = e.clone();
-    write(app, move |tx| records::insert_exemption(tx, &stored)).await?;
+    let most = app.config.limits.max_exemptions_per_tenant as u64;
+    let in_force = write(app, move |tx| {
+        let n = records::exemptions_in_force(tx, now, stored.tenant.as_deref())?;
+        if n < most {
+            records::insert_exemption(tx, &stored)?;
+        }
+        Ok(n)
+    })
+    .await?;
+    if in_force >= most {
+        return Err(ApiError::unprocessable(
+            "tenant",
+            format!(
+                "{} already has {in_force} exemptions in force, the most it may have \
+                 (--max-exemptions-per-tenant); end one (DELETE /api/v1/exemptions/{{id}}) or wait \
+                 for one to lapse",
+                e.tenant
+                    .as_deref()
+                    .map_or("every tenant".to_owned(), |t| format!("tenant {t:?}"))
+            ),
+        ));
+    }
     tracing::info!(
         exemption = e.exemption_id,
         tenant = e.tenant.as_deref().unwrap_or("*"),

@@ -95,18 +95,27 @@ pub struct NewExemption {
     pub reason: Option<String>,
 }
 
-/// Exemptions in force at `now`.
+/// The longest reason an exemption may carry: a sentence or two, shown beside each decision it
+/// causes.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// A page of the exemptions in force at `now` (of `tenant`, or all): at most `limit`, in the
+/// order of their ids (the order they were made in), starting after the id `after`.
 pub fn exemptions(
     conn: &Connection,
     now: i64,
     tenant: Option<&str>,
+    after: Option<&str>,
+    limit: i64,
 ) -> duckdb::Result<Vec<Exemption>> {
     let mut stmt = conn.prepare_cached(
         "SELECT exemption_id, tenant, workload, until, reason, created_by, created_at
-         FROM reclaim_exemptions WHERE until > ? AND (? IS NULL OR tenant = ?)
-         ORDER BY created_at, exemption_id",
+         FROM reclaim_exemptions
+         WHERE until > ? AND (? IS NULL OR tenant = ?) AND exemption_id > coalesce(?, '')
+         ORDER BY exemption_id
+         LIMIT ?",
     )?;
-    stmt.query_map(params![now, tenant, tenant], |r| {
+    stmt.query_map(params![now, tenant, tenant, after, limit], |r| {
         Ok(Exemption {
             exemption_id: r.get(0)?,
             tenant: r.get(1)?,
@@ -118,6 +127,19 @@ pub fn exemptions(
         })
     })?
     .collect()
+}
+
+/// How many exemptions of `tenant` (`None`: those for every tenant) are in force at `now`.
+pub fn exemptions_in_force(
+    conn: &Connection,
+    now: i64,
+    tenant: Option<&str>,
+) -> duckdb::Result<u64> {
+    conn.query_row(
+        "SELECT count(*) FROM reclaim_exemptions WHERE until > ? AND tenant IS NOT DISTINCT FROM ?",
+        params![now, tenant],
+        |r| r.get(0),
+    )
 }
 
 /// Stores one exemption, in the writer's transaction.
