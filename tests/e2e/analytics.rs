@@ -251,7 +251,7 @@ async fn known_trace_gives_exact_gpu_seconds_episodes_and_fragmentation() {
         T0 + 7199,
         120,
         &demand,
-        true,
+        &mut |_, _| true,
     )
     .unwrap();
     assert_eq!(gpus.len(), 2);

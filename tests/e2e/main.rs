@@ -24,6 +24,7 @@ mod exporter_metrics;
 mod exporter_prometheus;
 mod exporter_replay;
 mod exporter_spool;
+mod fleet_pages;
 mod kubelet;
 mod one_build;
 mod otlp;

@@ -18,5 +18,7 @@ pub mod pages;
 pub mod table;
 
 pub use chart::{Chart, Series};
-pub use pages::{GpuLayout, Kpi, Nav, Page, Section, SignIn, Slot, Snooze};
+pub use pages::{
+    FilterField, FilterForm, GpuLayout, Kpi, MoreLink, Nav, Page, Section, SignIn, Slot, Snooze,
+};
 pub use table::{Cell, Column, Table};

@@ -156,6 +156,41 @@ pub struct Section {
     pub table: Option<Table>,
     /// Snooze forms (admins, on the Hoarding page).
     pub snoozes: Vec<Snooze>,
+    /// A form that narrows the section (the Fleet page's node, model and tenant).
+    pub filter: Option<FilterForm>,
+    /// The link to the section's next page, where it has one.
+    pub more: Option<MoreLink>,
+}
+
+/// A GET form that narrows a paged section; the period rides along as hidden fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilterForm {
+    /// The page's path.
+    pub action: String,
+    /// Parameters kept as they are (the period, the cost options).
+    pub hidden: Vec<(String, String)>,
+    /// The text fields, each with its value now.
+    pub fields: Vec<FilterField>,
+}
+
+/// One field of a [`FilterForm`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilterField {
+    /// The query parameter.
+    pub name: &'static str,
+    /// Its label.
+    pub label: &'static str,
+    /// Its value now (empty: not filtered).
+    pub value: String,
+}
+
+/// A paged section's way on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoreLink {
+    /// The next page's URL.
+    pub href: String,
+    /// What it shows ("Next 100 GPUs").
+    pub label: String,
 }
 
 impl Section {
@@ -168,6 +203,8 @@ impl Section {
             layouts: Vec::new(),
             table: Some(table),
             snoozes: Vec::new(),
+            filter: None,
+            more: None,
         }
     }
 

@@ -5,7 +5,7 @@ use gpuledger_web::{Cell, Column, Table};
 
 use gpuledger_ledger::analytics::EpisodeRow;
 use gpuledger_ledger::analytics::bill::{Bill, Money};
-use gpuledger_ledger::analytics::fleet::{AdviceView, FragmentationAt};
+use gpuledger_ledger::analytics::fleet::{AdviceView, FragmentationAt, ModelAt, NodeAt};
 use gpuledger_ledger::analytics::prices::PriceInForce;
 use gpuledger_ledger::analytics::showback::ShowbackView;
 use gpuledger_ledger::analytics::trend::Day;
@@ -438,6 +438,50 @@ pub fn gpus(f: &FragmentationAt) -> Table {
             Cell::hours(g.free_gpu_equivalents),
             Cell::hours(g.stranded_gpu_equivalents),
             Cell::opt_text(g.largest_placeable_profile),
+        ]);
+    }
+    t
+}
+
+/// Free and stranded capacity per model at an instant.
+pub fn models(rows: &[ModelAt]) -> Table {
+    let mut t = Table::new(
+        "models",
+        vec![
+            Column::text("gpu_model", "Model"),
+            Column::number("gpus", "GPUs"),
+            Column::number("free_gpu_equivalents", "Free GPUs"),
+            Column::number("stranded_gpu_equivalents", "Stranded GPUs"),
+        ],
+    );
+    for m in rows {
+        t.rows.push(vec![
+            Cell::text(m.gpu_model.clone()),
+            Cell::count(m.gpus as i64),
+            Cell::hours(m.free_gpu_equivalents),
+            Cell::hours(m.stranded_gpu_equivalents),
+        ]);
+    }
+    t
+}
+
+/// Free and stranded capacity per node at an instant, each node a link to its own GPUs.
+pub fn nodes(rows: &[NodeAt]) -> Table {
+    let mut t = Table::new(
+        "nodes",
+        vec![
+            Column::text("node", "Node"),
+            Column::number("gpus", "GPUs"),
+            Column::number("free_gpu_equivalents", "Free GPUs"),
+            Column::number("stranded_gpu_equivalents", "Stranded GPUs"),
+        ],
+    );
+    for n in rows {
+        t.rows.push(vec![
+            Cell::link(n.node.clone(), format!("/fleet?node={}", segment(&n.node))),
+            Cell::count(n.gpus as i64),
+            Cell::hours(n.free_gpu_equivalents),
+            Cell::hours(n.stranded_gpu_equivalents),
         ]);
     }
     t

@@ -15,7 +15,10 @@ use askama::Template;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use gpuledger_web::{Chart, GpuLayout, Kpi, Nav, Page, Section, Series, SignIn, Slot};
+use gpuledger_web::{
+    Chart, FilterField, FilterForm, GpuLayout, Kpi, MoreLink, Nav, Page, Section, Series, SignIn,
+    Slot,
+};
 
 use crate::api::AppState;
 use crate::api::extract::{Month, Query, Reader as ApiReader, Time};
@@ -53,6 +56,21 @@ pub struct PageQuery {
     pub mode: Option<CostMode>,
     /// overhead or share (default: the configured one).
     pub idle: Option<IdleSharing>,
+    /// The Fleet page: only this node's GPUs.
+    pub node: Option<String>,
+    /// The Fleet page: only this model's GPUs.
+    pub model: Option<String>,
+    /// The Fleet and Hoarding pages: only this tenant's.
+    pub tenant: Option<String>,
+    /// A paged section: the page after this cursor (the "next" link's).
+    pub after: Option<String>,
+}
+
+impl PageQuery {
+    /// A filter as given, an empty field (a form left blank) as none.
+    fn given(v: &Option<String>) -> Option<String> {
+        v.as_deref().filter(|s| !s.is_empty()).map(str::to_owned)
+    }
 }
 
 /// A sort direction.
@@ -141,8 +159,36 @@ impl Request {
         ))
     }
 
-    /// The period's query plus the cost options, for links and CSV.
+    /// The period's query plus the cost options, the filters and the cursor, for links and CSV
+    /// (a table's CSV is the page shown).
     fn query(&self) -> String {
+        let mut q = self.query_from(None);
+        if let Some(a) = PageQuery::given(&self.q.after) {
+            q.push_str(&format!("&after={}", views::segment(&a)));
+        }
+        q
+    }
+
+    /// [`Request::query`] from the page after `after` (`None`: the first).
+    fn query_from(&self, after: Option<&str>) -> String {
+        let mut q = self.base_query();
+        for (name, v) in [
+            ("node", &self.q.node),
+            ("model", &self.q.model),
+            ("tenant", &self.q.tenant),
+        ] {
+            if let Some(v) = PageQuery::given(v) {
+                q.push_str(&format!("&{name}={}", views::segment(&v)));
+            }
+        }
+        if let Some(a) = after {
+            q.push_str(&format!("&after={}", views::segment(a)));
+        }
+        q
+    }
+
+    /// The period's query plus the cost options.
+    fn base_query(&self) -> String {
         let mut q = self.period.query.clone();
         if let Some(m) = self.q.mode {
             q.push_str(&format!("&mode={}", m.as_str()));
@@ -224,6 +270,22 @@ async fn read<T: Send + 'static>(
     tokio::task::spawn_blocking(move || f(&conn))
         .await
         .map_err(|e| ApiError::internal(&e))?
+}
+
+/// A query string as (name, value) pairs, for the hidden fields of a GET form.
+fn hidden_fields(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| {
+            let decode = |s: &str| {
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
+            (decode(k), decode(v))
+        })
+        .collect()
 }
 
 fn raw_from(app: &AppState) -> i64 {
@@ -861,12 +923,26 @@ pub async fn fleet(
     }
     let (from, to) = (req.period.from, req.period.to);
     let settings = app.config.analytics.clone();
+    let filter = analytics::fleet::GpuFilter {
+        node: PageQuery::given(&req.q.node),
+        model: PageQuery::given(&req.q.model),
+        tenant: PageQuery::given(&req.q.tenant),
+    };
+    let page = analytics::fleet::GpuPage {
+        after: match PageQuery::given(&req.q.after) {
+            None => None,
+            Some(c) => Some(analytics::fleet::decode_cursor(&c).ok_or_else(|| {
+                ApiError::bad_request("after", "not a cursor this page gave (its next link)")
+            })?),
+        },
+        limit: analytics::fleet::DEFAULT_PAGE_GPUS,
+    };
     let (now, days, at) = read(&app, move |c| {
         let (at, max_age) =
             analytics::fleet::period_instant(c, from, to, chrono::Utc::now().timestamp())
                 .map_err(|e| ApiError::internal(&e))?
                 .unwrap_or((to - 1, analytics::fleet::MAX_AGE_SECS));
-        let f = analytics::fleet::at_instant(c, at, max_age, &settings)
+        let f = analytics::fleet::at_instant(c, at, max_age, &settings, &filter, &page)
             .map_err(|e| ApiError::internal(&e))?;
         let d = analytics::trend::daily(c, from, to, None).map_err(|e| ApiError::internal(&e))?;
         Ok((f, d, at))
@@ -909,14 +985,60 @@ pub async fn fleet(
                 .collect(),
         }],
     );
+    let shown = if now.next.is_some() || req.q.after.is_some() {
+        format!(
+            "{} of the {} GPUs, by node and UUID",
+            now.gpus.len(),
+            now.fleet.gpus
+        )
+    } else {
+        format!("All {} GPUs", now.fleet.gpus)
+    };
     let mut map = Section::table(
         "MIG layouts",
-        "Each GPU as its eight placement slots: instances coloured by tenant, unheld instances grey, free slots dashed, stranded ones red.",
+        format!(
+            "{shown}. Each GPU as its eight placement slots: instances coloured by tenant, unheld instances grey, free slots dashed, stranded ones red."
+        ),
         views::gpus(&now),
     );
     map.layouts = now.gpus.iter().map(layout).collect();
+    map.filter = Some(FilterForm {
+        action: "/fleet".into(),
+        hidden: hidden_fields(&req.base_query()),
+        fields: vec![
+            FilterField {
+                name: "node",
+                label: "Node",
+                value: req.q.node.clone().unwrap_or_default(),
+            },
+            FilterField {
+                name: "model",
+                label: "Model",
+                value: req.q.model.clone().unwrap_or_default(),
+            },
+            FilterField {
+                name: "tenant",
+                label: "Tenant",
+                value: req.q.tenant.clone().unwrap_or_default(),
+            },
+        ],
+    });
+    map.more = now.next.as_deref().map(|cursor| MoreLink {
+        href: format!("/fleet?{}", req.query_from(Some(cursor))),
+        label: format!("Next {} GPUs", analytics::fleet::DEFAULT_PAGE_GPUS),
+    });
     let sections = vec![
+        Section::table(
+            "By model",
+            "Every GPU the filter keeps, per model.",
+            views::models(&now.models),
+        ),
         map,
+        Section::table(
+            "Nodes on this page",
+            "Each node's totals over all of its GPUs the filter keeps.",
+            views::nodes(&now.nodes),
+        ),
         Section::table(
             "Stranded capacity over time",
             "Free capacity the demand mix cannot use, per UTC day.",
@@ -925,7 +1047,7 @@ pub async fn fleet(
         .with_chart(stranded_chart),
         Section::table(
             "Re-geometry advice",
-            "Layouts that would strand less, per GPU.",
+            "Layouts that would strand less, for the GPUs on this page.",
             views::advice(&now.advice),
         ),
     ];

@@ -3,6 +3,12 @@
 //! over a range ([`over_range`]). `GET /api/v1/fragmentation` serialises these values and the
 //! Fleet page draws them, so the two cannot disagree. Definitions: `schema/ANALYTICS.md`
 //! ("Fragmentation (`GET /api/v1/fragmentation`)").
+//!
+//! Key decision: an answer stays bounded however large the fleet. Totals (the fleet, each model)
+//! cover every GPU the [`GpuFilter`] keeps; the GPUs themselves, their nodes' totals and their
+//! advice come a [`GpuPage`] at a time, in [`GpuKey`] order, each page naming the cursor of the
+//! next. The order is the GPUs' names, so a cursor stays valid while the fleet changes: a GPU
+//! that appears later is on the page its name sorts into.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +21,92 @@ use super::{Settings, facts};
 
 /// How far back an instant looks for a GPU's latest observed second.
 pub const MAX_AGE_SECS: i64 = 120;
+
+/// GPUs on a page when the caller does not say.
+pub const DEFAULT_PAGE_GPUS: usize = 100;
+/// The most GPUs a page may have: with seven instances and advice each, under 1 MB of JSON.
+pub const MAX_PAGE_GPUS: usize = 250;
+
+/// Which GPUs an answer covers: all of them, or those of one node, one model (its key, such as
+/// `H100-80GB`, or the name NVML reports), or with an instance one tenant holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuFilter {
+    /// Only this node.
+    pub node: Option<String>,
+    /// Only this model.
+    pub model: Option<String>,
+    /// Only GPUs with an instance this tenant holds (an instant only).
+    pub tenant: Option<String>,
+}
+
+impl GpuFilter {
+    fn keeps_gpu(&self, gpu: &GpuKey) -> bool {
+        self.node.as_ref().is_none_or(|n| *n == gpu.node)
+            && self.model.as_ref().is_none_or(|m| {
+                *m == gpu.gpu_model
+                    || gpuledger_schema::mig::model(&gpu.gpu_model).is_some_and(|k| k.key == m)
+            })
+    }
+
+    fn keeps(&self, gpu: &GpuKey, instances: &[InstanceNow]) -> bool {
+        self.keeps_gpu(gpu)
+            && self.tenant.as_ref().is_none_or(|t| {
+                instances
+                    .iter()
+                    .any(|i| i.tenant.as_deref() == Some(t.as_str()))
+            })
+    }
+}
+
+/// One page of GPUs: those after the cursor `after`, at most `limit` of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuPage {
+    /// The previous page's last GPU.
+    pub after: Option<GpuKey>,
+    /// GPUs on the page.
+    pub limit: usize,
+}
+
+impl Default for GpuPage {
+    fn default() -> Self {
+        GpuPage {
+            after: None,
+            limit: DEFAULT_PAGE_GPUS,
+        }
+    }
+}
+
+impl GpuPage {
+    fn past_cursor(&self, gpu: &GpuKey) -> bool {
+        self.after.as_ref().is_none_or(|a| gpu > a)
+    }
+}
+
+/// A GPU as a page cursor: its node, UUID and model, hex-encoded (opaque to the caller, safe in
+/// a URL); `None` from [`decode_cursor`] when the text is not one.
+pub fn encode_cursor(gpu: &GpuKey) -> String {
+    let text = format!("{}\n{}\n{}", gpu.node, gpu.gpu_uuid, gpu.gpu_model);
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The GPU a cursor from [`encode_cursor`] names.
+pub fn decode_cursor(cursor: &str) -> Option<GpuKey> {
+    if cursor.len() % 2 != 0 || cursor.len() > 4096 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..cursor.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(cursor.get(i..i + 2)?, 16).ok())
+        .collect();
+    let text = String::from_utf8(bytes?).ok()?;
+    let mut parts = text.split('\n');
+    let key = GpuKey {
+        node: parts.next()?.to_owned(),
+        gpu_uuid: parts.next()?.to_owned(),
+        gpu_model: parts.next()?.to_owned(),
+    };
+    parts.next().is_none().then_some(key)
+}
 
 fn ge(slices: f64) -> f64 {
     slices / f64::from(SLICES_PER_GPU)
@@ -110,40 +202,74 @@ pub struct AdviceView {
     pub stranded_gpu_equivalents_after: f64,
 }
 
+/// A model's totals at an instant.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelAt {
+    /// The model as reported.
+    pub gpu_model: String,
+    /// GPUs observed.
+    pub gpus: u64,
+    /// Free capacity in GPUs.
+    pub free_gpu_equivalents: f64,
+    /// Stranded capacity in GPUs.
+    pub stranded_gpu_equivalents: f64,
+}
+
 /// `GET /api/v1/fragmentation?at=`.
 #[derive(Debug, Clone, Serialize)]
 pub struct FragmentationAt {
     /// The instant.
     pub at: i64,
-    /// Every GPU observed within [`MAX_AGE_SECS`] before it.
+    /// This page of the GPUs the filter keeps, observed within the look-back before the instant.
     pub gpus: Vec<GpuAt>,
-    /// Per node.
+    /// The totals of the nodes on this page (over all of each node's GPUs the filter keeps).
     pub nodes: Vec<NodeAt>,
-    /// The fleet.
+    /// Per model, over every GPU the filter keeps.
+    pub models: Vec<ModelAt>,
+    /// Over every GPU the filter keeps.
     pub fleet: FleetAt,
     /// The demand mix used.
     pub demand: DemandView,
-    /// Re-geometry advice.
+    /// Re-geometry advice for the GPUs on this page.
     pub advice: Vec<AdviceView>,
+    /// The cursor of the next page (`after=`); absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// The layouts, fragmentation and advice at `at`: each GPU's latest second observed within
-/// `max_age` seconds before it ([`MAX_AGE_SECS`] for "now").
+/// `max_age` seconds before it ([`MAX_AGE_SECS`] for "now"); the GPUs `filter` keeps, one `page`
+/// of them.
 pub fn at_instant(
     conn: &Connection,
     at: i64,
     max_age: i64,
     settings: &Settings,
+    filter: &GpuFilter,
+    page: &GpuPage,
 ) -> duckdb::Result<FragmentationAt> {
     let demand = super::demand_mix(conn, settings, at)?;
     let dims = facts::Dims::load(conn)?;
-    let found = fragmentation::at(conn, &dims, at, max_age, &demand, true)?;
+    // Advice only for the page's GPUs: they come in key order, so the first `limit` the filter
+    // keeps past the cursor are the page.
+    let mut advised = 0;
+    let mut advise = |gpu: &GpuKey, instances: &[InstanceNow]| {
+        let on_page = advised < page.limit && page.past_cursor(gpu) && filter.keeps(gpu, instances);
+        advised += usize::from(on_page);
+        on_page
+    };
+    let found = fragmentation::at(conn, &dims, at, max_age, &demand, &mut advise)?;
     let mut nodes: BTreeMap<String, NodeAt> = BTreeMap::new();
-    let mut models: Vec<String> = Vec::new();
-    let mut gpus = Vec::with_capacity(found.len());
+    let mut models: BTreeMap<String, ModelAt> = BTreeMap::new();
+    let mut gpus = Vec::new();
     let mut advice = Vec::new();
+    let mut more = false;
     for g in found {
+        if !filter.keeps(&g.gpu, &g.instances) {
+            continue;
+        }
         let f = &g.fragmentation;
+        let (free, stranded) = (ge(f64::from(f.free_slices)), ge(f.stranded_slices));
         let n = nodes.entry(g.gpu.node.clone()).or_insert_with(|| NodeAt {
             node: g.gpu.node.clone(),
             gpus: 0,
@@ -151,10 +277,25 @@ pub fn at_instant(
             stranded_gpu_equivalents: 0.0,
         });
         n.gpus += 1;
-        n.free_gpu_equivalents += ge(f64::from(f.free_slices));
-        n.stranded_gpu_equivalents += ge(f.stranded_slices);
-        if !models.contains(&g.gpu.gpu_model) {
-            models.push(g.gpu.gpu_model.clone());
+        n.free_gpu_equivalents += free;
+        n.stranded_gpu_equivalents += stranded;
+        let m = models
+            .entry(g.gpu.gpu_model.clone())
+            .or_insert_with(|| ModelAt {
+                gpu_model: g.gpu.gpu_model.clone(),
+                gpus: 0,
+                free_gpu_equivalents: 0.0,
+                stranded_gpu_equivalents: 0.0,
+            });
+        m.gpus += 1;
+        m.free_gpu_equivalents += free;
+        m.stranded_gpu_equivalents += stranded;
+        if !page.past_cursor(&g.gpu) {
+            continue;
+        }
+        if gpus.len() == page.limit {
+            more = true;
+            continue;
         }
         if let Some(a) = &g.advice {
             let pick = |ks: &[usize]| ks.iter().map(|&k| g.instances[k].clone()).collect();
@@ -172,7 +313,7 @@ pub fn at_instant(
                     })
                     .collect(),
                 displaces: pick(&a.displace),
-                stranded_gpu_equivalents_before: ge(f.stranded_slices),
+                stranded_gpu_equivalents_before: stranded,
                 stranded_gpu_equivalents_after: ge(a.stranded_slices_after),
             });
         }
@@ -182,23 +323,37 @@ pub fn at_instant(
             gpu_model: g.gpu.gpu_model,
             observed_at: g.observed_at,
             free_slots: f.free_slots.clone(),
-            free_gpu_equivalents: ge(f64::from(f.free_slices)),
+            free_gpu_equivalents: free,
             largest_placeable_profile: f.largest_placeable_profile,
-            stranded_gpu_equivalents: ge(f.stranded_slices),
+            stranded_gpu_equivalents: stranded,
             instances: g.instances,
         });
     }
-    let (count, free, stranded) = nodes.values().fold((0u64, 0.0, 0.0), |a, n| {
+    let (count, free, stranded) = models.values().fold((0u64, 0.0, 0.0), |a, m| {
         (
-            a.0 + n.gpus,
-            a.1 + n.free_gpu_equivalents,
-            a.2 + n.stranded_gpu_equivalents,
+            a.0 + m.gpus,
+            a.1 + m.free_gpu_equivalents,
+            a.2 + m.stranded_gpu_equivalents,
         )
     });
+    let next = gpus.last().filter(|_| more).map(|g| {
+        encode_cursor(&GpuKey {
+            node: g.node.clone(),
+            gpu_uuid: g.gpu_uuid.clone(),
+            gpu_model: g.gpu_model.clone(),
+        })
+    });
+    let names: Vec<String> = models.keys().cloned().collect();
+    let on_page: Vec<NodeAt> = {
+        let mut seen: Vec<&str> = gpus.iter().map(|g| g.node.as_str()).collect();
+        seen.dedup();
+        seen.iter().filter_map(|n| nodes.get(*n).cloned()).collect()
+    };
     Ok(FragmentationAt {
         at,
         gpus,
-        nodes: nodes.into_values().collect(),
+        nodes: on_page,
+        models: models.into_values().collect(),
         fleet: FleetAt {
             gpus: count,
             free_gpu_equivalents: free,
@@ -209,8 +364,9 @@ pub fn at_instant(
                 0.0
             },
         },
-        demand: demand_view(&demand, &models),
+        demand: demand_view(&demand, &names),
         advice,
+        next,
     })
 }
 
@@ -253,12 +409,15 @@ pub struct GpuOverRange {
     pub stranded_cost: f64,
 }
 
-/// A node, or the fleet, over a range.
+/// A node, a model, or the fleet, over a range.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CapacityOverRange {
-    /// The node (absent for the fleet).
+    /// The node (absent for a model and the fleet).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The model as reported (absent for a node and the fleet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_model: Option<String>,
     /// GPU-seconds observed.
     pub capacity_gpu_seconds: i64,
     /// Free GPU-seconds.
@@ -287,23 +446,31 @@ pub struct FragmentationOverRange {
     pub to: i64,
     /// The currency of the costs.
     pub currency: String,
-    /// Per GPU.
+    /// This page of the GPUs the filter keeps.
     pub gpus: Vec<GpuOverRange>,
-    /// Per node.
+    /// The totals of the nodes on this page (over all of each node's GPUs the filter keeps).
     pub nodes: Vec<CapacityOverRange>,
-    /// The fleet.
+    /// Per model, over every GPU the filter keeps.
+    pub models: Vec<CapacityOverRange>,
+    /// Over every GPU the filter keeps.
     pub fleet: CapacityOverRange,
     /// The demand mix used.
     pub demand: DemandView,
+    /// The cursor of the next page (`after=`); absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// Free and stranded capacity per GPU over `[from, to)`: whole hours from `fragmentation_1h`,
-/// the edges second by second. Each hour is priced at its own start.
+/// the edges second by second. Each hour is priced at its own start. The GPUs `filter` keeps
+/// (its node and model: a tenant holds no GPU over a range), one `page` of them.
 pub fn over_range(
     conn: &Connection,
     from: i64,
     to: i64,
     settings: &Settings,
+    filter: &GpuFilter,
+    page: &GpuPage,
 ) -> duckdb::Result<FragmentationOverRange> {
     let (h0, h1) = (
         from + (3600 - from.rem_euclid(3600)) % 3600,
@@ -312,6 +479,9 @@ pub fn over_range(
     // (observed, free slice-s, stranded slice-s, stranded cost)
     let mut per_gpu: BTreeMap<GpuKey, (i64, f64, f64, f64)> = BTreeMap::new();
     let mut add = |h: GpuHour| {
+        if !filter.keeps_gpu(&h.gpu) {
+            return;
+        }
         let price = settings
             .prices
             .per_gpu_second(&h.gpu.gpu_model, None, h.bucket);
@@ -355,43 +525,107 @@ pub fn over_range(
                 .for_each(&mut add);
         }
     }
-    let mut models: Vec<String> = Vec::new();
     let mut fleet = CapacityOverRange::default();
     let mut nodes: BTreeMap<String, CapacityOverRange> = BTreeMap::new();
-    let gpus: Vec<GpuOverRange> = per_gpu
-        .into_iter()
-        .map(|(g, (observed, free, stranded, cost))| {
-            if !models.contains(&g.gpu_model) {
-                models.push(g.gpu_model.clone());
+    let mut models: BTreeMap<String, CapacityOverRange> = BTreeMap::new();
+    let mut gpus: Vec<GpuOverRange> = Vec::new();
+    let mut more = false;
+    for (g, (observed, free, stranded, cost)) in per_gpu {
+        let on_page = page.past_cursor(&g);
+        let row = GpuOverRange {
+            node: g.node,
+            gpu_uuid: g.gpu_uuid,
+            gpu_model: g.gpu_model,
+            observed_seconds: observed,
+            free_gpu_seconds: ge(free),
+            stranded_gpu_seconds: ge(stranded),
+            stranded_slice_seconds: stranded,
+            stranded_cost: cost,
+        };
+        fleet.add(&row);
+        nodes
+            .entry(row.node.clone())
+            .or_insert_with(|| CapacityOverRange {
+                node: Some(row.node.clone()),
+                ..CapacityOverRange::default()
+            })
+            .add(&row);
+        models
+            .entry(row.gpu_model.clone())
+            .or_insert_with(|| CapacityOverRange {
+                gpu_model: Some(row.gpu_model.clone()),
+                ..CapacityOverRange::default()
+            })
+            .add(&row);
+        if on_page {
+            if gpus.len() == page.limit {
+                more = true;
+            } else {
+                gpus.push(row);
             }
-            let row = GpuOverRange {
-                node: g.node,
-                gpu_uuid: g.gpu_uuid,
-                gpu_model: g.gpu_model,
-                observed_seconds: observed,
-                free_gpu_seconds: ge(free),
-                stranded_gpu_seconds: ge(stranded),
-                stranded_slice_seconds: stranded,
-                stranded_cost: cost,
-            };
-            fleet.add(&row);
-            nodes
-                .entry(row.node.clone())
-                .or_insert_with(|| CapacityOverRange {
-                    node: Some(row.node.clone()),
-                    ..CapacityOverRange::default()
-                })
-                .add(&row);
-            row
+        }
+    }
+    let next = gpus.last().filter(|_| more).map(|g| {
+        encode_cursor(&GpuKey {
+            node: g.node.clone(),
+            gpu_uuid: g.gpu_uuid.clone(),
+            gpu_model: g.gpu_model.clone(),
         })
-        .collect();
+    });
+    let names: Vec<String> = models.keys().cloned().collect();
+    let mut seen: Vec<&str> = gpus.iter().map(|g| g.node.as_str()).collect();
+    seen.dedup();
+    let on_page = seen.iter().filter_map(|n| nodes.get(*n).cloned()).collect();
     Ok(FragmentationOverRange {
         from,
         to,
         currency: settings.prices.currency.clone(),
         gpus,
-        nodes: nodes.into_values().collect(),
+        nodes: on_page,
+        models: models.into_values().collect(),
         fleet,
-        demand: demand_view(&demand, &models),
+        demand: demand_view(&demand, &names),
+        next,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_names_its_gpu_and_nothing_else_is_one() {
+        let gpu = GpuKey {
+            node: "node a/1".into(),
+            gpu_uuid: "GPU-ü".into(),
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+        };
+        let c = encode_cursor(&gpu);
+        assert!(c.bytes().all(|b| b.is_ascii_hexdigit()), "{c}");
+        assert_eq!(decode_cursor(&c), Some(gpu));
+        for junk in ["", "z", "6e6f6465", "abc", "ff0a0a", &"00".repeat(3000)] {
+            assert_eq!(decode_cursor(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn a_model_filter_takes_the_key_or_the_reported_name() {
+        let gpu = GpuKey {
+            node: "n".into(),
+            gpu_uuid: "GPU-1".into(),
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+        };
+        for model in ["H100-80GB", "NVIDIA H100 80GB HBM3"] {
+            let f = GpuFilter {
+                model: Some(model.into()),
+                ..GpuFilter::default()
+            };
+            assert!(f.keeps_gpu(&gpu), "{model}");
+        }
+        let other = GpuFilter {
+            model: Some("A100-80GB".into()),
+            ..GpuFilter::default()
+        };
+        assert!(!other.keeps_gpu(&gpu));
+    }
 }

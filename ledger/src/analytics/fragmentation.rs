@@ -376,16 +376,17 @@ pub struct GpuNow {
 }
 
 /// Every GPU's geometry at `at`: for each GPU, the latest second at or before `at` (and within
-/// `max_age` seconds of it) in which it was observed. GPUs not observed then are left out.
-/// `with_advice`: also search for a better geometry per GPU (the API wants it; the metrics do
-/// not, and it is the costly part).
+/// `max_age` seconds of it) in which it was observed, in [`GpuKey`] order. GPUs not observed
+/// then are left out. `advise` says, GPU by GPU in that order, whether to also search for a
+/// better geometry: the costly part, so the API does it only for the GPUs of the page it
+/// answers, and the metrics not at all.
 pub fn at(
     conn: &Connection,
     dims: &Dims,
     at: i64,
     max_age: i64,
     demand: &DemandMix,
-    with_advice: bool,
+    advise: &mut dyn FnMut(&GpuKey, &[InstanceNow]) -> bool,
 ) -> duckdb::Result<Vec<GpuNow>> {
     let minutes = minute_rows(conn, dims, at - max_age, at + 1, None)?;
     let mut latest: BTreeMap<&GpuKey, (i64, &[MinuteFact])> = BTreeMap::new();
@@ -423,26 +424,27 @@ pub fn at(
         });
         let present: Vec<Present> = here.iter().map(|(r, _)| present(dims, r)).collect();
         let fragmentation = geometry::analyse(model, &present, &d);
+        let instances: Vec<InstanceNow> = here
+            .iter()
+            .map(|(r, i)| {
+                let h = dims.holders.get(r.holder_id).cloned().unwrap_or_default();
+                InstanceNow {
+                    gpu_instance_id: i.map(|i| i.gpu_instance_id).filter(|g| *g >= 0),
+                    mig_profile: i.and_then(|i| i.mig_profile.clone()),
+                    placement_start: i.and_then(|i| i.placement_start),
+                    tenant: h.tenant,
+                    workload: h.workload,
+                    slo_class: h.slo_class,
+                }
+            })
+            .collect();
         let advice = model
-            .filter(|_| with_advice)
+            .filter(|_| advise(gpu, &instances))
             .and_then(|m| geometry::advise(m, &present, &d));
         out.push(GpuNow {
             gpu: gpu.clone(),
             observed_at: second,
-            instances: here
-                .iter()
-                .map(|(r, i)| {
-                    let h = dims.holders.get(r.holder_id).cloned().unwrap_or_default();
-                    InstanceNow {
-                        gpu_instance_id: i.map(|i| i.gpu_instance_id).filter(|g| *g >= 0),
-                        mig_profile: i.and_then(|i| i.mig_profile.clone()),
-                        placement_start: i.and_then(|i| i.placement_start),
-                        tenant: h.tenant,
-                        workload: h.workload,
-                        slo_class: h.slo_class,
-                    }
-                })
-                .collect(),
+            instances,
             fragmentation,
             advice,
         });

@@ -445,7 +445,7 @@ pub fn current(conn: &Connection, settings: &Settings) -> duckdb::Result<Current
     let demand = demand_mix(conn, settings, newest)?;
     let dims = facts::Dims::load(conn)?;
     let mut nodes: std::collections::BTreeMap<String, (f64, f64, f64)> = Default::default();
-    for g in fragmentation::at(conn, &dims, newest, 120, &demand, false)? {
+    for g in fragmentation::at(conn, &dims, newest, 120, &demand, &mut |_, _| false)? {
         let n = nodes.entry(g.gpu.node.clone()).or_default();
         let slices = f64::from(gpuledger_schema::mig::SLICES_PER_GPU);
         n.0 += 1.0;
