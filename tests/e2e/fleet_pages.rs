@@ -216,3 +216,110 @@ async fn the_fleet_page_is_paged_and_filtered() {
     let (status, _) = get(&a, "/fleet?after=nonsense").await;
     assert_eq!(status, 400);
 }
+
+/// The rows of the table `id` in a page.
+fn table_rows(html: &str, id: &str) -> usize {
+    let start = html
+        .find(&format!("<table id=\"{id}\">"))
+        .unwrap_or_else(|| panic!("no table {id}"));
+    let table = &html[start..start + html[start..].find("</table>").unwrap()];
+    table.matches("<tr>").count() - 1
+}
+
+/// Hoarding episodes at fleet scale: the API and the Hoarding page list them a page at a time,
+/// in the order they started, while the page's figures count every one.
+#[tokio::test(flavor = "multi_thread")]
+async fn hoarding_episodes_come_a_page_at_a_time() {
+    const GPUS: usize = 104;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &["--hoarding-window", "1m"],
+    )
+    .await;
+    let now = chrono::Utc::now().timestamp();
+    let t0 = now - now.rem_euclid(60) - 240;
+    for node in 0..GPUS / 8 {
+        let name = format!("node-{node:03}");
+        let samples: Vec<_> = (0..8)
+            .flat_map(|g| {
+                let i = Instance {
+                    node: name.clone(),
+                    gpu_uuid: format!("GPU-{node:03}-{g}"),
+                    gpu_model: H100.into(),
+                    mig_profile: None,
+                    gpu_instance_id: None,
+                    placement_start: None,
+                    placement_size: None,
+                };
+                // Each GPU's idle run starts a second after the last one's.
+                let start = t0 + (node * 8 + g) as i64;
+                (start..start + 150)
+                    .map(move |t| sample(t, &i, held("t0", "t0/idle", SloClass::Batch), Some(0.0)))
+            })
+            .collect();
+        let (status, body) = a
+            .ingest(ADMIN_TOKEN, &Batch::from_samples(&name, &samples))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(a.evaluate(ADMIN_TOKEN).await.0, 200);
+
+    let mut seen = Vec::new();
+    let mut path = "/api/v1/hoarding?state=all&limit=30".to_owned();
+    loop {
+        let page = json(&a, &path).await;
+        let rows = page["episodes"].as_array().unwrap();
+        assert!(rows.len() <= 30);
+        seen.extend(rows.iter().map(|e| {
+            (
+                e["started_at"].as_i64().unwrap(),
+                e["gpu_uuid"].as_str().unwrap().to_owned(),
+            )
+        }));
+        match page["next"].as_str() {
+            Some(next) => path = format!("/api/v1/hoarding?state=all&limit=30&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), GPUS, "every episode once");
+    assert!(
+        seen.windows(2).all(|w| w[0].0 < w[1].0),
+        "in the order they started"
+    );
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=2001", "limit"),
+        ("after=1.2", "after"),
+    ] {
+        let (status, body) = get(&a, &format!("/api/v1/hoarding?{query}")).await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (status, v["error"]["field"].as_str()),
+            (400, Some(field)),
+            "{body}"
+        );
+    }
+
+    let (status, page) = get(&a, "/hoarding").await;
+    assert_eq!(status, 200, "{page}");
+    let open = json(&a, "/api/v1/hoarding?state=open&limit=2000").await;
+    let open_count = open["episodes"].as_array().unwrap().len();
+    assert!(open_count > 100, "{open_count} open episodes");
+    assert!(
+        page.contains(&format!("{open_count} open")),
+        "the figure counts them all"
+    );
+    assert_eq!(table_rows(&page, "open"), 100);
+    let more = "<p class=\"more\"><a href=\"";
+    let next = page
+        .split_once(more)
+        .and_then(|(_, rest)| rest.split('"').next())
+        .expect("a link to the next open episodes")
+        .replace("&#38;", "&")
+        .replace("&amp;", "&");
+    let (status, second) = get(&a, &next).await;
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(table_rows(&second, "open"), open_count - 100);
+}

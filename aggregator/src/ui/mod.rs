@@ -64,7 +64,12 @@ pub struct PageQuery {
     pub tenant: Option<String>,
     /// A paged section: the page after this cursor (the "next" link's).
     pub after: Option<String>,
+    /// The Hoarding page's second list (ended episodes): its page after this cursor.
+    pub after_ended: Option<String>,
 }
+
+/// Episodes a page lists at a time.
+const PAGE_EPISODES: usize = 100;
 
 impl PageQuery {
     /// A filter as given, an empty field (a form left blank) as none.
@@ -163,8 +168,13 @@ impl Request {
     /// (a table's CSV is the page shown).
     fn query(&self) -> String {
         let mut q = self.query_from(None);
-        if let Some(a) = PageQuery::given(&self.q.after) {
-            q.push_str(&format!("&after={}", views::segment(&a)));
+        for (name, v) in [
+            ("after", &self.q.after),
+            ("after_ended", &self.q.after_ended),
+        ] {
+            if let Some(c) = PageQuery::given(v) {
+                q.push_str(&format!("&{name}={}", views::segment(&c)));
+            }
         }
         q
     }
@@ -440,18 +450,21 @@ pub async fn overview(
             .map_err(showback_error)?;
         let d = analytics::trend::daily(c, from, to, tenant.as_deref())
             .map_err(|e| ApiError::internal(&e))?;
-        let o = analytics::episodes(
+        let o = analytics::episodes_page(
             c,
             EpisodeState::Open,
             from,
             to,
             tenant.as_deref(),
             &settings,
+            None,
+            PAGE_EPISODES,
         )
         .map_err(|e| ApiError::internal(&e))?;
         Ok((b, d, o))
     })
     .await?;
+    let (open, more_open) = open;
     let kpis = overview_kpis(&bill);
     let fleet = req.tenant.is_none();
     let mut top = views::bill_lines(&bill, &req.query());
@@ -471,11 +484,24 @@ pub async fn overview(
             "Tenants by the cost of GPU-hours they held but did not use.",
             top,
         ),
-        Section::table(
-            "Open hoarding episodes",
-            "Allocations idle for longer than the detection window, still held.",
-            views::episodes(&open, "open_episodes", &req.query()),
-        ),
+        Section {
+            more: more_open.map(|_| MoreLink {
+                href: format!("/hoarding?{}", req.query_from(None)),
+                label: "Every open episode, on the Hoarding page".into(),
+            }),
+            ..Section::table(
+                "Open hoarding episodes",
+                format!(
+                    "Allocations idle for longer than the detection window, still held{}.",
+                    if more_open.is_some() {
+                        format!(" (the first {PAGE_EPISODES} to start)")
+                    } else {
+                        String::new()
+                    }
+                ),
+                views::episodes(&open, "open_episodes", &req.query()),
+            )
+        },
     ];
     render(
         &req,
@@ -678,8 +704,17 @@ pub async fn tenant(
                     .view(by, from, to, settings.prices.currency.clone(), true),
             )
         };
-        let e = analytics::episodes(c, EpisodeState::All, from, to, Some(&who), &settings)
-            .map_err(|e| ApiError::internal(&e))?;
+        let e = analytics::episodes_page(
+            c,
+            EpisodeState::All,
+            from,
+            to,
+            Some(&who),
+            &settings,
+            None,
+            PAGE_EPISODES,
+        )
+        .map_err(|e| ApiError::internal(&e))?;
         let r = gpuledger_ledger::reclaim::records::decisions(c, from, to, Some(&who), 1000)
             .map_err(|e| ApiError::internal(&e))?;
         Ok((
@@ -709,11 +744,21 @@ pub async fn tenant(
             views::breakdown(&models, "by_profile"),
         ),
         Section::table("Workloads", "", views::breakdown(&workloads, "workloads")),
-        Section::table(
-            "Hoarding episodes",
-            "Idle allocations of this tenant that overlap the period.",
-            views::episodes(&eps, "episodes", &req.query()),
-        ),
+        Section {
+            more: eps.1.map(|_| MoreLink {
+                href: format!(
+                    "/hoarding?{}&tenant={}",
+                    req.query_from(None),
+                    views::segment(&name)
+                ),
+                label: "Every episode of this tenant, on the Hoarding page".into(),
+            }),
+            ..Section::table(
+                "Hoarding episodes",
+                "Idle allocations of this tenant that overlap the period.",
+                views::episodes(&eps.0, "episodes", &req.query()),
+            )
+        },
         Section::table(
             "Reclaim actions",
             "What the reclaim policy decided about this tenant's idle allocations in the period (newest first, at most 1,000).",
@@ -742,37 +787,65 @@ pub async fn hoarding(
         Ok(r) => r,
         Err(redirect) => return Ok(redirect),
     };
-    let (from, to, tenant) = (req.period.from, req.period.to, req.tenant.clone());
+    let (from, to) = (req.period.from, req.period.to);
+    // A tenant: reader sees its own; a fleet reader may narrow to one tenant.
+    let tenant = req.tenant.clone().or(PageQuery::given(&req.q.tenant));
+    let after_open =
+        crate::api::hoarding::episode_cursor(PageQuery::given(&req.q.after).as_deref())?;
+    let after_ended =
+        crate::api::hoarding::episode_cursor(PageQuery::given(&req.q.after_ended).as_deref())?;
     let settings = app.config.analytics.clone();
     let (open, closed) = read(&app, move |c| {
-        let get = |s| {
-            analytics::episodes(c, s, from, to, tenant.as_deref(), &settings)
-                .map_err(|e| ApiError::internal(&e))
+        let get = |s, after| {
+            let totals = analytics::episode_totals(c, s, from, to, tenant.as_deref(), &settings)
+                .map_err(|e| ApiError::internal(&e))?;
+            let page = analytics::episodes_page(
+                c,
+                s,
+                from,
+                to,
+                tenant.as_deref(),
+                &settings,
+                after,
+                PAGE_EPISODES,
+            )
+            .map_err(|e| ApiError::internal(&e))?;
+            Ok::<_, ApiError>((totals, page))
         };
-        Ok((get(EpisodeState::Open)?, get(EpisodeState::Closed)?))
+        Ok((
+            get(EpisodeState::Open, after_open)?,
+            get(EpisodeState::Closed, after_ended)?,
+        ))
     })
     .await?;
+    let ((open_count, open_cost), (open, open_next)) = open;
+    let ((ended_count, ended_cost), (closed, ended_next)) = closed;
     let a = &app.config.analytics;
-    let cost = |v: &[analytics::EpisodeRow]| Money::round(v.iter().map(|e| e.cost).sum());
     let kpis = vec![
         money_kpi(
             "Open episodes' idle cost",
-            cost(&open),
+            Money::round(open_cost),
             &a.prices.currency,
-            format!("{} open", open.len()),
+            format!("{open_count} open"),
         ),
         money_kpi(
             "Ended episodes' idle cost",
-            cost(&closed),
+            Money::round(ended_cost),
             &a.prices.currency,
-            format!("{} ended", closed.len()),
+            format!("{ended_count} ended"),
         ),
     ];
-    let intro = format!(
+    let mut intro = format!(
         "An episode is an allocation whose SM activity stayed under {:.0} % for at least {} minutes.",
         100.0 * a.idle_threshold,
         a.window_secs() / 60
     );
+    if open_count > open.len() as u64 {
+        intro.push_str(&format!(
+            " {} of the {open_count} open episodes, in the order they started.",
+            open.len()
+        ));
+    }
     let mut open_section =
         Section::table("Open", intro, views::episodes(&open, "open", &req.query()));
     // Admins signed in with a session may snooze an open episode's workload from here.
@@ -792,14 +865,40 @@ pub async fn hoarding(
             }
         }
     }
-    let sections = vec![
-        open_section,
-        Section::table(
-            "Ended",
-            "",
-            views::episodes(&closed, "closed", &req.query()),
+    // Each list pages on its own; the other list's place is kept in the link.
+    let keep = |name: &str, v: &Option<String>| {
+        PageQuery::given(v).map_or(String::new(), |c| format!("&{name}={}", views::segment(&c)))
+    };
+    open_section.more = open_next.map(|c| MoreLink {
+        href: format!(
+            "/hoarding?{}{}",
+            req.query_from(Some(&c.encode())),
+            keep("after_ended", &req.q.after_ended)
         ),
-    ];
+        label: format!("Next {PAGE_EPISODES} open episodes"),
+    });
+    let mut ended_section = Section::table(
+        "Ended",
+        if ended_count > closed.len() as u64 {
+            format!(
+                "{} of the {ended_count} ended episodes, in the order they started.",
+                closed.len()
+            )
+        } else {
+            String::new()
+        },
+        views::episodes(&closed, "closed", &req.query()),
+    );
+    ended_section.more = ended_next.map(|c| MoreLink {
+        href: format!(
+            "/hoarding?{}{}&after_ended={}",
+            req.query_from(None),
+            keep("after", &req.q.after),
+            views::segment(&c.encode())
+        ),
+        label: format!("Next {PAGE_EPISODES} ended episodes"),
+    });
+    let sections = vec![open_section, ended_section];
     render(
         &req,
         "/hoarding",

@@ -506,8 +506,11 @@ pub struct HoardingView {
     pub window_seconds: i64,
     /// The prices' currency.
     pub currency: String,
-    /// The episodes.
+    /// The episodes (a page of them).
     pub episodes: Vec<EpisodeRow>,
+    /// The cursor of the next page (`after=`); absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// Which episodes.
@@ -523,7 +526,8 @@ pub enum EpisodeState {
     All,
 }
 
-/// Reads stored episodes.
+/// Reads stored episodes: all of them (the reclaim pass, Alertmanager), in the order of
+/// [`episodes_page`].
 pub fn episodes(
     conn: &Connection,
     state: EpisodeState,
@@ -532,52 +536,191 @@ pub fn episodes(
     tenant: Option<&str>,
     settings: &Settings,
 ) -> duckdb::Result<Vec<EpisodeRow>> {
+    let rows = episode_rows(conn, state, from, to, tenant, settings, None, i64::MAX)?;
+    Ok(rows.into_iter().map(|(row, _)| row).collect())
+}
+
+/// An episode's place in the lists: its start, then its instance and holder (the table's key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpisodeCursor {
+    started_at: i64,
+    instance_id: i32,
+    holder_id: i32,
+}
+
+impl EpisodeCursor {
+    /// As text for a URL: `started_at.instance_id.holder_id`.
+    pub fn encode(&self) -> String {
+        format!(
+            "{}.{}.{}",
+            self.started_at, self.instance_id, self.holder_id
+        )
+    }
+
+    /// A cursor from [`EpisodeCursor::encode`]; `None` for anything else.
+    pub fn decode(text: &str) -> Option<EpisodeCursor> {
+        let mut parts = text.split('.');
+        let cursor = EpisodeCursor {
+            started_at: parts.next()?.parse().ok()?,
+            instance_id: parts.next()?.parse().ok()?,
+            holder_id: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(cursor)
+    }
+}
+
+/// One page of [`episodes`]: at most `limit` after `after`, and the cursor of the next page
+/// when there is one. Pages follow the episodes' start, so an episode detected while someone
+/// pages lands on the page its start sorts into.
+#[allow(clippy::too_many_arguments)]
+pub fn episodes_page(
+    conn: &Connection,
+    state: EpisodeState,
+    from: i64,
+    to: i64,
+    tenant: Option<&str>,
+    settings: &Settings,
+    after: Option<EpisodeCursor>,
+    limit: usize,
+) -> duckdb::Result<(Vec<EpisodeRow>, Option<EpisodeCursor>)> {
+    let mut rows = episode_rows(
+        conn,
+        state,
+        from,
+        to,
+        tenant,
+        settings,
+        after,
+        i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1),
+    )?;
+    let next = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(|(_, c)| *c)
+    } else {
+        None
+    };
+    Ok((rows.into_iter().map(|(row, _)| row).collect(), next))
+}
+
+/// How many episodes [`episodes`] would give, and their idle cost, without holding them.
+pub fn episode_totals(
+    conn: &Connection,
+    state: EpisodeState,
+    from: i64,
+    to: i64,
+    tenant: Option<&str>,
+    settings: &Settings,
+) -> duckdb::Result<(u64, f64)> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT i.gpu_model, i.mig_profile, e.started_at, e.idle_gpu_seconds
+         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+         WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
+           AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
+           AND (? IS NULL OR h.tenant = ?)",
+    )?;
+    let state = state.as_str();
+    let mut rows = stmt.query(params![state, state, to, from, tenant, tenant])?;
+    let (mut count, mut cost) = (0u64, 0.0);
+    while let Some(r) = rows.next()? {
+        let model: String = r.get(0)?;
+        let profile: Option<String> = r.get(1)?;
+        let idle: f64 = r.get(3)?;
+        count += 1;
+        cost += idle
+            * settings
+                .prices
+                .per_gpu_second(&model, profile.as_deref(), r.get(2)?);
+    }
+    Ok((count, cost))
+}
+
+impl EpisodeState {
+    fn as_str(self) -> &'static str {
+        match self {
+            EpisodeState::Open => "open",
+            EpisodeState::Closed => "closed",
+            EpisodeState::All => "all",
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn episode_rows(
+    conn: &Connection,
+    state: EpisodeState,
+    from: i64,
+    to: i64,
+    tenant: Option<&str>,
+    settings: &Settings,
+    after: Option<EpisodeCursor>,
+    limit: i64,
+) -> duckdb::Result<Vec<(EpisodeRow, EpisodeCursor)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT h.tenant, h.workload, i.node, i.gpu_uuid, i.gpu_instance_id, i.mig_profile,
                 i.gpu_model, h.slo_class, e.started_at, e.detected_at, e.ended_at, e.last_second,
                 CASE WHEN e.sm_active_samples > 0 THEN e.sm_active_sum / e.sm_active_samples END,
-                e.gpu_equivalents, e.idle_gpu_seconds, coalesce(e.resumed, false)
+                e.gpu_equivalents, e.idle_gpu_seconds, coalesce(e.resumed, false),
+                e.instance_id, e.holder_id
          FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
          WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
            AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
            AND (? IS NULL OR h.tenant = ?)
-         ORDER BY e.started_at, i.node, i.gpu_uuid, i.gpu_instance_id",
+           AND (?::BIGINT IS NULL OR e.started_at > ?
+                OR (e.started_at = ? AND (e.instance_id > ?
+                    OR (e.instance_id = ? AND e.holder_id > ?))))
+         ORDER BY e.started_at, e.instance_id, e.holder_id
+         LIMIT ?",
     )?;
-    let state = match state {
-        EpisodeState::Open => "open",
-        EpisodeState::Closed => "closed",
-        EpisodeState::All => "all",
+    let state = state.as_str();
+    let (s, i, h) = match after {
+        Some(c) => (Some(c.started_at), Some(c.instance_id), Some(c.holder_id)),
+        None => (None, None, None),
     };
-    let rows = stmt.query_map(params![state, state, to, from, tenant, tenant], |r| {
-        let gpu_model: String = r.get(6)?;
-        let idle: f64 = r.get(14)?;
-        let gi: i32 = r.get(4)?;
-        let mig_profile: Option<String> = r.get(5)?;
-        let started_at: i64 = r.get(8)?;
-        Ok(EpisodeRow {
-            tenant: r.get(0)?,
-            workload: r.get(1)?,
-            node: r.get(2)?,
-            gpu_uuid: r.get(3)?,
-            gpu_instance_id: (gi >= 0).then_some(gi),
-            slo_class: r.get(7)?,
-            detected_at: r.get(9)?,
-            ended_at: r.get(10)?,
-            last_second: r.get(11)?,
-            mean_sm_active: r.get(12)?,
-            gpu_equivalents: r.get(13)?,
-            idle_gpu_seconds: idle,
-            // Priced as at the episode's start (a price change during an episode is rare).
-            cost: idle
-                * settings
-                    .prices
-                    .per_gpu_second(&gpu_model, mig_profile.as_deref(), started_at),
-            resumed: r.get(15)?,
-            gpu_model,
-            mig_profile,
-            started_at,
-        })
-    })?;
+    let rows = stmt.query_map(
+        params![
+            state, state, to, from, tenant, tenant, s, s, s, i, i, h, limit
+        ],
+        |r| {
+            let gpu_model: String = r.get(6)?;
+            let idle: f64 = r.get(14)?;
+            let gi: i32 = r.get(4)?;
+            let mig_profile: Option<String> = r.get(5)?;
+            let started_at: i64 = r.get(8)?;
+            let cursor = EpisodeCursor {
+                started_at,
+                instance_id: r.get(16)?,
+                holder_id: r.get(17)?,
+            };
+            Ok((
+                EpisodeRow {
+                    tenant: r.get(0)?,
+                    workload: r.get(1)?,
+                    node: r.get(2)?,
+                    gpu_uuid: r.get(3)?,
+                    gpu_instance_id: (gi >= 0).then_some(gi),
+                    slo_class: r.get(7)?,
+                    detected_at: r.get(9)?,
+                    ended_at: r.get(10)?,
+                    last_second: r.get(11)?,
+                    mean_sm_active: r.get(12)?,
+                    gpu_equivalents: r.get(13)?,
+                    idle_gpu_seconds: idle,
+                    // Priced as at the episode's start (a price change during an episode is rare).
+                    cost: idle
+                        * settings.prices.per_gpu_second(
+                            &gpu_model,
+                            mig_profile.as_deref(),
+                            started_at,
+                        ),
+                    resumed: r.get(15)?,
+                    gpu_model,
+                    mig_profile,
+                    started_at,
+                },
+                cursor,
+            ))
+        },
+    )?;
     rows.collect()
 }
 
