@@ -24,6 +24,10 @@
 //!     fleet's nodes send live batches: as a writer job, and beside the writer;
 //! 13. (`-- writer-shares`) the writer alone on live batches with and without two owners' shares
 //!     of every instance (per-process views of time-sliced GPUs).
+//! 14. (`-- fleet-pages`) the Fleet page, fragmentation and hoarding answers of a 10,000-GPU
+//!     fleet (70,000 MIG instances) over HTTP, their p50 / p95 and size, against the showback
+//!     JSON of the same ledger in the same run. `GPULEDGER_BIN=target/release/gpuledger` measures
+//!     a release server from the test build's harness.
 //!
 //! Run with `cargo bench --bench aggregator` (add `-- --only analytics` for 3 and 4 alone);
 //! `cargo test` runs it only as a smoke check.
@@ -489,6 +493,136 @@ fn month_pages(dir: &std::path::Path) {
             p95 / base_p95
         );
     }
+}
+
+/// A 10,000-GPU fleet (1,250 nodes × 8 GPUs × 7 `1g.10gb` instances, 40 tenants) that reported
+/// its last two seconds just now, ingested over HTTP into a real aggregator; then each fleet
+/// answer 20 times, interleaved with the showback JSON of the same day (the baseline), with the
+/// size of each answer.
+fn fleet_pages(dir: &std::path::Path) {
+    const NODES: usize = 1250;
+    let db = dir.join("fleet.duckdb");
+    eprintln!("fleet pages: {}", fleet::binary().display());
+    let server = start_aggregator(&db, &[]);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let now = chrono::Utc::now().timestamp();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    rt.block_on(async {
+        let bodies: Vec<Vec<u8>> = batches(NODES, 2, 2, now - 3)
+            .iter()
+            .map(|b| b.encode_as(Format::Json))
+            .collect();
+        let bodies = Arc::new(bodies);
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let (client, base, bodies, next) =
+                (client.clone(), base.clone(), bodies.clone(), next.clone());
+            tasks.push(tokio::spawn(async move {
+                while let Some(body) =
+                    bodies.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                {
+                    loop {
+                        let r = client
+                            .post(format!("{base}/api/v1/ingest"))
+                            .bearer_auth(TOKEN)
+                            .header("content-encoding", "gzip")
+                            .header("content-type", Format::Json.content_type())
+                            .body(body.clone())
+                            .send()
+                            .await
+                            .unwrap();
+                        if r.status().is_success() {
+                            break;
+                        }
+                        assert_eq!(r.status().as_u16(), 503, "{}", r.text().await.unwrap());
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    eprintln!(
+        "  {NODES} nodes' 140,000 samples ingested in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let day = now - now.rem_euclid(86400);
+    let get = |path: &str| {
+        rt.block_on(async {
+            let start = Instant::now();
+            let r = client
+                .get(format!("{base}{path}"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{path}: {}", r.status());
+            let body = r.bytes().await.unwrap();
+            (start.elapsed().as_secs_f64() * 1000.0, body)
+        })
+    };
+    let paths = [
+        (
+            "GET /api/v1/showback, the day (baseline)".to_owned(),
+            format!("/api/v1/showback?from={day}&to={}", day + 86400),
+        ),
+        ("GET /fleet (first page)".into(), "/fleet".into()),
+        (
+            "GET /fleet?node= (one node)".into(),
+            "/fleet?node=bench-0625".into(),
+        ),
+        (
+            "GET /api/v1/fragmentation (first page, 100 GPUs)".into(),
+            "/api/v1/fragmentation".into(),
+        ),
+        (
+            "GET /api/v1/fragmentation?limit=250 (the largest page)".into(),
+            "/api/v1/fragmentation?limit=250".into(),
+        ),
+        (
+            "GET /api/v1/fragmentation?tenant= (one tenant's GPUs)".into(),
+            "/api/v1/fragmentation?tenant=tenant-7".into(),
+        ),
+        (
+            "GET /api/v1/hoarding?state=all".into(),
+            "/api/v1/hoarding?state=all".into(),
+        ),
+    ];
+    let mut sizes = vec![0usize; paths.len()];
+    for (k, (_, p)) in paths.iter().enumerate() {
+        sizes[k] = get(p).1.len();
+    }
+    let first = String::from_utf8(get("/fleet").1.to_vec()).unwrap();
+    assert_eq!(
+        first.matches("<figure class=\"gpu\"").count(),
+        100,
+        "the Fleet page shows the fleet's first 100 GPUs"
+    );
+    assert!(first.contains("of the 10000 GPUs"), "every GPU counted");
+    let mut times = vec![Vec::new(); paths.len()];
+    for _ in 0..20 {
+        for (k, (_, p)) in paths.iter().enumerate() {
+            times[k].push(get(p).0);
+        }
+    }
+    let base_p95 = fleet::quantile(&mut times[0].clone(), 0.95);
+    for (k, (what, _)) in paths.iter().enumerate() {
+        let (p50, p95) = (
+            fleet::quantile(&mut times[k], 0.5),
+            fleet::quantile(&mut times[k], 0.95),
+        );
+        eprintln!(
+            "  {what}: p50 {p50:.1} ms, p95 {p95:.1} ms = {:.2}× the showback JSON's p95; {:.0} KB",
+            p95 / base_p95,
+            sizes[k] as f64 / 1000.0
+        );
+    }
+    server.stop();
 }
 
 /// A month of rollups for 1,000 GPUs × 7 instances, written with SQL; then the showback queries.
@@ -1131,6 +1265,10 @@ fn main() {
     }
     if std::env::args().any(|a| a == "pages") {
         month_pages(dir.path());
+        return;
+    }
+    if std::env::args().any(|a| a == "fleet-pages") {
+        fleet_pages(dir.path());
         return;
     }
     if std::env::args().any(|a| a == "rewrite") {

@@ -135,15 +135,22 @@ impl Drop for Server {
     }
 }
 
-/// Starts the release binary's aggregator on `db` with `args` added, on a free loopback port,
-/// and waits until it accepts connections.
+/// The `gpuledger` binary the benchmarks start: `GPULEDGER_BIN` when set (a release build's,
+/// measured from a harness the test build compiled), else the one built with this benchmark.
+pub fn binary() -> std::path::PathBuf {
+    std::env::var_os("GPULEDGER_BIN")
+        .map_or_else(|| env!("CARGO_BIN_EXE_gpuledger").into(), Into::into)
+}
+
+/// Starts the aggregator of [`binary`] on `db` with `args` added, on a free loopback port, and
+/// waits until it accepts connections.
 pub fn start_aggregator(db: &Path, args: &[&str]) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+    let child = Command::new(binary())
         .args(["aggregator", "--db"])
         .arg(db)
         .args(["--listen", &format!("127.0.0.1:{port}")])
