@@ -3,7 +3,8 @@
 //! bodies (gzip, JSON, types, lengths), values past every rule, batches past every limit, lying
 //! headers, hostile query parameters and unknown routes. Every answer must be a 4xx naming what
 //! is wrong — no 5xx, no hang — the ledger must be unchanged afterwards, and a valid batch must
-//! still be stored.
+//! still be stored. Beside ingest: the pages with hostile queries, sign-in and sign-out forms,
+//! snoozes, exemptions and exports (issue 48).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -162,7 +163,7 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
         what,
     };
     let good = serde_json::to_vec(base).unwrap();
-    match rng.below(12) {
+    match rng.below(14) {
         // Tokens: missing, unknown, wrong scheme, out of scope.
         0 => {
             let token = rng.pick(&[
@@ -314,6 +315,164 @@ fn request(rng: &mut Rng, base: &Value) -> Request {
                 what: format!("{api}?{query} with {token:?}"),
             }
         }
+        // The pages, with a reader's token and a query each refuses.
+        12 => {
+            let page = rng.pick(&[
+                "/",
+                "/tenants",
+                "/tenants/a",
+                "/fleet",
+                "/hoarding",
+                "/prices",
+            ]);
+            let query = rng.pick(&[
+                "month=2026-99",
+                "from=soon",
+                "unknown=1",
+                "mode=bogus",
+                "dir=sideways",
+                "format=csv",
+                "format=csv&table=nope",
+                "after=zz&month=2026-99",
+                "node=%00&from=soon",
+                "next=%2F%09%2F127.0.0.2&format=csv",
+            ]);
+            let token = rng.pick(&[VIEWER, TENANT_A]);
+            Request {
+                method: reqwest::Method::GET,
+                path: format!("{page}?{query}"),
+                token: Some(token.to_string()),
+                headers: vec![],
+                body: vec![],
+                what: format!("{page}?{query} with {token}"),
+            }
+        }
+        // Forms, exemptions and exports: sign-in with a bad token or a hostile next, sign-out
+        // and snoozes without a session, exemptions past their bounds, exports without rights.
+        13 => {
+            let form = (
+                "content-type",
+                "application/x-www-form-urlencoded".to_owned(),
+            );
+            let json = ("content-type", "application/json".to_owned());
+            let (method, path, token, headers, body): (_, _, Option<&str>, _, String) = rng
+                .pick(&[
+                    (
+                        reqwest::Method::POST,
+                        "/signin",
+                        None,
+                        vec![form.clone()],
+                        "token=wrong-token-0123456789&next=%2F%0A%2Fevil".into(),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/signin",
+                        None,
+                        vec![form.clone()],
+                        format!("token={N1}&next=%2F%5C%5Cevil.example"),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/signin",
+                        None,
+                        vec![form.clone()],
+                        "next=%2F".into(),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/signin",
+                        None,
+                        vec![json.clone()],
+                        "{}".into(),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/signout",
+                        None,
+                        vec![form.clone()],
+                        "csrf=x".into(),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/hoarding/snooze",
+                        Some(VIEWER),
+                        vec![form.clone()],
+                        "csrf=x&tenant=a&workload=a%2Fjob&duration=1h&next=%2F%2Fevil".into(),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/api/v1/exemptions",
+                        Some(TENANT_A),
+                        vec![json.clone()],
+                        format!(r#"{{"duration": "1h", "reason": "{}"}}"#, "r".repeat(2000)),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/api/v1/exemptions",
+                        Some(TENANT_A),
+                        vec![json.clone()],
+                        r#"{"duration": "1h", "tenant": "b"}"#.into(),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/api/v1/exemptions",
+                        Some(VIEWER),
+                        vec![json.clone()],
+                        r#"{"duration": "1h"}"#.into(),
+                    ),
+                    (
+                        reqwest::Method::DELETE,
+                        "/api/v1/exemptions/exm_nope",
+                        Some(TENANT_A),
+                        vec![],
+                        String::new(),
+                    ),
+                    (
+                        reqwest::Method::GET,
+                        "/api/v1/exemptions?limit=0",
+                        Some(VIEWER),
+                        vec![],
+                        String::new(),
+                    ),
+                    (
+                        reqwest::Method::GET,
+                        "/api/v1/hoarding?after=1.2",
+                        Some(VIEWER),
+                        vec![],
+                        String::new(),
+                    ),
+                    (
+                        reqwest::Method::GET,
+                        "/api/v1/fragmentation?limit=100000",
+                        Some(VIEWER),
+                        vec![],
+                        String::new(),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/api/v1/export",
+                        Some(VIEWER),
+                        vec![json.clone()],
+                        r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}"#.into(),
+                    ),
+                    (
+                        reqwest::Method::POST,
+                        "/api/v1/export",
+                        Some(N1),
+                        vec![json.clone()],
+                        format!(r#"{{"cluster": "{}"}}"#, "c".repeat(300)),
+                    ),
+                ])
+                .clone();
+            Request {
+                method,
+                path: path.into(),
+                token: token.map(Into::into),
+                headers,
+                body: body.into_bytes(),
+                what: format!("{path} with {token:?}"),
+            }
+        }
         // Routes and methods that do not exist, admin actions without admin.
         _ => {
             let (method, path, token) = rng
@@ -462,6 +621,16 @@ async fn ten_thousand_malformed_requests_get_4xx_and_change_nothing() {
     for (status, what, body) in &answers {
         assert!((400..500).contains(status), "{what}: HTTP {status}: {body}");
         *by_status.entry(*status).or_insert(0) += 1;
+        // The sign-in form answers a browser: a refused token gets the form again, with the
+        // hostile `next` replaced by a safe one.
+        if what.starts_with("/signin ") && body.starts_with("<!DOCTYPE html>") {
+            assert_eq!(*status, 401, "{what}: {body}");
+            assert!(
+                body.contains("name=\"next\" value=\"/\""),
+                "{what}: a hostile next is not echoed: {body}"
+            );
+            continue;
+        }
         // One error shape for every refusal, the router's own 404/405 included.
         let v: Value = serde_json::from_str(body).unwrap_or_else(|e| {
             panic!("{what}: HTTP {status}: not the JSON error shape ({e}): {body:?}")
