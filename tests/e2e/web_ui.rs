@@ -616,3 +616,90 @@ async fn only_an_admin_session_snoozes_from_the_hoarding_page() {
     assert_eq!(found[0]["workload"].as_str(), Some(workload.as_str()));
     assert_eq!(found[0]["reason"], "snoozed on the Hoarding page");
 }
+
+/// Regression (issue 48, finding 2): `next=/\t/127.0.0.2:…/pwned.html` survived sign-in as a
+/// `Location` that a browser reads as `//127.0.0.2:…` once it drops the tab, and headless Chromium
+/// ended on the foreign page. Now every form of it — tab, newline, backslash, `//` — leaves a
+/// real Chromium on this site, whether it comes in the sign-in page's URL or in a crafted form.
+#[tokio::test(flavor = "multi_thread")]
+async fn open_redirect_after_sign_in_stays_on_the_site_in_chromium() {
+    // The foreign site: anything it serves says "pwned".
+    let foreign = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+    let foreign_port = foreign.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in foreign.incoming() {
+            use std::io::{Read, Write};
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 5\r\nconnection: close\r\n\r\npwned",
+            );
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("finance {FINANCE}\n")).unwrap();
+    let config = dir.path().join("aggregator.toml");
+    std::fs::write(&config, "[ui]\ncookie_secure = true\n").unwrap();
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--token-file",
+            tokens.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let app = format!("http://localhost:{}", a.port);
+    let browser = Browser::start().await;
+    let away = format!("127.0.0.2:{foreign_port}/pwned.html");
+    for hostile in [
+        format!("/\t/{away}"),
+        format!("/\n/{away}"),
+        format!("/\r\n/{away}"),
+        format!("/\\{away}"),
+        format!("/\\/{away}"),
+        format!("//{away}"),
+        format!("/\t\\{away}"),
+        format!("http://{away}"),
+    ] {
+        for crafted in [false, true] {
+            let encoded: String = hostile.bytes().map(|b| format!("%{b:02X}")).collect();
+            browser.go(&format!("{app}/signin?next={encoded}")).await;
+            if crafted {
+                // A form someone else wrote: the hidden field carries the hostile value as is.
+                browser
+                    .js(&format!(
+                        "document.querySelector('input[name=next]').value = {}; return true",
+                        serde_json::to_string(&hostile).unwrap()
+                    ))
+                    .await;
+            }
+            let field = browser.element("#token").await;
+            browser
+                .cmd(
+                    reqwest::Method::POST,
+                    &format!("/element/{field}/value"),
+                    json!({ "text": FINANCE }),
+                )
+                .await;
+            let button = browser.element("button[type=submit]").await;
+            browser
+                .cmd(
+                    reqwest::Method::POST,
+                    &format!("/element/{button}/click"),
+                    json!({}),
+                )
+                .await;
+            let url = browser.wait_for_url(|u| !u.contains("/signin")).await;
+            let text = browser.js("return document.body.innerText").await;
+            assert!(
+                url.starts_with(&format!("{app}/")) && !text.as_str().unwrap().contains("pwned"),
+                "{hostile:?} (crafted form: {crafted}) ended at {url}"
+            );
+        }
+    }
+}
