@@ -431,6 +431,19 @@ async fn pages_need_a_reader_and_forms_refuse_other_sites() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 303);
     assert_eq!(r.headers()["location"], "/");
+    // Regression (issue 48, finding 6): a newline in next was a 500 "failed to parse header
+    // value" with a session cookie set anyway; now it is the way home like any unsafe next.
+    for next in ["/\n/evil", "/\r\n/evil", "/\u{7f}"] {
+        let r = http
+            .post(format!("{}/signin", a.url()))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form(&[("token", FINANCE), ("next", next)]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 303, "{next:?}");
+        assert_eq!(r.headers()["location"], "/", "{next:?}");
+    }
     let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
     for attr in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
         assert!(cookie.contains(attr), "{cookie}");
@@ -702,4 +715,101 @@ async fn open_redirect_after_sign_in_stays_on_the_site_in_chromium() {
             );
         }
     }
+}
+
+/// Regression (issue 48, finding 5): a tenant named `=HYPERLINK(…)` was a leading cell, as is, of
+/// `/api/v1/showback.csv` and every page's CSV, which a spreadsheet runs as a formula. Now every
+/// CSV the pages and the API offer writes such text with a leading `'`; only numbers may begin
+/// with `-`.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_csv_writes_a_formula_as_text() {
+    const HYPERLINK: &str = "=HYPERLINK(\"http://evil.example\",\"click\")";
+    let hostile = [(HYPERLINK, "@SUM(1+1)*cmd|' /C calc'!A0"), ("+1+1", "-2+3")];
+    let dir = tempfile::tempdir().unwrap();
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &["--hoarding-window", "1m"],
+    )
+    .await;
+    let now = chrono::Utc::now().timestamp();
+    let t0 = now - now.rem_euclid(60) - 300;
+    let mut samples = Vec::new();
+    for (k, (tenant, workload)) in hostile.iter().enumerate() {
+        let gpu = common::traces::whole("n1", &format!("GPU-{k}"));
+        for t in t0..t0 + 240 {
+            samples.push(common::traces::sample(
+                t,
+                &gpu,
+                common::traces::held(tenant, workload, SloClass::Batch),
+                Some(0.0),
+            ));
+        }
+    }
+    let (status, body) = a
+        .ingest(ADMIN_TOKEN, &Batch::from_samples("n1", &samples))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(a.evaluate(ADMIN_TOKEN).await.0, 200);
+
+    let day = format!("from={}&to={}", t0 - t0.rem_euclid(86400), now + 60);
+    let mut csvs = vec![
+        format!("/api/v1/showback.csv?{day}&group_by=tenant"),
+        format!("/api/v1/showback.csv?{day}&group_by=workload"),
+    ];
+    let tenant_page = format!("/tenants/{}", common_segment(HYPERLINK));
+    for page in [
+        "/",
+        "/tenants",
+        &tenant_page,
+        "/fleet",
+        "/hoarding",
+        "/prices",
+    ] {
+        let (status, html) = get_text(&a, ADMIN_TOKEN, &format!("{page}?{day}")).await;
+        assert_eq!(status, 200, "{page}: {html}");
+        for part in html.split("<p class=\"csv\"><a href=\"").skip(1) {
+            let href = part.split('"').next().unwrap();
+            csvs.push(href.replace("&#38;", "&").replace("&amp;", "&"));
+        }
+    }
+    assert!(
+        csvs.len() >= 10,
+        "the pages offer their tables as CSV: {csvs:?}"
+    );
+    let mut shown_as_text = 0;
+    for path in &csvs {
+        let (status, text) = get_text(&a, ADMIN_TOKEN, path).await;
+        assert_eq!(status, 200, "{path}: {text}");
+        let mut reader = csv::Reader::from_reader(text.as_bytes());
+        for record in reader.records() {
+            for cell in record.unwrap().iter() {
+                if cell.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+                    assert!(
+                        cell.parse::<f64>().is_ok(),
+                        "{path}: {cell:?} would run as a formula"
+                    );
+                }
+                if cell == format!("'{HYPERLINK}") {
+                    shown_as_text += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        shown_as_text >= 3,
+        "the tenant is in the CSVs, as text: {shown_as_text}"
+    );
+}
+
+/// A path segment, percent-encoded.
+fn common_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
