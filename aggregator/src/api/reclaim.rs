@@ -44,13 +44,16 @@ async fn write<T: Send + 'static>(
         .map_err(|e| ApiError::unavailable(format!("the ledger cannot be written: {e}"), 5))
 }
 
+/// The most rows one answer of these lists has: at a few hundred bytes a row, under 1 MB.
+const MAX_ROWS: i64 = 2000;
+
 fn limit(limit: Option<i64>) -> Result<i64, ApiError> {
     match limit {
         None => Ok(1000),
-        Some(n) if (1..=100_000).contains(&n) => Ok(n),
+        Some(n) if (1..=MAX_ROWS).contains(&n) => Ok(n),
         Some(n) => Err(ApiError::bad_request(
             "limit",
-            format!("{n} is not 1 to 100000"),
+            format!("{n} is not 1 to {MAX_ROWS}"),
         )),
     }
 }
@@ -63,7 +66,7 @@ pub struct ReclaimsQuery {
     pub from: Option<Time>,
     /// Decisions before this.
     pub to: Option<Time>,
-    /// At most this many (1 to 100000, default 1000).
+    /// At most this many (1 to 2000, default 1000).
     pub limit: Option<i64>,
 }
 
@@ -76,7 +79,7 @@ pub struct NoQuery {}
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExemptionsQuery {
-    /// At most this many (1 to 100000, default 1000).
+    /// At most this many (1 to 2000, default 1000).
     pub limit: Option<i64>,
     /// The page after this exemption id: the previous answer's `next`.
     pub after: Option<String>,
@@ -92,7 +95,7 @@ pub struct DeliveriesQuery {
     pub endpoint: Option<String>,
     /// Only this event.
     pub event_id: Option<String>,
-    /// At most this many (1 to 100000, default 1000).
+    /// At most this many (1 to 2000, default 1000).
     pub limit: Option<i64>,
 }
 
