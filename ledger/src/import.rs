@@ -12,9 +12,9 @@
 //! a kept file is sent that way, and a larger one, read as it lies, has each hour rewritten as
 //! soon as the file has moved past it and no later file reaches into it ([`Rewritten`]). The
 //! rewrite frees the hour's rows in file order, and the next hour's rows reuse those blocks (and
-//! those rows skip DuckDB's optimistic writes, so most reach the file only sorted); when
-//! every hour waited for the end, the file grew by all of them and kept them free (a third of a
-//! 24 h import's bytes, docs/perf/storage.md, "A streamed import rewrites each hour on the way").
+//! those rows skip DuckDB's optimistic writes, so most reach the file only sorted); were every
+//! hour to wait for the end, the file would grow by all of them and keep them free
+//! (docs/perf/storage.md, "A streamed import rewrites each hour on the way").
 //! An hour the file comes back to is rewritten again at the end.
 
 use std::path::{Path, PathBuf};
@@ -133,9 +133,9 @@ impl Chunker {
 
 /// A kept file's batches again, their series ordered by instance and then by first second, in
 /// batches of at most [`CHUNK`] samples. The writer appends raw rows in the order it is given
-/// them, and one instance's seconds side by side take about a third of the bytes of rows that
-/// interleave instances (docs/perf/storage.md, "Row order matters"); rows written in this order
-/// need no rewrite afterwards, which left a third of a 2 h import's file as free blocks. Batches
+/// them, and one instance's seconds side by side take far fewer bytes than rows that interleave
+/// instances (docs/perf/storage.md, "Row order matters"); rows written in this order need no
+/// rewrite afterwards, which would leave their old copies as free blocks in the file. Batches
 /// with shares are left as they are.
 fn in_instance_order(batches: Vec<Batch>) -> Vec<Batch> {
     if batches.iter().any(|b| !b.shares.is_empty()) {

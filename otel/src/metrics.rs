@@ -43,9 +43,8 @@ pub const FRESH: Duration = Duration::from_millis(500);
 
 /// Series per instrument before the SDK folds the rest into one series marked
 /// `otel.metric.overflow`: the larger of this and four times the family's series when its
-/// instrument is made. The SDK reserves a hash table of that size per instrument up front (2 MiB
-/// of RSS each at a limit of a million, measured), so the limit follows the family instead of
-/// being set once for all.
+/// instrument is made. The SDK reserves a hash table of that size per instrument up front (its
+/// RSS grows with the limit), so the limit follows the family instead of being set once for all.
 pub const MIN_CARDINALITY_LIMIT: usize = 10_000;
 
 /// Each instrument's series limit, looked up by the view when the instrument is made.

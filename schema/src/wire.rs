@@ -174,7 +174,7 @@ impl Limits {
 pub enum Format {
     /// `application/json`: readable, and what every receiver reads.
     Json,
-    /// `application/vnd.msgpack`: numbers in binary, 1.4-1.6x as fast to decode
+    /// `application/vnd.msgpack`: numbers in binary, faster to decode than JSON
     /// (docs/perf/ingest.md, "A binary body: MessagePack"). What the exporter sends by default.
     #[default]
     #[serde(rename = "msgpack")]
@@ -423,11 +423,12 @@ fn uuid_text_or_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Uuid, D:
 
 /// Columns decoded into vectors of their exact length.
 ///
-/// serde's own `Vec` grows as elements come (JSON says no length ahead): a live 5 s column was
-/// allocated at 4 and reallocated at 8, and in the live load's profile `realloc` alone was 3.4 %
-/// of all CPU samples, nearly all on the request threads. Here up to [`HEAD`](exact::HEAD)
-/// elements are read onto the stack, and a column that ends there is allocated once, at its
-/// length; a longer one continues in a vector that starts with room for four times as many.
+/// serde's own `Vec` grows as elements come (JSON says no length ahead): a live 5 s column is
+/// allocated at 4 and reallocated at 8, and `realloc` shows in the live load's profile, nearly
+/// all on the request threads (docs/perf/ingest.md, "Decoding a live exporter's body"). Here up
+/// to [`HEAD`](exact::HEAD) elements are read onto the stack, and a column that ends there is
+/// allocated once, at its length; a longer one continues in a vector that starts with room for
+/// four times as many.
 mod exact {
     use std::fmt;
     use std::marker::PhantomData;
@@ -821,10 +822,9 @@ impl Batch {
 }
 
 /// What a gzip body should inflate to: its trailer's size (ISIZE, the last four bytes), but never
-/// more than deflate's largest ratio (1032:1) allows for the body. The guess this replaced, 8×
-/// the body, asked a 100 s batch (2.9:1) for 1.1 MB to hold 412 KB, and grew the buffer for a
-/// body that compresses past 8:1. The bench's bodies (random counters) never did; live bodies
-/// compress 4.1:1 there (docs/perf/ingest.md, "Decoding a live exporter's body").
+/// more than deflate's largest ratio (1032:1) allows for the body. A fixed multiple of the body
+/// would ask too much for a body that compresses little, and grow the buffer for one that
+/// compresses past it (docs/perf/ingest.md, "Decoding a live exporter's body").
 fn inflated_size_hint(body: &[u8]) -> usize {
     let trailer = body.len().checked_sub(4).map(|at| &body[at..]);
     let isize = trailer.map_or(0, |t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]) as usize);
@@ -837,8 +837,9 @@ fn inflated_size_hint(body: &[u8]) -> usize {
 /// The pass takes 64 bytes at a time as bit masks (quotes, backslashes, commas; [`masks`]): the
 /// bytes inside strings are the prefix XOR of the quote mask, and the commas outside are counted
 /// with one popcount. A block with a backslash in it, or that starts escaped, goes byte by byte
-/// ([`Scan::bytes`]), since an escaped quote does not end a string. A live exporter's 5 s body
-/// spent a fifth of its decoding in the byte-by-byte pass alone.
+/// ([`Scan::bytes`]), since an escaped quote does not end a string. Byte by byte, this pass is a
+/// large part of decoding a live exporter's 5 s body (docs/perf/ingest.md, "Decoding a live
+/// exporter's body").
 fn json_values_at_most(json: &[u8]) -> usize {
     let mut scan = Scan::default();
     let mut blocks = json.chunks_exact(64);

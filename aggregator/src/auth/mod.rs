@@ -18,8 +18,8 @@
 //! SHA-256 digests, and a request's token is found by its digest: the time a look-up takes
 //! depends on the digest of what was presented, which says nothing usable about a configured
 //! token, and not on how many are configured. (A fleet has one token per node. Comparing every
-//! configured token in constant time on every request was 7 % of the aggregator's CPU at 1,250
-//! nodes, docs/perf/ingest.md, "The request path's CPU: token look-up, and allocators".)
+//! configured token in constant time on every request is a visible share of the aggregator's CPU
+//! at 1,250 nodes, docs/perf/ingest.md, "The request path's CPU: token look-up, and allocators".)
 
 pub mod session;
 

@@ -1,7 +1,7 @@
 //! What the analytics read: the dimension tables once, in memory, and minute rollup rows as
-//! plain numbers fetched through DuckDB's Arrow interface (a row-by-row fetch with strings cost
-//! ~1 s per 600k rows; see docs/perf/analytics.md, "Analytics: hoarding + fragmentation evaluation,
-//! month showback").
+//! plain numbers fetched through DuckDB's Arrow interface (a row-by-row fetch with strings is far
+//! slower; see docs/perf/analytics.md, "Analytics: hoarding + fragmentation evaluation, month
+//! showback").
 
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
@@ -57,7 +57,7 @@ pub struct HolderDim {
 /// Rows by the ledger's own ids (`instances.instance_id`, `holders.holder_id`), which the writer
 /// hands out upwards from 1, one at a time: a vector indexed by id finds a row with one load and
 /// no hashing. A pass looks up an instance and a holder for every minute row it reads, millions
-/// late in the hour, and with a hash map those look-ups were a tenth of the pass
+/// late in the hour, and with a hash map those look-ups are a large share of the pass
 /// (docs/perf/analytics.md, "The evaluation's per-row work"). The vector starts at the lowest id
 /// the ledger holds ([`IdTable::start_at`]): retention deletes the oldest rows once no rollup names
 /// them. An id the vector would have to grow far past its rows to hold (one below its start, or far
@@ -166,8 +166,8 @@ pub struct Dims {
 
 impl Dims {
     /// Loads both tables, through DuckDB's Arrow interface: a row-by-row fetch of 210,000
-    /// instances took 0.4 s, once per pass and again for `/metrics` (docs/perf/analytics.md,
-    /// "Several fleets at once").
+    /// instances is slow, and it runs once per pass and again for `/metrics`
+    /// (docs/perf/analytics.md, "Several fleets at once").
     pub fn load(conn: &Connection) -> duckdb::Result<Dims> {
         let mut d = Dims::default();
         d.load_newer(conn)?;

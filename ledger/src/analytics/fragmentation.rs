@@ -143,7 +143,7 @@ WHERE r.bucket >= ? AND r.bucket < ? AND (r.instance_id BETWEEN ? AND ? OR r.ins
 
 /// The minute rows of each (GPU, minute): `rows` in (GPU index, bucket, instance, holder) order,
 /// and each (GPU index, minute bucket)'s range of them, in that order. One vector for them all:
-/// a vector per (GPU, minute) was 570,000 allocations a pass at 10,000 GPUs late in the hour.
+/// a vector per (GPU, minute) would be 570,000 allocations a pass at 10,000 GPUs late in the hour.
 struct Minutes {
     rows: Vec<MinuteFact>,
     groups: Vec<((usize, i64), std::ops::Range<usize>)>,
@@ -264,7 +264,8 @@ pub fn over_gpus(
     let no_mig = Demand::from_counts(&mig::MODELS[0], &HashMap::new());
     // The last whole minute analysed: its GPU, its rows' (instance, holder) and the result. A
     // GPU's geometry and holders usually stay the same minute after minute, and then so does
-    // the analysis (`present` and `analyse` were a sixth of a pass).
+    // the analysis, too costly to redo for every minute (docs/perf/analytics.md, "The
+    // evaluation's per-row work").
     let mut last: Option<(usize, Vec<(i32, i32)>, Fragmentation)> = None;
     for ((g, bucket), rows) in minutes.iter() {
         let gpu = &dims.gpus[g];

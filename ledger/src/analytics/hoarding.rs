@@ -7,7 +7,7 @@
 //! Key decision: a pass does not read a long episode's history again. Each stored episode keeps
 //! its run's totals before a point ([`Base`]), and the next pass continues the run from there
 //! ([`plan`], [`runs_from`]) with the same additions in the same order, so its sums are equal to
-//! the bit to a scan of the whole run. Before this, one allocation idle for a week made every
+//! the bit to a scan of the whole run. Otherwise one allocation idle for a week would make every
 //! 15 s pass read a week of its GPU's minutes, and of every GPU's, since the read is one scan
 //! from the earliest start (docs/perf/analytics.md, "The evaluation against the hoarders'
 //! history").

@@ -68,17 +68,17 @@ impl Default for Settings {
             idle_threshold: 0.05,
             window: Duration::from_secs(30 * 60),
             // Reclaim decides after each evaluation: 15 s keeps detection-to-webhook under 30 s
-            // (BENCHMARKS.md, "Reclaim latency") at 0.1-0.26 s per 10,000 instances per pass in
-            // the release build (early and late in the hour), however long the hoarders have
-            // been idle (docs/perf/analytics.md, "The evaluation against the hoarders' history" and
+            // (BENCHMARKS.md, "Reclaim latency"), while a pass takes a small part of the interval
+            // early and late in the hour, however long the hoarders have been idle
+            // (docs/perf/analytics.md, "The evaluation against the hoarders' history" and
             // "Several fleets at once").
             interval: Duration::from_secs(15),
             prices: prices::PriceBook::default(),
             demand: HashMap::new(),
             demand_lookback: Duration::from_secs(7 * 86400),
             billing: bill::BillingSettings::default(),
-            // About 0.1-0.2 s of reading per snapshot on 2 cores (docs/perf/analytics.md, "The
-            // evaluation read in short snapshots").
+            // Short snapshots, so that none holds back the WAL for long (docs/perf/analytics.md,
+            // "The evaluation read in short snapshots").
             snapshot_instances: 20_000,
         }
     }
@@ -180,8 +180,8 @@ type Dirty = (i64, fragmentation::GpuKey, i64, i64);
 /// third, then the facts of at most [`Settings::snapshot_instances`] instances in each of the
 /// next ones, whole GPUs at a time. DuckDB checkpoints no WAL while a snapshot older than a
 /// committed update is open, and the writer's folds update the rollups every few seconds; a
-/// single snapshot over four 10,000-GPU fleets was open 1.3–2.5 s, and the WAL it held back was
-/// checkpointed later in one stall (docs/perf/analytics.md, "The evaluation read in short
+/// single snapshot over four 10,000-GPU fleets stays open for seconds, and the WAL it holds back
+/// is checkpointed later in one stall (docs/perf/analytics.md, "The evaluation read in short
 /// snapshots").
 ///
 /// Why that is exact: each GPU's results come from one snapshot, at least as new as the first,

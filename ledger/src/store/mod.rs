@@ -119,9 +119,9 @@ impl Failure {
 }
 
 /// Appends rows given as columns, in `table`'s column order, through the appender's Arrow path:
-/// one columnar chunk per 2,048 rows. A row at a time (`append_row`) costs about 100 ns a value
-/// in DuckDB's C API, which made storing a 70,000-instance pass's results some 45 ms of the
-/// writer's thread (docs/perf/analytics.md, "The writer's share of an evaluation").
+/// one columnar chunk per 2,048 rows. A row at a time (`append_row`) is a call into DuckDB's C
+/// API per value, too slow for a 70,000-instance pass's results on the writer's thread
+/// (docs/perf/analytics.md, "The writer's share of an evaluation").
 pub fn append_columns(
     conn: &Connection,
     table: &str,
@@ -143,8 +143,8 @@ const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (version 
 
 /// The DuckDB storage format a new ledger file is written in. DuckDB's default is compatible
 /// with v0.10.2 (tagged `v1.0.0+`), which serializes every column's distinct-count sketch in the
-/// old, wide layout: on a 2 h ledger that was 182 of the metadata's 4 KiB blocks, against 17 with
-/// v1.2's (docs/perf/storage.md, "Metadata in DuckDB v1.2's storage format"). A file keeps the
+/// old, wide layout, many times the metadata blocks of v1.2's (docs/perf/storage.md, "Metadata in
+/// DuckDB v1.2's storage format"). A file keeps the
 /// format it was created in; DuckDB 1.2 and later read it.
 pub const STORAGE_VERSION: &str = "v1.2.0";
 

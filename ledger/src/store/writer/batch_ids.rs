@@ -4,8 +4,8 @@
 //! ([`Batch::first_second`]): a re-send carries the same seconds. Rows arrive roughly in that
 //! order, so DuckDB's zone maps on `first_ts` skip all but the recent row groups; looking ids up
 //! among every batch id of the raw window scanned the whole table once per group, which grows
-//! to 43 M rows in 48 h for a 10,000-GPU fleet (migration 0007): at 10 M rows the writer took
-//! 48 ms instead of 29 ms per group of one batch (`cargo bench --bench aggregator -- writer-live`). A batch without seconds is
+//! to 43 M rows in 48 h for a 10,000-GPU fleet (migration 0007), so every group slowed as the
+//! table grew (`cargo bench --bench aggregator -- writer-live`). A batch without seconds is
 //! looked up among the rows without one. Missing an id is never wrong, only slower: the minute
 //! masks still store each second once.
 
@@ -90,7 +90,7 @@ fn stored_before(tx: &Connection, batches: &[(&Batch, i64)]) -> duckdb::Result<H
 }
 
 /// Records the batches `new` (indexes into `batches`) with what became of them, through an
-/// appender (one INSERT of a few hundred rows' placeholders cost ~70 µs a row to parse and bind).
+/// appender (an INSERT of a few hundred rows' placeholders is slow to parse and bind).
 pub(super) fn record(
     tx: &Connection,
     batches: &[(&Batch, i64)],

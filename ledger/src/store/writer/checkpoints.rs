@@ -1,25 +1,24 @@
 //! How much WAL DuckDB gathers before it checkpoints, set by whether the writer keeps up.
 //!
 //! DuckDB checkpoints inside the commit that takes the WAL past `checkpoint_threshold`, and that
-//! commit's batches, and every batch that arrives meanwhile, wait for it. A checkpoint costs about
-//! 7 ms per MB of WAL on 2 cores (docs/perf/writer.md, "Checkpoints: the paced p99 and DuckDB's
-//! memory"). So:
+//! commit's batches, and every batch that arrives meanwhile, wait for it. A checkpoint's cost
+//! grows with the WAL it writes out (docs/perf/writer.md, "Checkpoints: the paced p99 and
+//! DuckDB's memory"). So:
 //! - while the writer keeps up (it spent under [`BUSY_SHARE`] of the last [`WINDOW`] writing
-//!   groups, and waited for batches the rest) the threshold is [`STEADY`]: a 0.1–0.25 s stall
-//!   every second or two. At 256 MB a 10,000-GPU fleet's pace (70,000 samples/s) met a 1.7–2.2 s
-//!   stall every ~15 s, which set the request p99, and DuckDB held up to ~700 MB more until it
-//!   ran (over ten minutes its buffer pool grows toward its limit either way);
+//!   groups, and waited for batches the rest) the threshold is [`STEADY`]: short stalls, often.
+//!   At [`BUSY`]'s size a 10,000-GPU fleet's pace (70,000 samples/s) meets fewer, longer stalls,
+//!   which set the request p99, and DuckDB holds much more memory until one runs (over ten
+//!   minutes its buffer pool grows toward its limit either way);
 //! - while it does not (a backfill, a backlog being worked off: the queue never empties) it is
-//!   [`BUSY`]: at [`STEADY`] the checkpoints came every fraction of a second, and cost the
-//!   100 s-batch backfill a sixth of its throughput and up to half again its bytes on disk. (At
-//!   16 MB, before held folds, nearly every commit paid for one.)
+//!   [`BUSY`]: at [`STEADY`] the checkpoints come every fraction of a second, and cost a
+//!   100 s-batch backfill much of its throughput and bytes on disk.
 //!
 //! The judgement is the writer's share of the time, not the samples a second: several fleets at
 //! once are still live exporters, each request waiting on the next checkpoint. Judged by rate (busy
-//! from 250,000 samples a second), four 10,000-GPU fleets (280,000 samples/s) kept the writer busy
-//! and gathered 210–320 MB of WAL between checkpoints: a paced p99 of 0.97–1.52 s on 2 cores
-//! (0.89–1.35 s judged by time), where the writer spent about half its time writing
-//! (docs/perf/writer.md, "Checkpoints judged by the writer's time, not its rate").
+//! from 250,000 samples a second), four 10,000-GPU fleets (280,000 samples/s) count as busy
+//! although the writer spends only part of its time writing, and the WAL they gather between
+//! checkpoints raises their paced p99 (docs/perf/writer.md, "Checkpoints judged by the writer's
+//! time, not its rate").
 //!
 //! The first commit after a busy spell may pay for the WAL gathered during it. Retention
 //! checkpoints on its own interval whatever the pace.
@@ -27,7 +26,7 @@
 //! **Row groups are merged only when the writer compacts.** Each commit that appends a group's raw
 //! rows leaves a partial row group behind its full ones, and by default every checkpoint "vacuums":
 //! it reads and recompresses runs of adjacent row groups to merge them. Live, that rewrote rows the
-//! hourly compaction (`compact.rs`) rewrites again anyway: a tenth of the writer thread's profile
+//! hourly compaction (`compact.rs`) rewrites again anyway: a large part of the writer's profile
 //! under a burst, a checkpoint after it that stalled the next seconds' requests, and the merged
 //! groups' old blocks left free inside the file, at the end of an import too (docs/perf/storage.md,
 //! "Row groups merged only when the writer compacts"). So the store opens with DuckDB's
@@ -48,9 +47,10 @@ pub(crate) const BUSY: &str = "256MB";
 
 /// Share of a [`WINDOW`] spent writing ingest groups from which the writer counts as busy. A
 /// group's time is all of it, from its first statement to its answer, waits for the fold in
-/// flight included: the same span `writer_commit_duration_seconds` observes. On 2 cores the live
-/// bench's throughput phase (1,000 senders back to back) kept it at 0.92–1.05 a second, four
-/// fleets' pace at 0.3–0.86 (1.1 once, catching up after a stall).
+/// flight included: the same span `writer_commit_duration_seconds` observes. The threshold sits
+/// between what the live bench's throughput phase (1,000 senders back to back) and four fleets'
+/// pace keep it at on 2 cores (docs/perf/writer.md, "Checkpoints judged by the writer's time,
+/// not its rate").
 pub(super) const BUSY_SHARE: f64 = 0.9;
 
 /// How long the writer counts its time before it judges whether it keeps up.

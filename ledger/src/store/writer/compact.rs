@@ -3,26 +3,26 @@
 //! Live ingest appends a group's few seconds of every node together, so neighbouring raw rows
 //! belong to different instances, and DuckDB's per-vector compression (ALP for the ratios,
 //! bit-packing, RLE) finds little to share: one instance's counters change slowly from second to
-//! second, thousands of instances' do not. The same rows one instance after another take about a
-//! third of the space (docs/perf/storage.md, "Row order matters"). So each hour's raw rows are
+//! second, thousands of instances' do not. The same rows one instance after another take far less
+//! space (docs/perf/storage.md, "Row order matters"). So each hour's raw rows are
 //! rewritten ordered by (instance, second) once it is closed: by the aggregator's [`Compactor`], on
 //! a connection of its own beside the writer (ingest does not wait for it), and by an import on
 //! the writer's thread, in order with its batches. A rewrite goes in slices of at most
 //! [`SLICE_ROWS`] rows (ranges of instance ids), each slice in a transaction of its own: the
 //! slice's rows are inserted again in order, then the old copies (row ids up to the table's
 //! largest before the insert) are deleted. A checkpoint after each hour frees the old row groups'
-//! blocks, which the next hour's rewrite reuses (with one checkpoint at the end, a day's import
-//! left the file a third larger, its old blocks free inside it).
+//! blocks, which the next hour's rewrite reuses (with one checkpoint at the end, an import's old
+//! blocks would stay free inside a file grown by them).
 //!
 //! **Optimistic writes.** DuckDB's optimistic writes put an insert's full row groups on disk at
-//! once, and leave every insert's last blocks part-filled: an hour at a time, that was a sixth of
-//! the raw rows' bytes (8.56 against 7.33 B a row for the same rows, docs/perf/storage.md, "A
-//! streamed import rewrites each hour on the way"). So an import's rewrite turns them off: the
+//! once, and leave every insert's last blocks part-filled: an hour at a time, those tails add
+//! noticeably to the raw rows' bytes (docs/perf/storage.md, "A streamed import rewrites each hour
+//! on the way"). So an import's rewrite turns them off: the
 //! slice's rows wait in DuckDB's buffer pool until the commit (within its memory limit), and the
 //! hour's checkpoint packs them. The
 //! [`Compactor`] keeps them on. Beside a busy writer its commits cannot checkpoint, so an hour's
 //! rows held back for the hour's checkpoint made that checkpoint, which runs on the writer, hold
-//! every batch back for seconds (2.4 s for 20 M rows); and a live hour's slices are large, so
+//! every batch back for seconds; and a live hour's slices are large, so
 //! their part-filled tails cost little (docs/perf/storage.md, "The hourly rewrite beside the
 //! writer").
 //!
@@ -43,7 +43,8 @@ use crate::store::StoreError;
 pub(super) const SLICE_ROWS: i64 = 4_000_000;
 
 /// How long the [`Compactor`] waits after each slice, leaving the cores to the writer and the
-/// requests: a full slice takes about 1.7 s on 2 cores beside a fleet's batches.
+/// requests: a full slice keeps DuckDB's threads busy, and on 2 cores a fleet's batches wait
+/// meanwhile (docs/perf/storage.md, "The hourly rewrite beside the writer").
 pub(super) const SLICE_PAUSE: Duration = Duration::from_secs(1);
 
 impl WriterThread {
@@ -88,7 +89,7 @@ impl WriterThread {
 ///
 /// A slice keeps DuckDB's threads busy, and on few cores the writer and the requests wait for
 /// them; so the compactor pauses [`SLICE_PAUSE`] after each slice. For a full fleet's hour that
-/// makes the rewrite about 50 s longer, well inside the hour until the next one.
+/// adds one pause per slice to the rewrite, well inside the hour until the next one.
 ///
 /// A stop ([`Compactor::stop`]) ends the rewrite after the slice in progress: the process need
 /// not wait for the rest of the hour, whose rows stay as they are.

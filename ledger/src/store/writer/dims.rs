@@ -143,7 +143,7 @@ impl Interned {
 
 /// The hash of an encoded key; one process-wide random key, so that keys loaded and keys looked
 /// up hash alike and no sender can choose colliding names. aHash, keyed at run time: SipHash of
-/// every series' strings was a tenth of id assignment in the live load's profile.
+/// every series' strings weighed on id assignment in the live load's profile.
 fn hash_of(key: &[u8]) -> u64 {
     static STATE: std::sync::OnceLock<ahash::RandomState> = std::sync::OnceLock::new();
     STATE.get_or_init(ahash::RandomState::new).hash_one(key)

@@ -2,8 +2,8 @@
 //!
 //! Under load the writer holds a group's minute and GPU deltas back ([`held`](super::held)) and
 //! folds what it holds about once a second, or once every 30 s while it is far behind. On the
-//! writer's own thread such a fold stopped the writer: at three fleets' pace it took 544–1,403 ms
-//! (five `MERGE`s, about 10.7 µs a held row), and every batch that arrived meanwhile waited for it
+//! writer's own thread such a fold stopped the writer: at three fleets' pace it was the longest
+//! stall (five `MERGE`s over every held row), and every batch that arrived meanwhile waited for it
 //! (docs/perf/analytics.md, "What sets the three fleets' tail: the held fold"). So a fold that
 //! falls due while batches wait is handed to this thread, which folds it in a transaction of its
 //! own while the writer goes on committing raw rows.

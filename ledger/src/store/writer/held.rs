@@ -39,9 +39,9 @@ use super::rollups::{
 /// Samples waiting behind a group from which the writer counts as behind, and holds for up to
 /// [`HOLD_FOR`]; with fewer waiting it holds for up to [`HOLD_BRIEFLY`]. Holding long pays when
 /// the same instances bring several batches before the fold, i.e. when the writer is behind. At
-/// a live fleet's own pace each instance sends one batch per 5 s: there a long hold only made the
-/// folds fewer and larger (the paced load's p99 rose from ~0.5 s to 1.1 s, docs/perf/ingest.md,
-/// "Live path: 1,000 senders, 280-sample gzip batches"), and a fold per group, five `MERGE`s for a
+/// a live fleet's own pace each instance sends one batch per 5 s: there a long hold only makes the
+/// folds fewer and larger, which raises the paced load's p99 (docs/perf/ingest.md, "Live path:
+/// 1,000 senders, 280-sample gzip batches"), and a fold per group, five `MERGE`s for a
 /// batch or two, made the writer's fixed cost most of its work.
 pub(super) const HOLD_BEHIND: usize = 50_000;
 
@@ -251,9 +251,8 @@ impl Held {
     /// is unchanged: call [`Held::folded`] once `tx` has committed.
     ///
     /// The two sets of minute deltas are folded as one set of rows without merging them into a
-    /// map: what is held can be 250,000 rows, and growing the group's map to take them cost
-    /// 1.35 % of the writer's time under the live load (docs/perf/writer.md, "Folding what is
-    /// held").
+    /// map: what is held can be 250,000 rows, and growing the group's map to take them shows in
+    /// the writer's profile under the live load (docs/perf/writer.md, "Folding what is held").
     pub(super) fn fold_with(
         &self,
         tx: &Connection,

@@ -154,9 +154,10 @@ impl IngestJob {
 
 /// The writer's answer to an ingest job. It brings the batch back, with its places in the queue,
 /// so that the request's thread frees it: the request thread allocated it, and freeing a group's
-/// batches (hundreds of thousands of small vectors) on the writer thread took 7 % of the one
-/// serial stage (docs/perf/writer.md, "The writer's own work, and what bounds the live path"). The
-/// places are given back once the batch is freed, so the queue still bounds the batches' memory.
+/// batches (hundreds of thousands of small vectors) on the writer thread is a visible part of the
+/// one serial stage (docs/perf/writer.md, "The writer's own work, and what bounds the live
+/// path"). The places are given back once the batch is freed, so the queue still bounds the
+/// batches' memory.
 struct Written {
     result: Result<IngestOutcome, StoreError>,
     _batch: Batch,

@@ -129,7 +129,7 @@ pub(super) fn pass(
     // writer's own work, and what bounds the live path").
     let samples = group.iter().map(|(_, b, _)| b.sample_count()).sum();
     // So are the pass's maps, for the (series, minute) runs the group can bring: grown by
-    // doubling, their rehashing took some 5 % of the writer's time under the live load
+    // doubling, their rehashing showed in the writer's profile under the live load
     // (docs/perf/writer.md, "The pass's maps sized for the group"). The count is an upper bound (a
     // group of duplicates brings no key), so it is capped: a live group of 1,000 batches is
     // some 70,000 runs.

@@ -3,7 +3,7 @@
 //! Dedup reads, for every group, the seconds the ledger holds for the group's instances in the
 //! group's minutes ([`pass::covered`](super::pass::covered)). Asked of DuckDB, that is a query per
 //! group which DuckDB plans again every time (it keeps no plan for a prepared statement that has
-//! parameters and reads a table): a tenth of the writer's time at a fleet's own pace
+//! parameters and reads a table): a large share of the writer's time at a fleet's own pace
 //! (docs/perf/writer.md, "The recent minutes' masks in the writer's memory"). So the writer keeps
 //! those seconds itself for the minutes live batches reach.
 //!

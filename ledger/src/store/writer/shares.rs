@@ -5,8 +5,8 @@
 //!
 //! The seconds are not read through `Series::shares`, which clones the instance's and the owner's
 //! names for every second, nor appended a value at a time: with two owners on every instance
-//! that made the writer's cost per sample 2.5 times what it is without shares (docs/perf/writer.md,
-//! "Shares on the writer's thread").
+//! that makes the writer's cost per sample several times what it is without shares
+//! (docs/perf/writer.md, "Shares on the writer's thread").
 
 use std::sync::Arc;
 
