@@ -58,6 +58,16 @@ pub struct Limits {
     pub max_exemptions_per_tenant: usize,
 }
 
+/// The ledger file when `--db` is not given.
+pub const DEFAULT_DB: &str = "/var/lib/gpuledger/ledger.duckdb";
+/// How long raw 1 s samples are kept when `--raw-retention` is not given.
+pub const DEFAULT_RAW_RETENTION: Duration = Duration::from_secs(48 * 3600);
+/// How long the rollups are kept when `--rollup-retention` is not given: a year and a month,
+/// so that last year's same month can be billed again.
+pub const DEFAULT_ROLLUP_RETENTION: Duration = Duration::from_secs(400 * 86_400);
+/// How often retention runs when `--retention-interval` is not given.
+pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(600);
+
 /// The fleet's instance bound when `max_instances` is not given: 20,000 GPUs, each carved into
 /// its seven smallest MIG slices, with room for as many again re-carved within the raw window.
 pub const DEFAULT_MAX_INSTANCES: usize = 280_000;

@@ -15,7 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::Tokens;
 use crate::auth::session::UiFile;
-use crate::config::{Config, Limits};
+use crate::config::{
+    Config, DEFAULT_DB, DEFAULT_RAW_RETENTION, DEFAULT_RETENTION_INTERVAL,
+    DEFAULT_ROLLUP_RETENTION, Limits,
+};
 use gpuledger_ledger::analytics::Settings as AnalyticsSettings;
 use gpuledger_ledger::analytics::bill::BillingSettings;
 use gpuledger_ledger::analytics::prices::{PriceBook, PriceFile};
@@ -27,11 +30,10 @@ use gpuledger_ledger::store::Retention;
 #[derive(Debug, Default, clap::Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AggregatorOptions {
-    /// The DuckDB ledger file, created with its schema on first start
-    /// [default: /var/lib/gpuledger/ledger.duckdb].
+    /// The DuckDB ledger file, created with its schema on first start.
     #[arg(long)]
     pub db: Option<PathBuf>,
-    /// Address of the API, /metrics and the probes [default: 0.0.0.0:9836].
+    /// Address of the API, /metrics and the probes.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Token file: one `<scope> <token>` per line, scope node:NAME, node:*, viewer,
@@ -39,50 +41,50 @@ pub struct AggregatorOptions {
     /// GPULEDGER_ADMIN_TOKEN in the environment adds an admin token.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
-    /// How long raw 1 s samples are kept [default: 48h].
+    /// How long raw 1 s samples are kept.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub raw_retention: Option<Duration>,
-    /// How long the minute, hour and tenant rollups are kept [default: 400days].
+    /// How long the minute, hour and tenant rollups are kept.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub rollup_retention: Option<Duration>,
-    /// How often retention runs [default: 10m].
+    /// How often retention runs.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub retention_interval: Option<Duration>,
-    /// Largest ingest body in bytes, as sent (gzip) [default: 4194304].
+    /// Largest ingest body in bytes, as sent (gzip).
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
-    /// Samples accepted but not yet written before ingest answers 503 [default: 2000000].
+    /// Samples accepted but not yet written before ingest answers 503.
     #[arg(long)]
     pub queue_samples: Option<usize>,
-    /// How far in the future a sample may be [default: 5m].
+    /// How far in the future a sample may be.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub max_future_skew: Option<Duration>,
-    /// DuckDB's memory limit, in DuckDB's syntax [default: 1GB].
+    /// DuckDB's memory limit, in DuckDB's syntax.
     #[arg(long)]
     pub memory_limit: Option<String>,
-    /// A minute of an allocation is idle when its mean SM activity is below this [default: 0.05].
+    /// A minute of an allocation is idle when its mean SM activity is below this.
     #[arg(long)]
     pub idle_threshold: Option<f64>,
-    /// How long an idle run lasts before it is a hoarding episode [default: 30m].
+    /// How long an idle run lasts before it is a hoarding episode.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub hoarding_window: Option<Duration>,
-    /// How often hoarding and fragmentation are evaluated, then the reclaim policy [default: 15s].
+    /// How often hoarding and fragmentation are evaluated, then the reclaim policy.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub analytics_interval: Option<Duration>,
-    /// Price of a GPU-hour for models without an entry in the config file's [prices] [default: 0].
+    /// Price of a GPU-hour for models without an entry in the config file's [prices].
     #[arg(long)]
     pub default_price: Option<f64>,
-    /// Currency the prices are in, shown beside costs [default: USD].
+    /// Currency the prices are in, shown beside costs.
     #[arg(long)]
     pub currency: Option<String>,
     /// Directory `POST /api/v1/export` (`gpuledger export --aggregator`) writes Parquet into,
-    /// while the aggregator runs [default: none, the endpoint is off].
+    /// while the aggregator runs.
     #[arg(long)]
     pub export_dir: Option<PathBuf>,
     /// Ingest admission and batch limits (config file: the `[limits]` table).
@@ -96,7 +98,8 @@ pub struct AggregatorOptions {
     pub http: gpuledger_otel::serve::HttpOptions,
 
     // Keys of the config file only: tables a command line cannot hold.
-    /// How far back observed allocations make the MIG demand mix [default: 7days].
+    /// How far back observed allocations make the MIG demand mix (a key of the file only; its
+    /// default is `AnalyticsSettings::default().demand_lookback`, docs/aggregator.md).
     #[arg(skip)]
     #[serde(with = "duration")]
     pub demand_lookback: Option<Duration>,
@@ -145,31 +148,77 @@ pub struct AggregatorOptions {
 #[serde(default, deny_unknown_fields)]
 pub struct LimitOptions {
     /// Samples plus share seconds one batch may hold; the decoded size and JSON values a body
-    /// may have follow from it (schema/WIRE.md) [default: 50000].
+    /// may have follow from it (schema/WIRE.md).
     #[arg(long)]
     pub max_batch_samples: Option<usize>,
     /// Instances (MIG slices, whole GPUs) one node may have in the ledger; a batch adding more
-    /// gets 422 [default: 256].
+    /// gets 422.
     #[arg(long)]
     pub max_instances_per_node: Option<usize>,
-    /// Instances the whole ledger may have, whatever the nodes; a batch adding more gets 422
-    /// [default: 280000].
+    /// Instances the whole ledger may have, whatever the nodes; a batch adding more gets 422.
     #[arg(long)]
     pub max_instances: Option<usize>,
-    /// Exemptions in force one tenant may have made through the API; one more gets 422
-    /// [default: 100].
+    /// Exemptions in force one tenant may have made through the API; one more gets 422.
     #[arg(long)]
     pub max_exemptions_per_tenant: Option<usize>,
-    /// Ingest requests in flight at once [default: 64].
+    /// Ingest requests in flight at once.
     #[arg(long)]
     pub ingest_slots: Option<usize>,
-    /// Ingest requests one token may have in flight; more get 429 [default: 16].
+    /// Ingest requests one token may have in flight; more get 429.
     #[arg(long)]
     pub ingest_slots_per_token: Option<usize>,
-    /// How long an ingest body may take to arrive before 408 [default: 10s].
+    /// How long an ingest body may take to arrive before 408.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub body_read_timeout: Option<Duration>,
+}
+
+/// The defaults of `gpuledger aggregator`'s options, as its help and docs/config.md show them
+/// (`gpuledger_otel::process::with_defaults`): each from the constant or `Default` value that
+/// [`AggregatorOptions::resolve`] fills in.
+pub fn shown_defaults() -> Vec<(&'static str, String)> {
+    use gpuledger_otel::process::shown_duration;
+    let l = Limits::default();
+    let a = AnalyticsSettings::default();
+    let mut shown = vec![
+        ("db", DEFAULT_DB.to_owned()),
+        ("listen", DEFAULT_LISTEN.to_string()),
+        ("raw_retention", shown_duration(DEFAULT_RAW_RETENTION)),
+        ("rollup_retention", shown_duration(DEFAULT_ROLLUP_RETENTION)),
+        (
+            "retention_interval",
+            shown_duration(DEFAULT_RETENTION_INTERVAL),
+        ),
+        ("max_body_bytes", l.max_body_bytes.to_string()),
+        ("queue_samples", l.queue_samples.to_string()),
+        ("max_future_skew", shown_duration(l.max_future_skew)),
+        ("memory_limit", l.duckdb_memory_limit.clone()),
+        ("idle_threshold", a.idle_threshold.to_string()),
+        ("hoarding_window", shown_duration(a.window)),
+        ("analytics_interval", shown_duration(a.interval)),
+        ("default_price", a.prices.default_per_gpu_hour.to_string()),
+        ("currency", a.prices.currency.clone()),
+        ("export_dir", "none, the endpoint is off".to_owned()),
+        ("max_batch_samples", l.batch.max_samples.to_string()),
+        (
+            "max_instances_per_node",
+            l.max_instances_per_node.to_string(),
+        ),
+        ("max_instances", l.max_instances.to_string()),
+        (
+            "max_exemptions_per_tenant",
+            l.max_exemptions_per_tenant.to_string(),
+        ),
+        ("ingest_slots", l.ingest_slots.to_string()),
+        (
+            "ingest_slots_per_token",
+            l.ingest_slots_per_token.to_string(),
+        ),
+        ("body_read_timeout", shown_duration(l.body_read_timeout)),
+    ];
+    shown.extend(gpuledger_otel::options::shown_defaults());
+    shown.extend(gpuledger_otel::serve::shown_defaults());
+    shown
 }
 
 /// Where the aggregator listens when `--listen` is not given.
@@ -268,11 +317,11 @@ impl AggregatorOptions {
         let retention = Retention {
             raw_secs: self
                 .raw_retention
-                .unwrap_or(Duration::from_secs(48 * 3600))
+                .unwrap_or(DEFAULT_RAW_RETENTION)
                 .as_secs() as i64,
             rollup_secs: self
                 .rollup_retention
-                .unwrap_or(Duration::from_secs(400 * 86400))
+                .unwrap_or(DEFAULT_ROLLUP_RETENTION)
                 .as_secs() as i64,
         };
         if retention.raw_secs > retention.rollup_secs {
@@ -337,13 +386,13 @@ impl AggregatorOptions {
             export_dir: self.export_dir,
             otlp: self.otlp.resolve()?,
             http: self.http.resolve().map_err(invalid)?,
-            db: self
-                .db
-                .unwrap_or_else(|| "/var/lib/gpuledger/ledger.duckdb".into()),
+            db: self.db.unwrap_or_else(|| DEFAULT_DB.into()),
             listen: self.listen.unwrap_or(DEFAULT_LISTEN),
             tokens,
             retention,
-            retention_interval: self.retention_interval.unwrap_or(Duration::from_secs(600)),
+            retention_interval: self
+                .retention_interval
+                .unwrap_or(DEFAULT_RETENTION_INTERVAL),
             limits: self.limits.apply(Limits {
                 max_body_bytes: self.max_body_bytes.unwrap_or(defaults.max_body_bytes),
                 queue_samples: self.queue_samples.unwrap_or(defaults.queue_samples),
@@ -358,6 +407,71 @@ impl AggregatorOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Defaults once: each default the help shows, given back as its flag, resolves to what no
+    /// flag resolves to. A default written into a doc comment, or a literal in `resolve()`,
+    /// that disagrees with the constant fails here.
+    #[test]
+    fn the_defaults_shown_are_the_defaults_used() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            options: AggregatorOptions,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, "admin aaaaaaaaaaaaaaaaaaaa\n").unwrap();
+        let command = gpuledger_otel::process::with_defaults(
+            <Cli as clap::CommandFactory>::command(),
+            &shown_defaults(),
+        );
+        let mut args = vec!["aggregator".to_owned()];
+        // Described rather than values, or meaningless without an OTLP endpoint.
+        const DESCRIBED: [&str; 3] = ["export_dir", "interval", "timeout"];
+        for (id, shown) in shown_defaults() {
+            let arg = command.get_arguments().find(|a| a.get_id() == id).unwrap();
+            let help = arg.get_help().unwrap().to_string();
+            assert_eq!(help.matches("[default:").count(), 1, "{id}: {help}");
+            assert!(
+                help.ends_with(&format!("[default: {shown}]")),
+                "{id}: {help}"
+            );
+            if !DESCRIBED.contains(&id) {
+                args.push(format!("--{}", arg.get_long().unwrap()));
+                args.push(shown);
+            }
+        }
+        let given = <Cli as clap::Parser>::try_parse_from(&args)
+            .unwrap()
+            .options;
+        let resolve = |o: AggregatorOptions| {
+            AggregatorOptions {
+                token_file: Some(tokens.clone()),
+                ..o
+            }
+            .resolve()
+            .unwrap()
+        };
+        let (a, b) = (resolve(given), resolve(AggregatorOptions::default()));
+        assert_eq!(format!("{:?}", a.limits), format!("{:?}", b.limits));
+        assert_eq!(
+            (a.db, a.listen, a.http, a.retention_interval),
+            (b.db, b.listen, b.http, b.retention_interval)
+        );
+        assert_eq!(
+            (a.retention.raw_secs, a.retention.rollup_secs),
+            (b.retention.raw_secs, b.retention.rollup_secs)
+        );
+        let (x, y) = (&a.analytics, &b.analytics);
+        assert_eq!(
+            (x.idle_threshold, x.window, x.interval),
+            (y.idle_threshold, y.window, y.interval)
+        );
+        assert_eq!(
+            (x.prices.default_per_gpu_hour, &x.prices.currency),
+            (y.prices.default_per_gpu_hour, &y.prices.currency)
+        );
+    }
 
     fn config_from(toml: &str) -> Result<Config, OptionsError> {
         let dir = tempfile::tempdir().unwrap();

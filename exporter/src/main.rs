@@ -13,7 +13,10 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli: Cli = match gpuledger_otel::process::parse("exporter") {
+    let cli: Cli = match gpuledger_otel::process::parse(
+        "exporter",
+        &gpuledger_exporter::options::shown_defaults(),
+    ) {
         Ok(cli) => cli,
         Err(code) => return code,
     };

@@ -26,10 +26,10 @@ use crate::source::SOURCES;
 #[derive(Debug, Default, Clone, clap::Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ExporterOptions {
-    /// Where samples come from: nvml, sim or replay [default: nvml].
+    /// Where samples come from: nvml, sim or replay.
     #[arg(long, value_parser = source_names())]
     pub source: Option<String>,
-    /// Address for /metrics [default: 0.0.0.0:9835].
+    /// Address for /metrics.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Aggregator base URL (http://aggregator:9836); without it the exporter only serves /metrics.
@@ -38,16 +38,16 @@ pub struct ExporterOptions {
     /// File holding the bearer token for the aggregator (required with --aggregator).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
-    /// This node's name [default: $NODE_NAME, else the host name].
+    /// This node's name.
     #[arg(long)]
     pub node: Option<String>,
-    /// Simulated fleet (TOML) for --source sim [default: the built-in fleet].
+    /// Simulated fleet (TOML) for --source sim.
     #[arg(long)]
     pub fleet: Option<PathBuf>,
     /// Trace CSV for --source replay.
     #[arg(long)]
     pub replay_file: Option<PathBuf>,
-    /// Replay pace: 1 (real time), a factor such as 60, or max [default: 1].
+    /// Replay pace: 1 (real time), a factor such as 60, or max.
     #[arg(long)]
     pub speed: Option<String>,
     /// Exit (0) once the whole replay file is shipped and acknowledged.
@@ -56,23 +56,23 @@ pub struct ExporterOptions {
     /// Static attribution map (TOML): device UUID → tenant, workload, SLO class.
     #[arg(long)]
     pub attribution_map: Option<PathBuf>,
-    /// Directory of the on-disk spool [default: /var/lib/gpuledger/spool].
+    /// Directory of the on-disk spool.
     #[arg(long)]
     pub spool_dir: Option<PathBuf>,
-    /// Spool bound in bytes; when full, the oldest batch is dropped [default: 1073741824].
+    /// Spool bound in bytes; when full, the oldest batch is dropped.
     #[arg(long)]
     pub spool_max_bytes: Option<u64>,
-    /// How batches are encoded for the aggregator: msgpack or json [default: msgpack]. An
+    /// How batches are encoded for the aggregator: msgpack or json. An
     /// aggregator that refuses a readable MessagePack body gets JSON for --msgpack-retry
     /// (schema/WIRE.md).
     #[arg(long)]
     pub wire_format: Option<wire::Format>,
     /// After the aggregator refused a MessagePack body as unreadable, how long batches go as
-    /// JSON before MessagePack is tried again [default: 1h].
+    /// JSON before MessagePack is tried again.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub msgpack_retry: Option<Duration>,
-    /// How often samples are sealed into a batch and shipped [default: 5s].
+    /// How often samples are sealed into a batch and shipped.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub ship_interval: Option<Duration>,
@@ -82,7 +82,7 @@ pub struct ExporterOptions {
     /// Slurm per-device job map written by deploy/slurm's prolog (e.g. /run/gpuledger/slurm-jobs).
     #[arg(long)]
     pub slurm_job_dir: Option<PathBuf>,
-    /// Which Slurm job field is the tenant: account, user, partition or qos [default: account].
+    /// Which Slurm job field is the tenant: account, user, partition or qos.
     #[arg(long)]
     pub slurm_tenant: Option<String>,
     /// A Slurm QoS's SLO class, as QOS=CLASS (e.g. high=latency_critical); repeatable
@@ -94,7 +94,7 @@ pub struct ExporterOptions {
     /// (usually /var/lib/kubelet/pod-resources/kubelet.sock).
     #[arg(long)]
     pub kubelet_socket: Option<PathBuf>,
-    /// How often to ask the kubelet [default: 5s].
+    /// How often to ask the kubelet.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub kubelet_poll_interval: Option<Duration>,
@@ -112,13 +112,14 @@ pub struct ExporterOptions {
     /// token and CA). Needs --kubelet-socket.
     #[arg(long)]
     pub kube_apiserver: Option<String>,
-    /// Bearer token file for the API server [default in-cluster: the service-account token].
+    /// Bearer token file for the API server (in-cluster, without it: the service-account
+    /// token).
     #[arg(long)]
     pub kube_token_file: Option<PathBuf>,
-    /// CA bundle for the API server [default in-cluster: the service-account ca.crt].
+    /// CA bundle for the API server (in-cluster, without it: the service-account ca.crt).
     #[arg(long)]
     pub kube_ca_file: Option<PathBuf>,
-    /// How often this node's pods are listed [default: 30s].
+    /// How often this node's pods are listed.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub kube_refresh_interval: Option<Duration>,
@@ -136,7 +137,7 @@ pub struct ExporterOptions {
     #[serde(with = "pairs")]
     pub kube_priority_class: Vec<(String, SloClass)>,
     /// Where GPU processes' cgroups are read to name their pod or Slurm job: the /proc of the
-    /// exporter's PID namespace, which must be the host's (hostPID in Kubernetes) [default: /proc].
+    /// exporter's PID namespace, which must be the host's (hostPID in Kubernetes).
     #[arg(long)]
     pub proc_path: Option<PathBuf>,
     /// OTLP push of the metrics (config file: the `[otlp]` table).
@@ -146,6 +147,63 @@ pub struct ExporterOptions {
     /// `[http]` table).
     #[command(flatten)]
     pub http: gpuledger_otel::serve::HttpOptions,
+}
+
+/// Where samples come from when `--source` is not given.
+pub const DEFAULT_SOURCE: &str = "nvml";
+/// Where `/metrics` is served when `--listen` is not given.
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9835);
+/// Replay's pace when `--speed` is not given: real time.
+pub const DEFAULT_SPEED: &str = "1";
+/// The spool when `--spool-dir` is not given.
+pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/gpuledger/spool";
+/// The spool's bound when `--spool-max-bytes` is not given: a day of a 56-instance node's batches
+/// many times over.
+pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 1 << 30;
+/// How long batches go as JSON after a MessagePack refusal, when `--msgpack-retry` is not given.
+pub const DEFAULT_MSGPACK_RETRY: Duration = Duration::from_secs(3600);
+/// How often a batch is shipped when `--ship-interval` is not given.
+pub const DEFAULT_SHIP_INTERVAL: Duration = Duration::from_secs(5);
+/// The Slurm job field that is the tenant when `--slurm-tenant` is not given.
+pub const DEFAULT_SLURM_TENANT: &str = "account";
+/// How often the kubelet is asked when `--kubelet-poll-interval` is not given.
+pub const DEFAULT_KUBELET_POLL_INTERVAL: Duration = Duration::from_secs(5);
+/// How often this node's pods are listed when `--kube-refresh-interval` is not given.
+pub const DEFAULT_KUBE_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
+/// Where processes' cgroups are read when `--proc-path` is not given.
+pub const DEFAULT_PROC_PATH: &str = "/proc";
+
+/// The defaults of the exporter's options, as its help and docs/config.md show them
+/// (`gpuledger_otel::process::with_defaults`): each from the constant
+/// [`ExporterOptions::resolve`] fills in.
+pub fn shown_defaults() -> Vec<(&'static str, String)> {
+    use gpuledger_otel::process::shown_duration;
+    let mut shown = vec![
+        ("source", DEFAULT_SOURCE.to_owned()),
+        ("listen", DEFAULT_LISTEN.to_string()),
+        ("node", "$NODE_NAME, else the host name".to_owned()),
+        ("fleet", "the built-in fleet".to_owned()),
+        ("speed", DEFAULT_SPEED.to_owned()),
+        ("spool_dir", DEFAULT_SPOOL_DIR.to_owned()),
+        ("spool_max_bytes", DEFAULT_SPOOL_MAX_BYTES.to_string()),
+        ("wire_format", wire::Format::default().to_string()),
+        ("msgpack_retry", shown_duration(DEFAULT_MSGPACK_RETRY)),
+        ("ship_interval", shown_duration(DEFAULT_SHIP_INTERVAL)),
+        ("slurm_tenant", DEFAULT_SLURM_TENANT.to_owned()),
+        (
+            "kubelet_poll_interval",
+            shown_duration(DEFAULT_KUBELET_POLL_INTERVAL),
+        ),
+        (
+            "kube_refresh_interval",
+            shown_duration(DEFAULT_KUBE_REFRESH_INTERVAL),
+        ),
+        ("proc_path", DEFAULT_PROC_PATH.to_owned()),
+    ];
+    shown.extend(gpuledger_otel::options::shown_defaults());
+    shown.extend(gpuledger_otel::serve::shown_defaults());
+    shown
 }
 
 fn source_names() -> clap::builder::PossibleValuesParser {
@@ -231,14 +289,12 @@ impl ExporterOptions {
             slurm,
             kubelet,
             source,
-            listen: self
-                .listen
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9835))),
+            listen: self.listen.unwrap_or(DEFAULT_LISTEN),
             http: self.http.resolve().map_err(invalid)?,
             node,
             ship,
             attribution_map: self.attribution_map,
-            proc_path: self.proc_path.unwrap_or_else(|| "/proc".into()),
+            proc_path: self.proc_path.unwrap_or_else(|| DEFAULT_PROC_PATH.into()),
             drain_timeout: Duration::from_secs(5),
             otlp: self.otlp.resolve()?,
         })
@@ -246,7 +302,7 @@ impl ExporterOptions {
 
     /// Where readings come from: NVML (the default), the simulator, or a trace replayed.
     fn source_choice(&mut self) -> Result<SourceChoice, OptionsError> {
-        let source = self.source.take().unwrap_or_else(|| "nvml".into());
+        let source = self.source.take().unwrap_or_else(|| DEFAULT_SOURCE.into());
         Ok(match source.as_str() {
             "nvml" => SourceChoice::Nvml {
                 disabled: std::mem::take(&mut self.disable_collector),
@@ -262,7 +318,7 @@ impl ExporterOptions {
                 speed: self
                     .speed
                     .as_deref()
-                    .unwrap_or("1")
+                    .unwrap_or(DEFAULT_SPEED)
                     .parse::<Speed>()
                     .map_err(|e| invalid(format!("--speed: {e}")))?,
                 once: self.once,
@@ -297,14 +353,14 @@ impl ExporterOptions {
             spool_dir: self
                 .spool_dir
                 .take()
-                .unwrap_or_else(|| "/var/lib/gpuledger/spool".into()),
-            spool_max_bytes: self.spool_max_bytes.unwrap_or(1 << 30),
-            interval: self.ship_interval.unwrap_or(Duration::from_secs(5)),
+                .unwrap_or_else(|| DEFAULT_SPOOL_DIR.into()),
+            spool_max_bytes: self.spool_max_bytes.unwrap_or(DEFAULT_SPOOL_MAX_BYTES),
+            interval: self.ship_interval.unwrap_or(DEFAULT_SHIP_INTERVAL),
             max_batch_samples: 50_000,
             wait_when_full: false,
             request_timeout: Duration::from_secs(30),
             format: self.wire_format.take().unwrap_or_default(),
-            msgpack_retry: self.msgpack_retry.unwrap_or(Duration::from_secs(3600)),
+            msgpack_retry: self.msgpack_retry.unwrap_or(DEFAULT_MSGPACK_RETRY),
         }))
     }
 
@@ -318,7 +374,7 @@ impl ExporterOptions {
             tenant: self
                 .slurm_tenant
                 .as_deref()
-                .unwrap_or("account")
+                .unwrap_or(DEFAULT_SLURM_TENANT)
                 .parse::<TenantField>()
                 .map_err(|e| invalid(format!("--slurm-tenant: {e}")))?,
             qos_classes: map(std::mem::take(&mut self.slurm_qos_class)),
@@ -340,7 +396,9 @@ impl ExporterOptions {
         Ok(Some(KubeletConfig {
             apiserver,
             socket,
-            poll_interval: self.kubelet_poll_interval.unwrap_or(Duration::from_secs(5)),
+            poll_interval: self
+                .kubelet_poll_interval
+                .unwrap_or(DEFAULT_KUBELET_POLL_INTERVAL),
             namespace_tenants: map(std::mem::take(&mut self.kubelet_namespace_tenant)),
             namespace_classes: map(std::mem::take(&mut self.kubelet_namespace_class)),
         }))
@@ -372,7 +430,7 @@ impl ExporterOptions {
             node: node.to_owned(),
             refresh: self
                 .kube_refresh_interval
-                .unwrap_or(Duration::from_secs(30)),
+                .unwrap_or(DEFAULT_KUBE_REFRESH_INTERVAL),
             tenant_label: self.kube_tenant_label.take(),
             tenant_annotation: self.kube_tenant_annotation.take(),
             class_label: self.kube_class_label.take(),
@@ -384,6 +442,64 @@ impl ExporterOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Defaults once: each default the help shows, given back as its flag, resolves to what no
+    /// flag resolves to (see the aggregator's test of the same name).
+    #[test]
+    fn the_defaults_shown_are_the_defaults_used() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            options: ExporterOptions,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "node-token-0123456789\n").unwrap();
+        let command = gpuledger_otel::process::with_defaults(
+            <Cli as clap::CommandFactory>::command(),
+            &shown_defaults(),
+        );
+        let mut args = vec!["exporter".to_owned()];
+        // Described rather than values, or meaningless without an OTLP endpoint.
+        const DESCRIBED: [&str; 4] = ["node", "fleet", "interval", "timeout"];
+        for (id, shown) in shown_defaults() {
+            let arg = command.get_arguments().find(|a| a.get_id() == id).unwrap();
+            let help = arg.get_help().unwrap().to_string();
+            assert_eq!(help.matches("[default:").count(), 1, "{id}: {help}");
+            assert!(
+                help.ends_with(&format!("[default: {shown}]")),
+                "{id}: {help}"
+            );
+            if !DESCRIBED.contains(&id) {
+                args.push(format!("--{}", arg.get_long().unwrap()));
+                args.push(shown);
+            }
+        }
+        let given = <Cli as clap::Parser>::try_parse_from(&args)
+            .unwrap()
+            .options;
+        let resolve = |o: ExporterOptions| {
+            ExporterOptions {
+                node: Some("n1".into()),
+                aggregator: Some("http://agg:9836".into()),
+                token_file: Some(token.clone()),
+                slurm_job_dir: Some(dir.path().into()),
+                ..o
+            }
+            .resolve()
+            .unwrap()
+        };
+        let (a, b) = (resolve(given), resolve(ExporterOptions::default()));
+        assert_eq!(
+            (a.listen, a.http, &a.proc_path, format!("{:?}", a.source)),
+            (b.listen, b.http, &b.proc_path, format!("{:?}", b.source))
+        );
+        assert_eq!(format!("{:?}", a.ship), format!("{:?}", b.ship));
+        assert_eq!(
+            format!("{:?}", a.slurm.is_some()),
+            format!("{:?}", b.slurm.is_some())
+        );
+    }
 
     fn from_file(flags: ExporterOptions, text: &str) -> Result<ExporterConfig, OptionsError> {
         let dir = tempfile::tempdir().unwrap();

@@ -22,15 +22,30 @@ pub struct OtlpOptions {
     #[arg(long = "otlp-header", value_name = "NAME=VALUE", value_parser = pair::<String>)]
     #[serde(with = "pairs")]
     pub headers: Vec<(String, String)>,
-    /// How often the metrics are pushed [default: 60s].
+    /// How often the metrics are pushed.
     #[arg(long = "otlp-interval", value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub interval: Option<Duration>,
-    /// Time limit of one OTLP request, at most the interval [default: 10s, or the interval when
-    /// shorter].
+    /// Time limit of one OTLP request, at most the interval.
     #[arg(long = "otlp-timeout", value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub timeout: Option<Duration>,
+}
+
+/// The defaults of the OTLP options, as the help shows them
+/// ([`crate::process::with_defaults`]).
+pub fn shown_defaults() -> Vec<(&'static str, String)> {
+    use crate::process::shown_duration;
+    vec![
+        ("interval", shown_duration(DEFAULT_INTERVAL)),
+        (
+            "timeout",
+            format!(
+                "{}, or the interval when shorter",
+                shown_duration(DEFAULT_TIMEOUT)
+            ),
+        ),
+    ]
 }
 
 impl OtlpOptions {

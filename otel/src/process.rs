@@ -20,6 +20,63 @@ pub fn with_env(mut command: clap::Command, name: &str) -> clap::Command {
     command
 }
 
+/// `command` with each option's default appended to its help (`[default: 5s]`), from
+/// `defaults`: (the option's id, the default as shown). A role declares each default once, as
+/// the constant its `resolve()` fills in, and lists it for here; `--help` and docs/config.md show
+/// it from this, so no default is written into a doc comment to drift from the code.
+///
+/// Panics when `defaults` names an option `command` does not have: each role's tests build its
+/// command with its list.
+pub fn with_defaults(
+    mut command: clap::Command,
+    defaults: &[(&'static str, String)],
+) -> clap::Command {
+    for (id, _) in defaults {
+        assert!(
+            command.get_arguments().any(|a| a.get_id() == *id),
+            "a default for {id}, which is not an option of {}",
+            command.get_name()
+        );
+    }
+    // In place, so that `--help` and docs/config.md keep the declaration order.
+    command = command.mut_args(|a| {
+        let Some((_, shown)) = defaults.iter().find(|(id, _)| a.get_id() == *id) else {
+            return a;
+        };
+        let add = |h: Option<&clap::builder::StyledStr>| {
+            format!(
+                "{} [default: {shown}]",
+                h.map(|h| h.to_string()).unwrap_or_default()
+            )
+        };
+        let long = a.get_long_help().map(|h| add(Some(h)));
+        let short = add(a.get_help());
+        let a = a.help(short);
+        match long {
+            Some(l) => a.long_help(l),
+            None => a,
+        }
+    });
+    command
+}
+
+/// A duration as an option's default shows it: in its largest whole unit (`400days`, `48h`,
+/// `5m`, `10s`, `250ms`), which `humantime` reads back.
+pub fn shown_duration(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, name) in [
+        (86_400_000, "days"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1000, "s"),
+    ] {
+        if ms >= unit && ms % unit == 0 {
+            return format!("{}{name}", ms / unit);
+        }
+    }
+    format!("{ms}ms")
+}
+
 /// The environment variable of option `--long` of role `name`.
 pub fn env_var(name: &str, long: &str) -> String {
     format!("GPULEDGER_{name}_{long}")
@@ -68,8 +125,11 @@ pub fn report_parse_error<'a>(
 
 /// Parses a role binary's command line (`T`, with [`with_env`] for `role`); on a parse error
 /// (or `--help`) prints it and gives the exit code to return.
-pub fn parse<T: clap::Parser>(role: &str) -> Result<T, std::process::ExitCode> {
-    let command = with_env(T::command(), role);
+pub fn parse<T: clap::Parser>(
+    role: &str,
+    defaults: &[(&'static str, String)],
+) -> Result<T, std::process::ExitCode> {
+    let command = with_defaults(with_env(T::command(), role), defaults);
     command
         .clone()
         .try_get_matches()
@@ -102,6 +162,26 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_default_duration_is_shown_in_its_largest_whole_unit() {
+        use std::time::Duration;
+        for (d, shown) in [
+            (Duration::from_secs(400 * 86_400), "400days"),
+            (Duration::from_secs(48 * 3600), "2days"),
+            (Duration::from_secs(36 * 3600), "36h"),
+            (Duration::from_secs(300), "5m"),
+            (Duration::from_secs(10), "10s"),
+            (Duration::from_millis(1500), "1500ms"),
+        ] {
+            assert_eq!(super::shown_duration(d), shown);
+            assert_eq!(
+                humantime::parse_duration(shown).unwrap(),
+                d,
+                "{shown} reads back"
+            );
+        }
+    }
+
     #[test]
     fn every_option_that_takes_a_value_gets_its_variable() {
         let command = clap::Command::new("x")

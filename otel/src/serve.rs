@@ -38,11 +38,11 @@ pub const RESERVED_DESCRIPTORS: usize = 256;
 #[serde(default, deny_unknown_fields)]
 pub struct HttpOptions {
     /// Connections served at once; one more is answered 503 and closed at once. Kept below the
-    /// process's file descriptor limit [default: 4096].
+    /// process's file descriptor limit.
     #[arg(long)]
     pub max_connections: Option<usize>,
     /// A client must send a request's head within this long of connecting or of its previous
-    /// answer, or its connection is closed [default: 10s].
+    /// answer, or its connection is closed.
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub header_read_timeout: Option<Duration>,
@@ -64,6 +64,18 @@ impl Default for Listening {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
         }
     }
+}
+
+/// The defaults of the listener's options, as the help shows them
+/// ([`crate::process::with_defaults`]).
+pub fn shown_defaults() -> Vec<(&'static str, String)> {
+    vec![
+        ("max_connections", DEFAULT_MAX_CONNECTIONS.to_string()),
+        (
+            "header_read_timeout",
+            crate::process::shown_duration(DEFAULT_HEADER_READ_TIMEOUT),
+        ),
+    ]
 }
 
 impl HttpOptions {

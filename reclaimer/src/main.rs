@@ -13,7 +13,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli: Cli = match gpuledger_otel::process::parse("reclaimer") {
+    let cli: Cli = match gpuledger_otel::process::parse("reclaimer", &[]) {
         Ok(cli) => cli,
         Err(code) => return code,
     };

@@ -187,7 +187,7 @@ pub struct ExportArgs {
     /// Also export raw 1 s samples (only those still in the raw window exist).
     #[arg(long)]
     raw: bool,
-    /// Cluster name written into every row and file name [default: the ledger file's stem].
+    /// Cluster name written into every row and file name (without it: the ledger file's stem).
     #[arg(long)]
     cluster: Option<String>,
 }

@@ -46,12 +46,20 @@ const ENV_COMMANDS: [&str; 4] = ["exporter", "aggregator", "reclaimer", "demo"];
 impl Cli {
     /// The command line, with `GPULEDGER_<COMMAND>_<FLAG>` as the environment variable of every
     /// option of [`ENV_COMMANDS`] that does not name one itself (options shared by several
-    /// subcommands, such as `--otlp-endpoint`, are declared once and named here per command).
+    /// subcommands, such as `--otlp-endpoint`, are declared once and named here per command),
+    /// and each option's default in its help, from the role's own list of them.
     pub fn command_with_env() -> clap::Command {
+        use gpuledger_otel::process::{with_defaults, with_env};
         let mut command = <Cli as clap::CommandFactory>::command();
         for name in ENV_COMMANDS {
+            let defaults = match name {
+                "exporter" => gpuledger_exporter::options::shown_defaults(),
+                "aggregator" => gpuledger_aggregator::options::shown_defaults(),
+                "demo" => gpuledger_otel::options::shown_defaults(),
+                _ => Vec::new(),
+            };
             command =
-                command.mut_subcommand(name, |sub| gpuledger_otel::process::with_env(sub, name));
+                command.mut_subcommand(name, |sub| with_defaults(with_env(sub, name), &defaults));
         }
         command
     }
@@ -94,6 +102,25 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Defaults once: no doc comment states a default; each role's list puts it in the help
+    /// (`with_defaults`), from the constant its `resolve()` fills in.
+    #[test]
+    fn no_default_is_written_into_a_doc_comment() {
+        let declared = <Cli as clap::CommandFactory>::command();
+        for sub in declared.get_subcommands() {
+            for arg in sub.get_arguments() {
+                for help in [arg.get_help(), arg.get_long_help()].into_iter().flatten() {
+                    assert!(
+                        !help.to_string().contains("[default"),
+                        "{} --{}: {help}",
+                        sub.get_name(),
+                        arg.get_id()
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_option_of_the_services_has_its_environment_variable() {

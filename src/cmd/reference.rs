@@ -118,4 +118,88 @@ mod tests {
             "docs/config.md is stale: run `GPULEDGER_BLESS=1 cargo test --workspace --all-targets -- config_reference`"
         );
     }
+
+    /// A value as the manual writes it, in one form: a duration as seconds, a size with its
+    /// binary unit as bytes, a number without its thousands commas; anything else as written,
+    /// without spaces.
+    fn canonical(text: &str) -> String {
+        let t = text.trim().trim_start_matches("default ").replace('`', "");
+        let compact: String = t.chars().filter(|c| !c.is_whitespace()).collect();
+        if let Ok(d) = humantime::parse_duration(&compact) {
+            return format!("{}s", d.as_secs_f64());
+        }
+        for (unit, bytes) in [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)] {
+            if let Some(n) = compact
+                .strip_suffix(unit)
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                return (n * bytes).to_string();
+            }
+        }
+        let digits = compact.replace(',', "");
+        if digits.parse::<f64>().is_ok() {
+            return digits;
+        }
+        compact
+    }
+
+    /// Defaults the manual states beside a flag (`--ship-interval` (default 5 s)) are the ones
+    /// the role declares: a default changed in code fails here until the manual follows.
+    #[test]
+    fn defaults_in_the_manual_are_the_options_defaults() {
+        let command = super::super::Cli::command_with_env();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut checked = 0;
+        for (doc, role) in [
+            ("docs/aggregator.md", "aggregator"),
+            ("docs/operations.md", "aggregator"),
+            ("docs/exporter.md", "exporter"),
+            ("docs/demo.md", "demo"),
+        ] {
+            let text = std::fs::read_to_string(root.join(doc)).unwrap();
+            let sub = command.find_subcommand(role).unwrap();
+            for (at, _) in text.match_indices("`--") {
+                let rest = &text[at + 3..];
+                let Some(end) = rest.find('`') else { continue };
+                let long = &rest[..end];
+                let after = rest[end + 1..].trim_start_matches('*');
+                let Some(inside) = after.strip_prefix(" (") else {
+                    continue;
+                };
+                let stated = inside
+                    .split(')')
+                    .next()
+                    .unwrap()
+                    .split(';')
+                    .next()
+                    .unwrap()
+                    .split(", ")
+                    .next()
+                    .unwrap();
+                let Some(arg) = sub.get_arguments().find(|a| a.get_long() == Some(long)) else {
+                    continue;
+                };
+                let declared = arg
+                    .get_default_values()
+                    .first()
+                    .map(|v| v.to_string_lossy().into_owned())
+                    .or_else(|| {
+                        let help = arg.get_help()?.to_string();
+                        let (_, d) = help.rsplit_once("[default: ")?;
+                        Some(d.trim_end_matches(']').to_owned())
+                    });
+                let Some(declared) = declared else { continue };
+                if stated.starts_with('[') || stated.starts_with("usually") {
+                    continue;
+                }
+                assert_eq!(
+                    canonical(stated),
+                    canonical(&declared),
+                    "{doc}: --{long} ({stated}), but its default is {declared}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 20, "{checked} defaults checked");
+    }
 }

@@ -11,16 +11,17 @@ use gpuledger_schema::trace::{self, TraceWriter};
 /// Flags of `gpuledger simulate`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Seed [default: the fleet's].
+    /// Seed (without it: the fleet's).
     #[arg(long)]
     seed: Option<u64>,
     /// Length of the trace (1h, 30m, 2d).
     #[arg(long, default_value = "1h")]
     duration: humantime::Duration,
-    /// First second: RFC 3339 or Unix seconds [default: the start of the current hour minus --duration].
+    /// First second: RFC 3339 or Unix seconds (without it: the start of the current hour minus
+    /// --duration).
     #[arg(long)]
     start: Option<String>,
-    /// Fleet file [default: the built-in fleet].
+    /// Fleet file (without it: the built-in fleet).
     #[arg(long)]
     fleet: Option<PathBuf>,
     /// Only this node.
