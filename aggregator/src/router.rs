@@ -66,6 +66,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/showback", get(showback::showback))
         .route("/api/v1/showback.csv", get(showback::showback_csv))
         .route("/api/v1/bill", get(ui::bill_json))
+        .route("/api/v1/budgets", get(api::budgets::budgets))
         .route("/api/v1/hoarding", get(hoarding::hoarding))
         .route("/api/v1/fragmentation", get(fragmentation::fragmentation))
         .route("/api/v1/shares", get(shares::shares))

@@ -543,6 +543,16 @@ pub struct LedgerFamilies {
     node_free: Family<NodeLabels, Gauge<f64, AtomicU64>>,
     /// Per node: stranded GPU-equivalents.
     node_stranded: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+    /// Per budgeted tenant: spent / this month's budget.
+    budget_spent: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
+    /// Per budgeted tenant: the month-end forecast / this month's budget.
+    budget_forecast: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
+}
+
+/// A budget series' labels.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    tenant: String,
 }
 
 impl LedgerFamilies {
@@ -559,6 +569,8 @@ impl LedgerFamilies {
             node_capacity: Family::default(),
             node_free: Family::default(),
             node_stranded: Family::default(),
+            budget_spent: Family::default(),
+            budget_forecast: Family::default(),
         };
         let ge = || Unit::Other("gpu_equivalents".into());
         r.register_with_unit(
@@ -609,6 +621,18 @@ impl LedgerFamilies {
             ge(),
             l.node_stranded.clone(),
         );
+        r.register_with_unit(
+            "gpuledger_tenant_budget_spent",
+            "What a tenant has spent this month, as a ratio of its monthly budget (the bill's total)",
+            Unit::Other("ratio".into()),
+            l.budget_spent.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_tenant_budget_forecast",
+            "A tenant's month-end spend forecast (spent + the last whole days' rate for the days left), as a ratio of its monthly budget",
+            Unit::Other("ratio".into()),
+            l.budget_forecast.clone(),
+        );
         LedgerFamilies {
             registry: std::sync::Arc::new(r),
             ..l
@@ -652,6 +676,16 @@ impl LedgerFamilies {
             self.episode_gpu_equivalents
                 .get_or_create(&l)
                 .set(e.gpu_equivalents);
+        }
+        for f in [&self.budget_spent, &self.budget_forecast] {
+            f.clear();
+        }
+        for (tenant, (spent, forecast)) in current.budgets.iter().filter(|(t, _)| mine(t)) {
+            let l = BudgetLabels {
+                tenant: tenant.clone(),
+            };
+            self.budget_spent.get_or_create(&l).set(*spent);
+            self.budget_forecast.get_or_create(&l).set(*forecast);
         }
         for f in [&self.node_capacity, &self.node_free, &self.node_stranded] {
             f.clear();

@@ -169,7 +169,9 @@ pub async fn serve(
     limits: Listening,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let max = fit_to_descriptors(limits.max_connections).min(Semaphore::MAX_PERMITS);
+    let max = fit_to_descriptors(limits.max_connections)
+        .min(Semaphore::MAX_PERMITS)
+        .min(u32::MAX as usize);
     let places = Arc::new(Semaphore::new(max));
     let (stop_tx, stop_rx) = watch::channel(false);
     let service = hyper_util::service::TowerToHyperService::new(app);

@@ -17,7 +17,8 @@ async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
     std::fs::write(
         &cfg,
         format!(
-            "[[webhooks]]\nname = \"bridge\"\nurl = \"http://127.0.0.1:{}/hook\"\nsecret = \"{}\"\n",
+            "[billing.tenants.team-a]\nmonthly_budget = 1000\n\
+             [[webhooks]]\nname = \"bridge\"\nurl = \"http://127.0.0.1:{}/hook\"\nsecret = \"{}\"\n",
             common::free_port(),
             common::receiver::secret()
         ),

@@ -16,6 +16,7 @@ mod aggregator_shares;
 mod alerting;
 mod alerts;
 mod analytics;
+mod budgets;
 mod connections;
 mod demo;
 mod deploy_config;

@@ -2,6 +2,7 @@
 //! The routes are listed in [`crate::router`].
 
 pub mod admission;
+pub mod budgets;
 pub mod export;
 pub mod extract;
 pub mod fragmentation;
@@ -80,14 +81,18 @@ impl App {
         .await?;
         let conn = self.readers.connect()?;
         let settings = self.config.analytics.clone();
-        let current = tokio::task::spawn_blocking(move || {
-            gpuledger_ledger::analytics::current(&conn, &settings)
+        let raw_from = chrono::Utc::now().timestamp() - self.config.retention.raw_secs;
+        let mut current = tokio::task::spawn_blocking(move || {
+            let mut current = gpuledger_ledger::analytics::current(&conn, &settings)?;
+            current.budgets = budget_ratios(&conn, &settings, raw_from);
+            Ok::<_, duckdb::Error>(current)
         })
         .await
         .map_err(|e| {
             gpuledger_ledger::store::StoreError::Io(format!("the analytics task failed: {e}"))
         })?
         .map_err(gpuledger_ledger::store::StoreError::from_db)?;
+        current.budgets.sort_by(|a, b| a.0.cmp(&b.0));
         self.metrics.set_current(&current);
         if let Some(newest) = current.newest {
             use gpuledger_ledger::store::writer::WriteObserver;
@@ -115,6 +120,44 @@ impl App {
             analytics: report,
             reclaim,
         })
+    }
+}
+
+/// This month's (spent, forecast) ratios of each budgeted tenant, for `/metrics`; none when no
+/// tenant has a budget, or when the month cannot be priced now (logged; the next pass retries).
+fn budget_ratios(
+    conn: &duckdb::Connection,
+    settings: &gpuledger_ledger::analytics::Settings,
+    raw_from: i64,
+) -> Vec<(String, (f64, f64))> {
+    if !settings
+        .billing
+        .tenants
+        .values()
+        .any(|t| t.monthly_budget.is_some())
+    {
+        return Vec::new();
+    }
+    let now = chrono::Utc::now().timestamp();
+    match gpuledger_ledger::analytics::budgets::forecast(
+        conn,
+        budgets::month_of(now),
+        now,
+        settings,
+        raw_from,
+        settings.billing.cost_mode,
+        settings.billing.idle,
+        None,
+    ) {
+        Ok(b) => b
+            .lines
+            .into_iter()
+            .map(|l| (l.tenant, (l.spent_ratio, l.forecast_ratio)))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot price this month's budgets for /metrics.");
+            Vec::new()
+        }
     }
 }
 

@@ -443,6 +443,49 @@ pub fn gpus(f: &FragmentationAt) -> Table {
     t
 }
 
+/// Each budgeted tenant's month: spent, run rate, forecast, and when the forecast reaches the
+/// budget; `status` says "over budget" or "forecast over" so the eye finds them.
+pub fn budgets(b: &gpuledger_ledger::analytics::budgets::Budgets, query: &str) -> Table {
+    let mut t = Table::new(
+        "budgets",
+        vec![
+            Column::text("tenant", "Tenant"),
+            Column::number("budget", "Budget"),
+            Column::number("spent", "Spent"),
+            Column::number("run_rate_per_day", "Per day"),
+            Column::number("forecast", "Month-end forecast"),
+            Column::number("spent_ratio", "Spent of budget"),
+            Column::number("forecast_ratio", "Forecast of budget"),
+            Column::text("forecast_exceeds_on", "Reaches the budget on"),
+            Column::text("status", "Status"),
+        ],
+    );
+    for l in &b.lines {
+        let status = if l.spent_ratio >= 1.0 {
+            "over budget"
+        } else if l.forecast_ratio > 1.0 {
+            "forecast over"
+        } else {
+            ""
+        };
+        t.rows.push(vec![
+            Cell::link(
+                l.tenant.clone(),
+                format!("/tenants/{}?{query}", segment(&l.tenant)),
+            ),
+            money(l.budget),
+            money(l.spent),
+            money(l.run_rate_per_day),
+            money(l.forecast),
+            Cell::ratio(Some(l.spent_ratio)),
+            Cell::ratio(Some(l.forecast_ratio)),
+            Cell::opt_text(l.forecast_exceeds_on.clone()),
+            Cell::text(status),
+        ]);
+    }
+    t
+}
+
 /// Free and stranded capacity per model at an instant.
 pub fn models(rows: &[ModelAt]) -> Table {
     let mut t = Table::new(

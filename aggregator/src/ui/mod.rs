@@ -617,9 +617,32 @@ pub async fn tenants(
     let (from, to, tenant) = (req.period.from, req.period.to, req.tenant.clone());
     let settings = app.config.analytics.clone();
     let raw = raw_from(&app);
-    let bill = read(&app, move |c| {
-        bill::compute(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
-            .map_err(showback_error)
+    // A calendar month's page forecasts its budgets too.
+    let month = req.period.query.starts_with("month=")
+        && settings
+            .billing
+            .tenants
+            .values()
+            .any(|t| t.monthly_budget.is_some());
+    let (bill, budgets) = read(&app, move |c| {
+        let b = bill::compute(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
+            .map_err(showback_error)?;
+        let f = month
+            .then(|| {
+                analytics::budgets::forecast(
+                    c,
+                    (from, to),
+                    chrono::Utc::now().timestamp(),
+                    &settings,
+                    raw,
+                    mode,
+                    idle,
+                    tenant.as_deref(),
+                )
+            })
+            .transpose()
+            .map_err(showback_error)?;
+        Ok((b, f))
     })
     .await?;
     let mode_text = match (bill.cost_mode, bill.idle) {
@@ -644,6 +667,17 @@ pub async fn tenants(
         ),
         views::bill_lines(&bill, &req.query()),
     )];
+    if let Some(b) = budgets.filter(|b| !b.lines.is_empty()) {
+        let over = b.lines.iter().filter(|l| l.forecast_ratio > 1.0).count();
+        sections.push(Section::table(
+            "Budgets",
+            format!(
+                "Spent this month and the month-end forecast: spent so far plus the last whole days' spend per day (at most seven) for the days left. {over} of {} budgeted tenants are forecast over.",
+                b.lines.len()
+            ),
+            views::budgets(&b, &req.query()),
+        ));
+    }
     if let Some(r) = views::reconciliation(&bill) {
         sections.push(Section::table(
             "Reconciliation",

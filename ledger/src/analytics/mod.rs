@@ -18,6 +18,7 @@
 //! result is written by the one writer ([`crate::store::Writer::apply`]).
 
 pub mod bill;
+pub mod budgets;
 pub mod facts;
 pub mod fleet;
 pub mod fragmentation;
@@ -371,6 +372,9 @@ pub struct Current {
     pub episodes: Vec<OpenEpisode>,
     /// node → (capacity, free, stranded) GPU-equivalents at the newest observed second.
     pub nodes: Vec<(String, (f64, f64, f64))>,
+    /// Budgeted tenant → (spent, forecast) of this month's budget ([`budgets::forecast`]); filled
+    /// by whoever prices the month (the aggregator's evaluation), empty from [`current`].
+    pub budgets: Vec<(String, (f64, f64))>,
 }
 
 /// An open episode, for the metrics.
