@@ -312,6 +312,13 @@ async fn hoarding_episodes_come_a_page_at_a_time() {
         "the figure counts them all"
     );
     assert_eq!(table_rows(&page, "open"), 100);
+    // Summed per tenant and workload: one workload held every episode.
+    assert_eq!(table_rows(&page, "by_workload"), 1);
+    let by_workload = &page[page.find("<table id=\"by_workload\">").unwrap()..];
+    assert!(
+        by_workload.contains(&format!("data-value=\"{GPUS}\"")),
+        "{GPUS} episodes of t0/idle"
+    );
     let more = "<p class=\"more\"><a href=\"";
     let next = page
         .split_once(more)

@@ -486,6 +486,36 @@ pub fn budgets(b: &gpuledger_ledger::analytics::budgets::Budgets, query: &str) -
     t
 }
 
+/// Episodes summed per tenant and workload, the costliest first.
+pub fn episode_groups(rows: &[gpuledger_ledger::analytics::EpisodeGroup], query: &str) -> Table {
+    let mut t = Table::new(
+        "by_workload",
+        vec![
+            Column::text("tenant", "Tenant"),
+            Column::text("workload", "Workload"),
+            Column::number("episodes", "Episodes"),
+            Column::number("idle_gpu_hours", "Idle GPU-h"),
+            Column::number("idle_cost", "Idle cost"),
+        ],
+    );
+    for g in rows {
+        t.rows.push(vec![
+            match &g.tenant {
+                Some(name) => Cell::link(
+                    name.clone(),
+                    format!("/tenants/{}?{query}", segment(name)),
+                ),
+                None => Cell::Empty,
+            },
+            Cell::opt_text(g.workload.clone()),
+            Cell::count(g.episodes as i64),
+            Cell::hours(g.idle_gpu_seconds / 3600.0),
+            money(Money::round(g.cost)),
+        ]);
+    }
+    t
+}
+
 /// Free and stranded capacity per model at an instant.
 pub fn models(rows: &[ModelAt]) -> Table {
     let mut t = Table::new(

@@ -829,7 +829,7 @@ pub async fn hoarding(
     let after_ended =
         crate::api::hoarding::episode_cursor(PageQuery::given(&req.q.after_ended).as_deref())?;
     let settings = app.config.analytics.clone();
-    let (open, closed) = read(&app, move |c| {
+    let (open, closed, (groups, all_groups)) = read(&app, move |c| {
         let get = |s, after| {
             let totals = analytics::episode_totals(c, s, from, to, tenant.as_deref(), &settings)
                 .map_err(|e| ApiError::internal(&e))?;
@@ -846,9 +846,19 @@ pub async fn hoarding(
             .map_err(|e| ApiError::internal(&e))?;
             Ok::<_, ApiError>((totals, page))
         };
+        let groups = analytics::episode_groups(
+            c,
+            EpisodeState::All,
+            (from, to),
+            tenant.as_deref(),
+            &settings,
+            PAGE_EPISODES,
+        )
+        .map_err(|e| ApiError::internal(&e))?;
         Ok((
             get(EpisodeState::Open, after_open)?,
             get(EpisodeState::Closed, after_ended)?,
+            groups,
         ))
     })
     .await?;
@@ -932,7 +942,19 @@ pub async fn hoarding(
         ),
         label: format!("Next {PAGE_EPISODES} ended episodes"),
     });
-    let sections = vec![open_section, ended_section];
+    let by_workload = Section::table(
+        "By tenant and workload",
+        format!(
+            "Every episode of the period summed per workload, the costliest first{}.",
+            if all_groups > groups.len() {
+                format!(" ({} of {all_groups} workloads)", groups.len())
+            } else {
+                String::new()
+            }
+        ),
+        views::episode_groups(&groups, &req.query()),
+    );
+    let sections = vec![by_workload, open_section, ended_section];
     render(
         &req,
         "/hoarding",

@@ -638,6 +638,69 @@ pub fn episode_totals(
     Ok((count, cost))
 }
 
+/// A tenant's workload's episodes, summed (the Hoarding page's summary).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EpisodeGroup {
+    /// Tenant.
+    pub tenant: Option<String>,
+    /// Workload.
+    pub workload: Option<String>,
+    /// Its episodes.
+    pub episodes: u64,
+    /// Σ idle GPU-seconds.
+    pub idle_gpu_seconds: f64,
+    /// Σ their idle cost (each priced as [`EpisodeRow::cost`]).
+    pub cost: f64,
+}
+
+/// The episodes [`episodes`] would give, summed per tenant and workload, the costliest first:
+/// at most `limit` groups, and how many there are in all.
+pub fn episode_groups(
+    conn: &Connection,
+    state: EpisodeState,
+    (from, to): (i64, i64),
+    tenant: Option<&str>,
+    settings: &Settings,
+    limit: usize,
+) -> duckdb::Result<(Vec<EpisodeGroup>, usize)> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT h.tenant, h.workload, i.gpu_model, i.mig_profile, e.started_at, e.idle_gpu_seconds
+         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+         WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
+           AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
+           AND (? IS NULL OR h.tenant = ?)",
+    )?;
+    let state = state.as_str();
+    let mut rows = stmt.query(params![state, state, to, from, tenant, tenant])?;
+    let mut groups: HashMap<(Option<String>, Option<String>), EpisodeGroup> = HashMap::new();
+    while let Some(r) = rows.next()? {
+        let key: (Option<String>, Option<String>) = (r.get(0)?, r.get(1)?);
+        let model: String = r.get(2)?;
+        let profile: Option<String> = r.get(3)?;
+        let idle: f64 = r.get(5)?;
+        let cost = idle * settings.prices.per_gpu_second(&model, profile.as_deref(), r.get(4)?);
+        let g = groups.entry(key).or_insert_with_key(|(t, w)| EpisodeGroup {
+            tenant: t.clone(),
+            workload: w.clone(),
+            episodes: 0,
+            idle_gpu_seconds: 0.0,
+            cost: 0.0,
+        });
+        g.episodes += 1;
+        g.idle_gpu_seconds += idle;
+        g.cost += cost;
+    }
+    let all = groups.len();
+    let mut groups: Vec<EpisodeGroup> = groups.into_values().collect();
+    groups.sort_by(|a, b| {
+        b.cost
+            .total_cmp(&a.cost)
+            .then_with(|| (&a.tenant, &a.workload).cmp(&(&b.tenant, &b.workload)))
+    });
+    groups.truncate(limit);
+    Ok((groups, all))
+}
+
 impl EpisodeState {
     fn as_str(self) -> &'static str {
         match self {

@@ -75,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         token_file: tokens,
         export_dir: Some(args.data.join("export")),
         prices: demo_prices(),
+        billing: demo_billing(),
         otlp: args.otlp.clone(),
         ..AggregatorOptions::default()
     }
@@ -306,10 +307,11 @@ async fn announce_ready(base: String, started: std::time::Instant) {
     }
 }
 
-/// Illustrative list prices per GPU-hour, so that the demo's showback has costs (an operator's
-/// `[prices]` table).
+/// Illustrative list prices per GPU-hour of every model the simulated fleet runs, so that the
+/// demo's showback has costs (an operator's `[prices]` table).
 fn demo_prices() -> std::collections::HashMap<String, f64> {
     [
+        ("A100-40GB", 1.29),
         ("A100-80GB", 1.79),
         ("H100-80GB", 2.49),
         ("H200-141GB", 3.39),
@@ -317,6 +319,35 @@ fn demo_prices() -> std::collections::HashMap<String, f64> {
     .into_iter()
     .map(|(m, p)| (m.to_owned(), p))
     .collect()
+}
+
+/// The simulated tenants' teams, orgs and monthly budgets (an operator's `[billing.tenants]`),
+/// so that the Tenants page has its org and team sub-totals and its budgets with a forecast:
+/// two of the four are set to run over at the simulated fleet's pace.
+fn demo_billing() -> gpuledger_ledger::analytics::bill::BillingSettings {
+    use gpuledger_ledger::analytics::bill::{BillingSettings, TenantInfo};
+    let tenants = [
+        ("search", "retrieval", "products", 12_000.0),
+        ("ads", "ranking", "products", 8_000.0),
+        ("research", "foundation-models", "research", 9_000.0),
+        ("data-science", "analytics", "research", 6_000.0),
+    ]
+    .into_iter()
+    .map(|(tenant, team, org, budget)| {
+        (
+            tenant.to_owned(),
+            TenantInfo {
+                team: Some(team.to_owned()),
+                org: Some(org.to_owned()),
+                monthly_budget: Some(budget),
+            },
+        )
+    })
+    .collect();
+    BillingSettings {
+        tenants,
+        ..BillingSettings::default()
+    }
 }
 
 /// Writes `text` to `path`, readable by its owner only (the token files' required mode).
