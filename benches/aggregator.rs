@@ -592,6 +592,20 @@ fn fleet_pages(dir: &std::path::Path) {
             "GET /api/v1/hoarding?state=all".into(),
             "/api/v1/hoarding?state=all".into(),
         ),
+        ("GET / (overview page)".into(), "/".into()),
+        ("GET /tenants (bill page)".into(), "/tenants".into()),
+        (
+            "GET /tenants/tenant-7 (one tenant's page)".into(),
+            "/tenants/tenant-7".into(),
+        ),
+        ("GET /hoarding (page)".into(), "/hoarding".into()),
+        (
+            "GET /api/v1/showback?group_by=workload".into(),
+            format!(
+                "/api/v1/showback?from={day}&to={}&group_by=workload",
+                day + 86400
+            ),
+        ),
     ];
     let mut sizes = vec![0usize; paths.len()];
     for (k, (_, p)) in paths.iter().enumerate() {

@@ -501,10 +501,9 @@ pub fn episode_groups(rows: &[gpuledger_ledger::analytics::EpisodeGroup], query:
     for g in rows {
         t.rows.push(vec![
             match &g.tenant {
-                Some(name) => Cell::link(
-                    name.clone(),
-                    format!("/tenants/{}?{query}", segment(name)),
-                ),
+                Some(name) => {
+                    Cell::link(name.clone(), format!("/tenants/{}?{query}", segment(name)))
+                }
                 None => Cell::Empty,
             },
             Cell::opt_text(g.workload.clone()),

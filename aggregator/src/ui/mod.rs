@@ -282,6 +282,24 @@ async fn read<T: Send + 'static>(
         .map_err(|e| ApiError::internal(&e))?
 }
 
+/// Workload rows a tenant's page shows; its CSV has every one.
+const PAGE_WORKLOADS: usize = 100;
+
+/// A tenant's workloads: on the page the costliest [`PAGE_WORKLOADS`] (a tenant may run thousands,
+/// and the page stays the size of a page); its CSV, every one.
+fn workloads_section(req: &Request, mut table: gpuledger_web::Table) -> Result<Section, ApiError> {
+    let all = table.rows.len();
+    let mut intro = String::new();
+    if req.csv_wanted()?.is_none() && all > PAGE_WORKLOADS {
+        table.sort_by("cost", true);
+        table.rows.truncate(PAGE_WORKLOADS);
+        intro = format!(
+            "The {PAGE_WORKLOADS} costliest of its {all} workloads; the CSV has every one."
+        );
+    }
+    Ok(Section::table("Workloads", intro, table))
+}
+
 /// A query string as (name, value) pairs, for the hidden fields of a GET form.
 fn hidden_fields(query: &str) -> Vec<(String, String)> {
     query
@@ -777,7 +795,7 @@ pub async fn tenant(
             "",
             views::breakdown(&models, "by_profile"),
         ),
-        Section::table("Workloads", "", views::breakdown(&workloads, "workloads")),
+        workloads_section(&req, views::breakdown(&workloads, "workloads"))?,
         Section {
             more: eps.1.map(|_| MoreLink {
                 href: format!(

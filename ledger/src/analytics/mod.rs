@@ -678,7 +678,10 @@ pub fn episode_groups(
         let model: String = r.get(2)?;
         let profile: Option<String> = r.get(3)?;
         let idle: f64 = r.get(5)?;
-        let cost = idle * settings.prices.per_gpu_second(&model, profile.as_deref(), r.get(4)?);
+        let cost = idle
+            * settings
+                .prices
+                .per_gpu_second(&model, profile.as_deref(), r.get(4)?);
         let g = groups.entry(key).or_insert_with_key(|(t, w)| EpisodeGroup {
             tenant: t.clone(),
             workload: w.clone(),
