@@ -455,26 +455,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
         std::fs::write(&token, "node-token-0123456789\n").unwrap();
-        let command = gpuledger_otel::process::with_defaults(
+        // Described rather than values, or meaningless without an OTLP endpoint.
+        let args = gpuledger_otel::process::defaults_as_flags(
             <Cli as clap::CommandFactory>::command(),
             &shown_defaults(),
+            &["node", "fleet", "interval", "timeout"],
         );
-        let mut args = vec!["exporter".to_owned()];
-        // Described rather than values, or meaningless without an OTLP endpoint.
-        const DESCRIBED: [&str; 4] = ["node", "fleet", "interval", "timeout"];
-        for (id, shown) in shown_defaults() {
-            let arg = command.get_arguments().find(|a| a.get_id() == id).unwrap();
-            let help = arg.get_help().unwrap().to_string();
-            assert_eq!(help.matches("[default:").count(), 1, "{id}: {help}");
-            assert!(
-                help.ends_with(&format!("[default: {shown}]")),
-                "{id}: {help}"
-            );
-            if !DESCRIBED.contains(&id) {
-                args.push(format!("--{}", arg.get_long().unwrap()));
-                args.push(shown);
-            }
-        }
         let given = <Cli as clap::Parser>::try_parse_from(&args)
             .unwrap()
             .options;

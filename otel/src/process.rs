@@ -60,6 +60,36 @@ pub fn with_defaults(
     command
 }
 
+/// For a role's test of [`with_defaults`]: `command` (the role's options) with `defaults` shown,
+/// checked to state each default once, at the end of its help; and the command line that gives
+/// each default back as its flag (those in `described` left out: a default told in words, or one
+/// meaningless alone), which the test resolves against no flags at all.
+pub fn defaults_as_flags(
+    command: clap::Command,
+    defaults: &[(&'static str, String)],
+    described: &[&str],
+) -> Vec<String> {
+    let command = with_defaults(command, defaults);
+    let mut args = vec![command.get_name().to_owned()];
+    for (id, shown) in defaults {
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_id() == *id)
+            .expect("with_defaults checked it");
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        assert_eq!(help.matches("[default:").count(), 1, "{id}: {help}");
+        assert!(
+            help.ends_with(&format!("[default: {shown}]")),
+            "{id}: {help}"
+        );
+        if !described.contains(id) {
+            args.push(format!("--{}", arg.get_long().expect("a flag")));
+            args.push(shown.clone());
+        }
+    }
+    args
+}
+
 /// A duration as an option's default shows it: in its largest whole unit (`400days`, `48h`,
 /// `5m`, `10s`, `250ms`), which `humantime` reads back.
 pub fn shown_duration(d: std::time::Duration) -> String {

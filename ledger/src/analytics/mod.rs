@@ -606,6 +606,37 @@ pub fn episodes_page(
     Ok((rows.into_iter().map(|(row, _)| row).collect(), next))
 }
 
+/// Every episode [`episodes`] would give, one at a time without holding them: its tenant,
+/// workload, idle GPU-seconds and idle cost (priced as [`EpisodeRow::cost`]).
+fn each_episode(
+    conn: &Connection,
+    state: EpisodeState,
+    (from, to): (i64, i64),
+    tenant: Option<&str>,
+    settings: &Settings,
+    mut f: impl FnMut(Option<String>, Option<String>, f64, f64),
+) -> duckdb::Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT h.tenant, h.workload, i.gpu_model, i.mig_profile, e.started_at, e.idle_gpu_seconds
+         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+         WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
+           AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
+           AND (? IS NULL OR h.tenant = ?)",
+    )?;
+    let state = state.as_str();
+    let mut rows = stmt.query(params![state, state, to, from, tenant, tenant])?;
+    while let Some(r) = rows.next()? {
+        let model: String = r.get(2)?;
+        let profile: Option<String> = r.get(3)?;
+        let idle: f64 = r.get(5)?;
+        let price = settings
+            .prices
+            .per_gpu_second(&model, profile.as_deref(), r.get(4)?);
+        f(r.get(0)?, r.get(1)?, idle, idle * price);
+    }
+    Ok(())
+}
+
 /// How many episodes [`episodes`] would give, and their idle cost, without holding them.
 pub fn episode_totals(
     conn: &Connection,
@@ -615,26 +646,11 @@ pub fn episode_totals(
     tenant: Option<&str>,
     settings: &Settings,
 ) -> duckdb::Result<(u64, f64)> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT i.gpu_model, i.mig_profile, e.started_at, e.idle_gpu_seconds
-         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
-         WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
-           AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
-           AND (? IS NULL OR h.tenant = ?)",
-    )?;
-    let state = state.as_str();
-    let mut rows = stmt.query(params![state, state, to, from, tenant, tenant])?;
     let (mut count, mut cost) = (0u64, 0.0);
-    while let Some(r) = rows.next()? {
-        let model: String = r.get(0)?;
-        let profile: Option<String> = r.get(1)?;
-        let idle: f64 = r.get(3)?;
+    each_episode(conn, state, (from, to), tenant, settings, |_, _, _, c| {
         count += 1;
-        cost += idle
-            * settings
-                .prices
-                .per_gpu_second(&model, profile.as_deref(), r.get(2)?);
-    }
+        cost += c;
+    })?;
     Ok((count, cost))
 }
 
@@ -658,41 +674,26 @@ pub struct EpisodeGroup {
 pub fn episode_groups(
     conn: &Connection,
     state: EpisodeState,
-    (from, to): (i64, i64),
+    range: (i64, i64),
     tenant: Option<&str>,
     settings: &Settings,
     limit: usize,
 ) -> duckdb::Result<(Vec<EpisodeGroup>, usize)> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT h.tenant, h.workload, i.gpu_model, i.mig_profile, e.started_at, e.idle_gpu_seconds
-         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
-         WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
-           AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
-           AND (? IS NULL OR h.tenant = ?)",
-    )?;
-    let state = state.as_str();
-    let mut rows = stmt.query(params![state, state, to, from, tenant, tenant])?;
     let mut groups: HashMap<(Option<String>, Option<String>), EpisodeGroup> = HashMap::new();
-    while let Some(r) = rows.next()? {
-        let key: (Option<String>, Option<String>) = (r.get(0)?, r.get(1)?);
-        let model: String = r.get(2)?;
-        let profile: Option<String> = r.get(3)?;
-        let idle: f64 = r.get(5)?;
-        let cost = idle
-            * settings
-                .prices
-                .per_gpu_second(&model, profile.as_deref(), r.get(4)?);
-        let g = groups.entry(key).or_insert_with_key(|(t, w)| EpisodeGroup {
-            tenant: t.clone(),
-            workload: w.clone(),
-            episodes: 0,
-            idle_gpu_seconds: 0.0,
-            cost: 0.0,
-        });
+    each_episode(conn, state, range, tenant, settings, |t, w, idle, cost| {
+        let g = groups
+            .entry((t, w))
+            .or_insert_with_key(|(t, w)| EpisodeGroup {
+                tenant: t.clone(),
+                workload: w.clone(),
+                episodes: 0,
+                idle_gpu_seconds: 0.0,
+                cost: 0.0,
+            });
         g.episodes += 1;
         g.idle_gpu_seconds += idle;
         g.cost += cost;
-    }
+    })?;
     let all = groups.len();
     let mut groups: Vec<EpisodeGroup> = groups.into_values().collect();
     groups.sort_by(|a, b| {
