@@ -99,25 +99,29 @@ fn open_descriptors(pid: u32) -> usize {
         .count()
 }
 
-/// Regression (issue 48, finding 1): 3,000 connections that never finish their headers; meanwhile
+/// Regression (issue 48, finding 1): thousands of connections that never finish their headers
+/// (3,000 where the limit allows); meanwhile
 /// `/healthz` and a valid ingest answer, and after the header read timeout the aggregator has
 /// closed every one of them (its descriptors are back to where they were).
 #[tokio::test(flavor = "multi_thread")]
 async fn thousands_of_unfinished_headers_leave_healthz_and_ingest_answering() {
-    const HELD: usize = 3_000;
+    // 3,000 where the open-files limit allows (20,000 on the development and CI machines);
+    // fewer under a lower hard limit, leaving room for the aggregator's own descriptors.
+    let limit = raise_descriptor_limit();
+    let held_count = 3_000.min(limit.saturating_sub(1_024) / 2);
     assert!(
-        raise_descriptor_limit() > HELD + 256,
-        "the test needs {HELD} descriptors"
+        held_count >= 256,
+        "the open-files limit ({limit}) leaves too few descriptors to hold connections"
     );
     let dir = tempfile::tempdir().unwrap();
     let a = start(dir.path(), &["--header-read-timeout", "4s"]).await;
     let before = open_descriptors(a.child.id());
     let port = a.port;
-    let mut held = tokio::task::spawn_blocking(move || unfinished(port, HELD))
+    let mut held = tokio::task::spawn_blocking(move || unfinished(port, held_count))
         .await
         .unwrap();
     assert!(
-        open_descriptors(a.child.id()) >= before + HELD / 2,
+        open_descriptors(a.child.id()) >= before + held_count / 2,
         "the aggregator holds the connections"
     );
     assert_eq!(healthz(&a).await.unwrap(), 200);
