@@ -84,8 +84,8 @@ impl GpuPage {
 
 /// A GPU as a page cursor: its node, UUID and model, hex-encoded (opaque to the caller, safe in
 /// a URL); `None` from [`decode_cursor`] when the text is not one.
-pub fn encode_cursor(gpu: &GpuKey) -> String {
-    let text = format!("{}\n{}\n{}", gpu.node, gpu.gpu_uuid, gpu.gpu_model);
+pub fn encode_cursor(node: &str, gpu_uuid: &str, gpu_model: &str) -> String {
+    let text = format!("{node}\n{gpu_uuid}\n{gpu_model}");
     text.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -336,13 +336,10 @@ pub fn at_instant(
             a.2 + m.stranded_gpu_equivalents,
         )
     });
-    let next = gpus.last().filter(|_| more).map(|g| {
-        encode_cursor(&GpuKey {
-            node: g.node.clone(),
-            gpu_uuid: g.gpu_uuid.clone(),
-            gpu_model: g.gpu_model.clone(),
-        })
-    });
+    let next = gpus
+        .last()
+        .filter(|_| more)
+        .map(|g| encode_cursor(&g.node, &g.gpu_uuid, &g.gpu_model));
     let names: Vec<String> = models.keys().cloned().collect();
     let on_page: Vec<NodeAt> = {
         let mut seen: Vec<&str> = gpus.iter().map(|g| g.node.as_str()).collect();
@@ -565,13 +562,10 @@ pub fn over_range(
             }
         }
     }
-    let next = gpus.last().filter(|_| more).map(|g| {
-        encode_cursor(&GpuKey {
-            node: g.node.clone(),
-            gpu_uuid: g.gpu_uuid.clone(),
-            gpu_model: g.gpu_model.clone(),
-        })
-    });
+    let next = gpus
+        .last()
+        .filter(|_| more)
+        .map(|g| encode_cursor(&g.node, &g.gpu_uuid, &g.gpu_model));
     let names: Vec<String> = models.keys().cloned().collect();
     let mut seen: Vec<&str> = gpus.iter().map(|g| g.node.as_str()).collect();
     seen.dedup();
@@ -600,7 +594,7 @@ mod tests {
             gpu_uuid: "GPU-ü".into(),
             gpu_model: "NVIDIA H100 80GB HBM3".into(),
         };
-        let c = encode_cursor(&gpu);
+        let c = encode_cursor(&gpu.node, &gpu.gpu_uuid, &gpu.gpu_model);
         assert!(c.bytes().all(|b| b.is_ascii_hexdigit()), "{c}");
         assert_eq!(decode_cursor(&c), Some(gpu));
         for junk in ["", "z", "6e6f6465", "abc", "ff0a0a", &"00".repeat(3000)] {

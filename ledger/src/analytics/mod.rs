@@ -606,6 +606,19 @@ pub fn episodes_page(
     Ok((rows.into_iter().map(|(row, _)| row).collect(), next))
 }
 
+/// The episodes of a state (`'open'`, `'closed'`, `'all'`, bound twice) overlapping `[from, to)`
+/// (bound as `to`, `from`) of a tenant (bound twice; null: all): the one selection every episode
+/// list and sum reads, so that a list and its totals cannot disagree.
+macro_rules! episodes_where {
+    () => {
+        "
+         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+         WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
+           AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
+           AND (? IS NULL OR h.tenant = ?)"
+    };
+}
+
 /// Every episode [`episodes`] would give, one at a time without holding them: its tenant,
 /// workload, idle GPU-seconds and idle cost (priced as [`EpisodeRow::cost`]).
 fn each_episode(
@@ -616,13 +629,11 @@ fn each_episode(
     settings: &Settings,
     mut f: impl FnMut(Option<String>, Option<String>, f64, f64),
 ) -> duckdb::Result<()> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT h.tenant, h.workload, i.gpu_model, i.mig_profile, e.started_at, e.idle_gpu_seconds
-         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
-         WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
-           AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
-           AND (? IS NULL OR h.tenant = ?)",
-    )?;
+    let mut stmt = conn.prepare_cached(concat!(
+        "SELECT h.tenant, h.workload, i.gpu_model, i.mig_profile, e.started_at,
+                    e.idle_gpu_seconds",
+        episodes_where!()
+    ))?;
     let state = state.as_str();
     let mut rows = stmt.query(params![state, state, to, from, tenant, tenant])?;
     while let Some(r) = rows.next()? {
@@ -726,22 +737,20 @@ fn episode_rows(
     after: Option<EpisodeCursor>,
     limit: i64,
 ) -> duckdb::Result<Vec<(EpisodeRow, EpisodeCursor)>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(concat!(
         "SELECT h.tenant, h.workload, i.node, i.gpu_uuid, i.gpu_instance_id, i.mig_profile,
                 i.gpu_model, h.slo_class, e.started_at, e.detected_at, e.ended_at, e.last_second,
                 CASE WHEN e.sm_active_samples > 0 THEN e.sm_active_sum / e.sm_active_samples END,
                 e.gpu_equivalents, e.idle_gpu_seconds, coalesce(e.resumed, false),
-                e.instance_id, e.holder_id
-         FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
-         WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
-           AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
-           AND (? IS NULL OR h.tenant = ?)
+                e.instance_id, e.holder_id",
+        episodes_where!(),
+        "
            AND (?::BIGINT IS NULL OR e.started_at > ?
                 OR (e.started_at = ? AND (e.instance_id > ?
                     OR (e.instance_id = ? AND e.holder_id > ?))))
          ORDER BY e.started_at, e.instance_id, e.holder_id
          LIMIT ?",
-    )?;
+    ))?;
     let state = state.as_str();
     let (s, i, h) = match after {
         Some(c) => (Some(c.started_at), Some(c.instance_id), Some(c.holder_id)),
