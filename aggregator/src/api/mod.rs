@@ -82,7 +82,7 @@ impl App {
         let conn = self.readers.connect()?;
         let settings = self.config.analytics.clone();
         let raw_from = chrono::Utc::now().timestamp() - self.config.retention.raw_secs;
-        let mut current = tokio::task::spawn_blocking(move || {
+        let current = tokio::task::spawn_blocking(move || {
             let mut current = gpuledger_ledger::analytics::current(&conn, &settings)?;
             current.budgets = budget_ratios(&conn, &settings, raw_from);
             Ok::<_, duckdb::Error>(current)
@@ -92,7 +92,6 @@ impl App {
             gpuledger_ledger::store::StoreError::Io(format!("the analytics task failed: {e}"))
         })?
         .map_err(gpuledger_ledger::store::StoreError::from_db)?;
-        current.budgets.sort_by(|a, b| a.0.cmp(&b.0));
         self.metrics.set_current(&current);
         if let Some(newest) = current.newest {
             use gpuledger_ledger::store::writer::WriteObserver;
@@ -123,21 +122,14 @@ impl App {
     }
 }
 
-/// This month's (spent, forecast) ratios of each budgeted tenant, for `/metrics`; none when no
-/// tenant has a budget, or when the month cannot be priced now (logged; the next pass retries).
+/// This month's (spent, forecast) ratios of each budgeted tenant, by tenant, for `/metrics`;
+/// none when no tenant has a budget, or when the month cannot be priced now (logged; the next
+/// pass retries).
 fn budget_ratios(
     conn: &duckdb::Connection,
     settings: &gpuledger_ledger::analytics::Settings,
     raw_from: i64,
 ) -> Vec<(String, (f64, f64))> {
-    if !settings
-        .billing
-        .tenants
-        .values()
-        .any(|t| t.monthly_budget.is_some())
-    {
-        return Vec::new();
-    }
     let now = chrono::Utc::now().timestamp();
     match gpuledger_ledger::analytics::budgets::forecast(
         conn,

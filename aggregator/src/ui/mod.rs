@@ -636,12 +636,7 @@ pub async fn tenants(
     let settings = app.config.analytics.clone();
     let raw = raw_from(&app);
     // A calendar month's page forecasts its budgets too.
-    let month = req.period.query.starts_with("month=")
-        && settings
-            .billing
-            .tenants
-            .values()
-            .any(|t| t.monthly_budget.is_some());
+    let month = req.period.query.starts_with("month=");
     let (bill, budgets) = read(&app, move |c| {
         let b = bill::compute(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
             .map_err(showback_error)?;

@@ -133,6 +133,19 @@ pub fn forecast(
         .filter(|(t, _)| tenant.is_none_or(|own| own == t.as_str()))
         .collect();
     budgeted.sort_by(|a, b| a.0.cmp(b.0));
+    let empty = Budgets {
+        from,
+        to,
+        at,
+        currency: settings.prices.currency.clone(),
+        cost_mode: mode,
+        idle,
+        lines: Vec::new(),
+    };
+    if budgeted.is_empty() {
+        // Nothing to price: no bill is computed.
+        return Ok(empty);
+    }
     let totals = |a: i64, b: i64| -> Result<Vec<(String, Money)>, ShowbackError> {
         if a >= b {
             return Ok(Vec::new());
@@ -165,15 +178,7 @@ pub fn forecast(
             )
         })
         .collect();
-    Ok(Budgets {
-        from,
-        to,
-        at,
-        currency: settings.prices.currency.clone(),
-        cost_mode: mode,
-        idle,
-        lines,
-    })
+    Ok(Budgets { lines, ..empty })
 }
 
 #[cfg(test)]
