@@ -22,6 +22,7 @@ use crate::config::{
 use gpuledger_ledger::analytics::Settings as AnalyticsSettings;
 use gpuledger_ledger::analytics::bill::BillingSettings;
 use gpuledger_ledger::analytics::prices::{PriceBook, PriceFile};
+use gpuledger_ledger::analytics::rightsizing::Settings as RightsizingSettings;
 use gpuledger_ledger::reclaim::config::{AlertmanagerFile, ReclaimFile, WebhookFile};
 use gpuledger_ledger::store::Retention;
 
@@ -135,6 +136,11 @@ pub struct AggregatorOptions {
     #[arg(skip)]
     #[serde(skip_serializing)]
     pub billing: BillingSettings,
+    /// `[rightsizing]`: percentile, headrooms, minimum measured hours and per-class percentiles;
+    /// declared and checked in [`gpuledger_ledger::analytics::rightsizing`].
+    #[arg(skip)]
+    #[serde(skip_serializing)]
+    pub rightsizing: RightsizingSettings,
     /// `[ui]`: the pages' sessions and a trusted proxy's user header; declared and checked in
     /// [`crate::ui::session`].
     #[arg(skip)]
@@ -372,7 +378,9 @@ impl AggregatorOptions {
             billing: self.billing,
             demand_lookback: self.demand_lookback.unwrap_or(defaults_a.demand_lookback),
             snapshot_instances: defaults_a.snapshot_instances,
+            rightsizing: self.rightsizing,
         };
+        analytics.rightsizing.check().map_err(invalid)?;
         // Tokens before the reclaim settings: a missing token file is the first thing to fix.
         let tokens = tokens(self.token_file)?;
         let reclaim = self

@@ -67,6 +67,11 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/showback.csv", get(showback::showback_csv))
         .route("/api/v1/bill", get(ui::bill_json))
         .route("/api/v1/budgets", get(api::budgets::budgets))
+        .route("/api/v1/rightsizing", get(api::rightsizing::rightsizing))
+        .route(
+            "/api/v1/rightsizing.csv",
+            get(api::rightsizing::rightsizing_csv),
+        )
         .route("/api/v1/hoarding", get(hoarding::hoarding))
         .route("/api/v1/fragmentation", get(fragmentation::fragmentation))
         .route("/api/v1/shares", get(shares::shares))
@@ -85,6 +90,7 @@ pub fn router(state: AppState) -> Router {
         .route("/fleet", get(ui::fleet))
         .route("/hoarding", get(ui::hoarding))
         .route("/prices", get(ui::prices))
+        .route("/rightsizing", get(ui::rightsizing))
         .route("/signin", get(ui::signin_page).post(ui::signin))
         .route("/signout", post(ui::signout))
         .route("/hoarding/snooze", post(ui::snooze))

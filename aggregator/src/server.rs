@@ -174,6 +174,7 @@ fn open(
         deliveries: Arc::new(tokio::sync::Notify::new()),
         sessions: crate::auth::session::Sessions::default(),
         preparing: std::sync::Mutex::new(preparing.then(|| "starting".to_owned())),
+        demand: Default::default(),
     }));
     Ok((state, thread, compactor))
 }

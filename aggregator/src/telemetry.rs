@@ -547,6 +547,8 @@ pub struct LedgerFamilies {
     budget_spent: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
     /// Per budgeted tenant: the month-end forecast / this month's budget.
     budget_forecast: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
+    /// Per tenant: what its rightsizing recommendations would have saved this month so far.
+    rightsizing_savings: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
 }
 
 /// A budget series' labels.
@@ -571,6 +573,7 @@ impl LedgerFamilies {
             node_stranded: Family::default(),
             budget_spent: Family::default(),
             budget_forecast: Family::default(),
+            rightsizing_savings: Family::default(),
         };
         let ge = || Unit::Other("gpu_equivalents".into());
         r.register_with_unit(
@@ -633,6 +636,11 @@ impl LedgerFamilies {
             Unit::Other("ratio".into()),
             l.budget_forecast.clone(),
         );
+        r.register(
+            "gpuledger_tenant_rightsizing_savings",
+            "What moving a tenant's workloads to the MIG profiles rightsizing recommends would have saved this month so far, in the price book's currency",
+            l.rightsizing_savings.clone(),
+        );
         LedgerFamilies {
             registry: std::sync::Arc::new(r),
             ..l
@@ -686,6 +694,13 @@ impl LedgerFamilies {
             };
             self.budget_spent.get_or_create(&l).set(*spent);
             self.budget_forecast.get_or_create(&l).set(*forecast);
+        }
+        self.rightsizing_savings.clear();
+        for (tenant, savings) in current.savings.iter().filter(|(t, _)| mine(t)) {
+            let l = BudgetLabels {
+                tenant: tenant.clone(),
+            };
+            self.rightsizing_savings.get_or_create(&l).set(*savings);
         }
         for f in [&self.node_capacity, &self.node_free, &self.node_stranded] {
             f.clear();

@@ -31,5 +31,6 @@ mod one_build;
 mod otlp;
 mod reclaim;
 mod reclaimer;
+mod rightsizing;
 mod slurm;
 mod web_ui;

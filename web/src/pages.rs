@@ -36,6 +36,7 @@ impl Nav {
             out.push(("/fleet", "Fleet"));
         }
         out.push(("/hoarding", "Hoarding"));
+        out.push(("/rightsizing", "Rightsizing"));
         out.push(("/prices", "Prices"));
         out.into_iter()
             .map(|(p, l)| (p, l, p == self.current))

@@ -10,6 +10,7 @@ pub mod hoarding;
 pub mod ingest;
 pub mod params;
 pub mod reclaim;
+pub mod rightsizing;
 pub mod shares;
 pub mod showback;
 
@@ -53,6 +54,8 @@ pub struct App {
     /// What the service is preparing before it is ready (`None` once ready): see
     /// [`crate::server::run_with`].
     pub preparing: std::sync::Mutex<Option<String>>,
+    /// Rightsizing's per-day and per-hour demand histograms, kept between answers.
+    pub demand: Arc<gpuledger_ledger::analytics::rightsizing::DemandCache>,
 }
 
 /// What one evaluation did: the analytics, then the reclaim pass over their episodes.
@@ -82,9 +85,11 @@ impl App {
         let conn = self.readers.connect()?;
         let settings = self.config.analytics.clone();
         let raw_from = chrono::Utc::now().timestamp() - self.config.retention.raw_secs;
+        let demand = self.demand.clone();
         let current = tokio::task::spawn_blocking(move || {
             let mut current = gpuledger_ledger::analytics::current(&conn, &settings)?;
             current.budgets = budget_ratios(&conn, &settings, raw_from);
+            current.savings = month_savings(&conn, &demand, &settings, raw_from);
             Ok::<_, duckdb::Error>(current)
         })
         .await
@@ -148,6 +153,45 @@ fn budget_ratios(
             .collect(),
         Err(e) => {
             tracing::warn!(error = %e, "Cannot price this month's budgets for /metrics.");
+            Vec::new()
+        }
+    }
+}
+
+/// This month's rightsizing savings so far per tenant with any, for `/metrics` (the month to
+/// the newest whole minute); none when the month cannot be read now (logged; the next pass
+/// retries).
+fn month_savings(
+    conn: &duckdb::Connection,
+    cache: &gpuledger_ledger::analytics::rightsizing::DemandCache,
+    settings: &gpuledger_ledger::analytics::Settings,
+    raw_from: i64,
+) -> Vec<(String, f64)> {
+    let now = chrono::Utc::now().timestamp();
+    let (from, _) = budgets::month_of(now);
+    let to = now.div_euclid(60) * 60;
+    if to <= from {
+        return Vec::new();
+    }
+    match gpuledger_ledger::analytics::rightsizing::rightsizing(
+        conn,
+        cache,
+        (from, to),
+        settings,
+        raw_from,
+        Default::default(),
+    ) {
+        Ok(r) => {
+            let mut by: std::collections::BTreeMap<String, i64> = Default::default();
+            for row in r.rows.iter().filter(|r| r.recommendation) {
+                *by.entry(row.tenant.clone()).or_default() += row.savings.0;
+            }
+            by.into_iter()
+                .map(|(t, cents)| (t, cents as f64 / 100.0))
+                .collect()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot compute this month's rightsizing for /metrics.");
             Vec::new()
         }
     }

@@ -486,6 +486,91 @@ pub fn budgets(b: &gpuledger_ledger::analytics::budgets::Budgets, query: &str) -
     t
 }
 
+/// A number shown with two decimals, exact in the CSV.
+fn decimal(v: Option<f64>) -> Cell {
+    v.map_or(Cell::Empty, |v| Cell::Number {
+        value: v.to_string(),
+        shown: format!("{v:.2}"),
+        key: v,
+    })
+}
+
+/// Bytes, shown in GiB, exact in the CSV.
+fn gib(b: Option<u64>) -> Cell {
+    b.map_or(Cell::Empty, |b| Cell::Number {
+        value: b.to_string(),
+        shown: format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30)),
+        key: b as f64,
+    })
+}
+
+/// Rightsizing's rows, the greatest savings first (`GET /api/v1/rightsizing`, its CSV, the
+/// Rightsizing page and a tenant's section). `query` is the period's, kept on the tenant links.
+pub fn rightsizing(
+    r: &gpuledger_ledger::analytics::rightsizing::Rightsizing,
+    query: &str,
+) -> Table {
+    let mut t = Table::new(
+        "rightsizing",
+        vec![
+            Column::text("tenant", "Tenant"),
+            Column::text("workload", "Workload"),
+            Column::text("gpu_model", "GPU model"),
+            Column::text("mig_profile", "Profile"),
+            Column::text("recommended_profile", "Recommended"),
+            Column::text("reason", "Reason"),
+            Column::number("savings", "Savings"),
+            Column::number("savings_per_month", "Savings / 30 days"),
+            Column::number("instances", "Instances"),
+            Column::number("held_hours", "Held h"),
+            Column::number("measured_minutes", "Measured min"),
+            Column::number("percentile", "Percentile"),
+            Column::number("compute_slices", "Slices"),
+            Column::number("compute_p", "Compute at percentile (slices)"),
+            Column::number("compute_max", "Compute max (slices)"),
+            Column::number("needed_slices", "Needed slices"),
+            Column::number("memory_peak_bytes", "Memory peak"),
+            Column::number("needed_bytes", "Needed memory"),
+            Column::number("framebuffer_bytes", "Profile memory"),
+            Column::text("saturated", "Saturated"),
+            Column::text("slo_class", "SLO class"),
+        ],
+    );
+    for row in &r.rows {
+        let reason = serde_json::to_value(row.reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        t.rows.push(vec![
+            Cell::link(
+                row.tenant.clone(),
+                format!("/tenants/{}?{query}", segment(&row.tenant)),
+            ),
+            Cell::opt_text(row.workload.clone()),
+            Cell::text(row.gpu_model.clone()),
+            Cell::text(row.mig_profile.clone()),
+            Cell::opt_text(row.recommended_profile.clone()),
+            Cell::text(reason),
+            money(row.savings),
+            money(row.savings_per_month),
+            Cell::count(row.instances as i64),
+            Cell::hours(row.held_hours),
+            Cell::count(row.measured_minutes as i64),
+            decimal(Some(row.percentile)),
+            Cell::count(i64::from(row.compute_slices)),
+            decimal(row.compute_p),
+            decimal(row.compute_max),
+            decimal(row.needed_slices),
+            gib(row.memory_peak_bytes),
+            gib(row.needed_bytes),
+            gib(row.framebuffer_bytes),
+            Cell::text(if row.saturated { "yes" } else { "no" }),
+            Cell::opt_text(row.slo_class.clone()),
+        ]);
+    }
+    t
+}
+
 /// Episodes summed per tenant and workload, the costliest first.
 pub fn episode_groups(rows: &[gpuledger_ledger::analytics::EpisodeGroup], query: &str) -> Table {
     let mut t = Table::new(

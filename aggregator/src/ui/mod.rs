@@ -775,6 +775,7 @@ pub async fn tenant(
     })
     .await?;
     let kpis = tenant_kpis(&bill);
+    let sizing = rightsizing_of(&app, &req, Some(name.clone())).await?;
     let mut bill_table = views::bill_lines(&bill, &req.query());
     bill_table.footer = None;
     let sections = vec![
@@ -805,6 +806,26 @@ pub async fn tenant(
                 "Idle allocations of this tenant that overlap the period.",
                 views::episodes(&eps.0, "episodes", &req.query()),
             )
+        },
+        Section {
+            more: (sizing.rows.len() > TENANT_RIGHTSIZING).then(|| MoreLink {
+                href: format!(
+                    "/rightsizing?{}&tenant={}",
+                    req.query_from(None),
+                    views::segment(&name)
+                ),
+                label: "Every row of this tenant, on the Rightsizing page".into(),
+            }),
+            heading: "Rightsizing".into(),
+            ..rightsizing_section(
+                &req,
+                &sizing,
+                TENANT_RIGHTSIZING,
+                format!(
+                    "Workloads whose measured demand fits a smaller MIG profile: {} {} over the period ({} per 30 days).",
+                    sizing.totals.savings, sizing.currency, sizing.totals.savings_per_month
+                ),
+            )?
         },
         Section::table(
             "Reclaim actions",
@@ -977,6 +998,144 @@ pub async fn hoarding(
         sections,
         &["open", "closed"],
         "hoarding",
+    )
+}
+
+/// Rightsizing rows a tenant's page lists (the Rightsizing page has the rest).
+const TENANT_RIGHTSIZING: usize = 20;
+
+/// Rightsizing rows a page lists; its CSV has every one.
+const PAGE_RIGHTSIZING: usize = 100;
+
+/// The page's period as whole minutes (rightsizing reads minutes): `from` up, `to` down.
+fn whole_minutes(from: i64, to: i64) -> (i64, i64) {
+    let up = from.div_euclid(60) * 60 + if from.rem_euclid(60) == 0 { 0 } else { 60 };
+    (up, to.div_euclid(60) * 60)
+}
+
+/// Rightsizing over the page's period, for its tenant (or the one asked).
+async fn rightsizing_of(
+    app: &AppState,
+    req: &Request,
+    tenant: Option<String>,
+) -> Result<analytics::rightsizing::Rightsizing, ApiError> {
+    let (from, to) = whole_minutes(req.period.from, req.period.to);
+    let settings = app.config.analytics.clone();
+    let raw = raw_from(app);
+    let model = PageQuery::given(&req.q.model);
+    let state = app.clone();
+    read(app, move |c| {
+        analytics::rightsizing::rightsizing(
+            c,
+            &state.demand,
+            (from, to.max(from + 60)),
+            &settings,
+            raw,
+            analytics::rightsizing::Filter {
+                tenant: tenant.as_deref(),
+                gpu_model: model.as_deref(),
+            },
+        )
+        .map_err(showback_error)
+    })
+    .await
+}
+
+/// The rightsizing table of a page: the first `limit` rows by savings on the page, every row in
+/// its CSV.
+fn rightsizing_section(
+    req: &Request,
+    r: &analytics::rightsizing::Rightsizing,
+    limit: usize,
+    intro: String,
+) -> Result<Section, ApiError> {
+    let mut table = views::rightsizing(r, &req.query());
+    let all = table.rows.len();
+    let mut intro = intro;
+    if req.csv_wanted()?.is_none() && all > limit {
+        table.rows.truncate(limit);
+        intro.push_str(&format!(
+            " The {limit} greatest savings of {all} rows are listed; the CSV has every one."
+        ));
+    }
+    Ok(Section::table("Recommendations", intro, table))
+}
+
+/// `GET /rightsizing`: per workload and MIG profile, the smallest profile its measured demand
+/// fits and what moving there saves, the greatest savings first.
+pub async fn rightsizing(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<PageQuery>,
+) -> Result<Response, ApiError> {
+    let req = match request(&app, &headers, q, "/rightsizing")? {
+        Ok(r) => r,
+        Err(redirect) => return Ok(redirect),
+    };
+    let asked = PageQuery::given(&req.q.tenant);
+    if let (Some(own), Some(a)) = (&req.tenant, &asked)
+        && own != a
+    {
+        return Err(ApiError::forbidden(
+            "tenant",
+            "a tenant: token reads only its own tenant",
+        ));
+    }
+    let tenant = req.tenant.clone().or(asked);
+    let r = rightsizing_of(&app, &req, tenant).await?;
+    let s = &r.settings;
+    let currency = r.currency.clone();
+    let kpis = vec![
+        money_kpi(
+            "Potential savings",
+            r.totals.savings,
+            &currency,
+            format!(
+                "{} per 30 days, from {} recommendations",
+                r.totals.savings_per_month, r.totals.recommendations
+            ),
+        ),
+        Kpi {
+            label: "Recommendations".into(),
+            value: r.totals.recommendations.to_string(),
+            sub: format!("of {} workload profiles", r.totals.rows),
+            exact: r.totals.recommendations.to_string(),
+        },
+        Kpi {
+            label: "Saturated".into(),
+            value: r.totals.saturated.to_string(),
+            sub: "use ≥ 95 % of their compute or memory".into(),
+            exact: r.totals.saturated.to_string(),
+        },
+    ];
+    let intro = format!(
+        "Each workload's demand per minute (mean SM activity × the profile's compute slices), at the {} percentile ({}), with {} % compute and {} % memory headroom, against the MIG profiles of its GPU model; savings at the price book's prices for the instance-hours it held. Rows with under {} measured hours are not recommended anything.",
+        s.percentile,
+        if s.classes.is_empty() {
+            "for every SLO class".to_owned()
+        } else {
+            let mut c: Vec<String> = s
+                .classes
+                .iter()
+                .filter_map(|(k, v)| v.percentile.map(|p| format!("{k}: {p}")))
+                .collect();
+            c.sort();
+            format!("classes: {}", c.join(", "))
+        },
+        s.compute_headroom * 100.0,
+        s.memory_headroom * 100.0,
+        s.min_measured_hours
+    );
+    let sections = vec![rightsizing_section(&req, &r, PAGE_RIGHTSIZING, intro)?];
+    render(
+        &req,
+        "/rightsizing",
+        "/rightsizing",
+        format!("Rightsizing — {}", req.period.label),
+        kpis,
+        sections,
+        &["rightsizing"],
+        "rightsizing",
     )
 }
 

@@ -25,6 +25,7 @@ pub mod fragmentation;
 pub mod geometry;
 pub mod hoarding;
 pub mod prices;
+pub mod rightsizing;
 pub mod shares;
 pub mod showback;
 pub mod trend;
@@ -61,6 +62,8 @@ pub struct Settings {
     /// (what is dirty, the demand mix, the dimensions): whole GPUs at a time, so one GPU may
     /// take a snapshot past it.
     pub snapshot_instances: usize,
+    /// `[rightsizing]`: the percentile, headrooms and minimum data of the recommendations.
+    pub rightsizing: rightsizing::Settings,
 }
 
 impl Default for Settings {
@@ -81,6 +84,7 @@ impl Default for Settings {
             // Short snapshots, so that none holds back the WAL for long (docs/perf/analytics.md,
             // "The evaluation read in short snapshots").
             snapshot_instances: 20_000,
+            rightsizing: rightsizing::Settings::default(),
         }
     }
 }
@@ -375,6 +379,9 @@ pub struct Current {
     /// Budgeted tenant → (spent, forecast) of this month's budget ([`budgets::forecast`]); filled
     /// by whoever prices the month (the aggregator's evaluation), empty from [`current`].
     pub budgets: Vec<(String, (f64, f64))>,
+    /// Tenant → what its rightsizing recommendations would have saved this month so far
+    /// ([`rightsizing::rightsizing`]); filled by the aggregator's evaluation like `budgets`.
+    pub savings: Vec<(String, f64)>,
 }
 
 /// An open episode, for the metrics.

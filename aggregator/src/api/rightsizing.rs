@@ -1,0 +1,120 @@
+//! `GET /api/v1/rightsizing?from=&to=` (or `month=`) `&tenant=&gpu_model=`, and
+//! `/api/v1/rightsizing.csv` from the same value: per tenant, workload, GPU model and MIG profile,
+//! the profile its measured demand needs and what moving there saves. A `tenant:` token sees its
+//! own rows. Definitions: `schema/ANALYTICS.md`, "Rightsizing".
+
+use axum::Json;
+use axum::extract::State;
+use gpuledger_ledger::analytics::rightsizing::{self, Filter, Rightsizing};
+
+use super::AppState;
+use super::extract::{Month, Query, Reader, Time, range};
+use super::showback::showback_error;
+use crate::error::ApiError;
+
+/// The query of `GET /api/v1/rightsizing` and its CSV.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RightsizingQuery {
+    /// Start of the range, a whole minute (default: the start of `to`'s UTC month).
+    pub from: Option<Time>,
+    /// End of the range, a whole minute (default: now, down to the minute).
+    pub to: Option<Time>,
+    /// A calendar month instead of `from`/`to`.
+    pub month: Option<Month>,
+    /// Only this tenant's rows (a `tenant:` token gets its own whatever this says).
+    pub tenant: Option<String>,
+    /// Only this GPU model's rows (its key such as `H100-80GB`, or the NVML name).
+    pub gpu_model: Option<String>,
+}
+
+/// `GET /api/v1/rightsizing`.
+pub async fn rightsizing(
+    State(app): State<AppState>,
+    reader: Reader,
+    Query(q): Query<RightsizingQuery>,
+) -> Result<Json<Rightsizing>, ApiError> {
+    Ok(Json(compute(&app, reader.scope, q).await?))
+}
+
+/// `GET /api/v1/rightsizing.csv`: the same rows as RFC 4180 CSV.
+pub async fn rightsizing_csv(
+    State(app): State<AppState>,
+    reader: Reader,
+    Query(q): Query<RightsizingQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    let v = compute(&app, reader.scope, q).await?;
+    let name = format!("gpuledger-rightsizing-{}-{}", v.from, v.to);
+    Ok(crate::render::csv_response(
+        &crate::render::views::rightsizing(&v, ""),
+        &name,
+    ))
+}
+
+/// The range of a rightsizing question: whole minutes, `to` defaulting to now's minute.
+pub fn minutes_range(
+    month: Option<Month>,
+    from: Option<Time>,
+    to: Option<Time>,
+    max_secs: i64,
+) -> Result<(i64, i64), ApiError> {
+    let given_to = to.is_some();
+    let (from, mut to) = range(month, from, to, max_secs)?;
+    if from.rem_euclid(60) != 0 {
+        return Err(ApiError::bad_request("from", "must be a whole minute"));
+    }
+    if to.rem_euclid(60) != 0 {
+        if given_to {
+            return Err(ApiError::bad_request("to", "must be a whole minute"));
+        }
+        to = to.div_euclid(60) * 60;
+    }
+    if from >= to {
+        return Err(ApiError::bad_request(
+            "from",
+            "the range holds no whole minute",
+        ));
+    }
+    Ok((from, to))
+}
+
+/// Computes the answer for `scope` (a `tenant:` reader's tenant).
+pub async fn compute(
+    app: &AppState,
+    scope: Option<String>,
+    q: RightsizingQuery,
+) -> Result<Rightsizing, ApiError> {
+    let retention = app.config.retention;
+    let (from, to) = minutes_range(q.month, q.from, q.to, retention.rollup_secs)?;
+    let tenant = match (scope, q.tenant) {
+        (Some(own), Some(asked)) if own != asked => {
+            return Err(ApiError::forbidden(
+                "tenant",
+                "a tenant token reads its own tenant's rows only",
+            ));
+        }
+        (Some(own), _) => Some(own),
+        (None, asked) => asked.filter(|t| !t.is_empty()),
+    };
+    let gpu_model = q.gpu_model.filter(|m| !m.is_empty());
+    let raw_from = chrono::Utc::now().timestamp() - retention.raw_secs;
+    let conn = app.readers.connect().map_err(|e| ApiError::internal(&e))?;
+    let settings = app.config.analytics.clone();
+    let state = app.clone();
+    tokio::task::spawn_blocking(move || {
+        rightsizing::rightsizing(
+            &conn,
+            &state.demand,
+            (from, to),
+            &settings,
+            raw_from,
+            Filter {
+                tenant: tenant.as_deref(),
+                gpu_model: gpu_model.as_deref(),
+            },
+        )
+    })
+    .await
+    .map_err(|e| ApiError::internal(&e))?
+    .map_err(showback_error)
+}
