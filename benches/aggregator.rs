@@ -1267,6 +1267,117 @@ fn import_against_read_csv(dir: &std::path::Path, hours: u32) {
     );
 }
 
+/// Rightsizing's month for 1,000 GPUs × 7 instances × 30 days of minute rollups (302 million
+/// minute rows, written with SQL; half the instances near idle, the rest busy at varying levels),
+/// against the month showback by workload in the same run: the first answer (which reads every
+/// minute row into the per-day histograms), then p50 / p95 of 30 answers each, interleaved; and
+/// the memory the histograms hold.
+fn month_rightsizing(dir: &std::path::Path) {
+    use gpuledger_ledger::analytics::rightsizing::{self, DemandCache, Filter};
+    let (conn, _) = store::open(&dir.join("rightsizing.duckdb")).unwrap();
+    let minutes: i64 = 30 * 24 * 60;
+    let t0: i64 = 1_767_225_600;
+    let build = Instant::now();
+    conn.execute_batch(&format!(
+        "INSERT INTO instances SELECT i + 1, 'node-' || (i // 56), 'GPU-' || (i // 7), i % 7, 'NVIDIA H100 80GB HBM3', '1g.10gb', i % 7, 1, 1.0 / 7 FROM range(7000) t(i);
+         INSERT INTO holders SELECT h, 'tenant-' || (h % 40), 'wl-' || h, 'batch' FROM range(1, 7001) t(h);
+         INSERT INTO rollup_1m (bucket, instance_id, holder_id, seconds_mask, samples, sm_active_samples, sm_active_sum,
+                sm_active_min, sm_active_max, sm_occupancy_samples, sm_occupancy_sum, tensor_active_samples,
+                tensor_active_sum, dram_active_samples, dram_active_sum, fb_used_samples, fb_used_bytes_sum,
+                fb_used_bytes_max, fb_total_bytes_max, nvlink_tx_bytes_sum, nvlink_rx_bytes_sum)
+         SELECT {t0} + 60 * m, i, i, 1152921504606846975, 60, 60, 60 * s, s, s, 0, 0, 0, 0, 0, 0,
+                60, 60 * 3000000000, 3000000000, 10737418240, 0, 0
+         FROM (SELECT m, i, CASE WHEN i % 2 = 0 THEN 0.01 * ((m + i) % 3)
+                                  ELSE 0.3 + 0.01 * ((m * 7 + i * 13) % 60) END AS s
+               FROM range({minutes}) a(m), range(1, 7001) b(i));
+         INSERT INTO rollup_1h SELECT bucket - bucket % 3600, instance_id, holder_id, sum(samples), sum(sm_active_samples),
+                sum(sm_active_sum), min(sm_active_min), max(sm_active_max), 0, 0, 0, 0, 0, 0, sum(fb_used_samples),
+                sum(fb_used_bytes_sum), max(fb_used_bytes_max), max(fb_total_bytes_max), 0, 0
+             FROM rollup_1m GROUP BY ALL;
+         INSERT INTO rollup_tenant_1h SELECT bucket, h.tenant, 'batch', 'NVIDIA H100 80GB HBM3', sum(r.samples)::BIGINT,
+                sum(r.samples) / 7.0, sum(r.sm_active_samples) / 7.0, sum(r.sm_active_sum) / 7.0
+             FROM rollup_1h r JOIN holders h USING (holder_id) GROUP BY ALL;
+         INSERT INTO rollup_alloc_1d SELECT bucket - bucket % 86400, instance_id, holder_id, sum(samples), sum(sm_active_samples), sum(sm_active_sum)
+             FROM rollup_1h GROUP BY ALL;
+         INSERT INTO rollup_gpu_1h SELECT {t0} + 3600 * hr, 'node-' || (g // 8), 'GPU-' || g, 'NVIDIA H100 80GB HBM3', 3600, 3600 * 7
+             FROM range({hours}) a(hr), range(1000) b(g);
+         CHECKPOINT;",
+        hours = minutes / 60
+    ))
+    .unwrap();
+    eprintln!(
+        "  a month of minute rollups (302,400,000 rows) built in {:.1} s",
+        build.elapsed().as_secs_f64()
+    );
+    let mut settings = analytics::Settings::default();
+    settings.prices.default_per_gpu_hour = 3.5;
+    let (from, to) = (t0, t0 + 60 * minutes);
+    let cache = DemandCache::default();
+    let (rss0, _) = rss_and_peak_mib();
+    let cold = Instant::now();
+    let first = rightsizing::rightsizing(
+        &conn,
+        &cache,
+        (from, to),
+        &settings,
+        i64::MIN,
+        Filter::default(),
+    )
+    .unwrap();
+    let cold_s = cold.elapsed().as_secs_f64();
+    let (rss1, _) = rss_and_peak_mib();
+    eprintln!(
+        "  first answer (reads every minute row into {} day histograms): {cold_s:.1} s, {} rows, {} recommendations, savings {}; RSS {rss0:.0} → {rss1:.0} MiB",
+        cache.len().0,
+        first.rows.len(),
+        first.totals.recommendations,
+        first.totals.savings
+    );
+    let (mut sb, mut rs) = (Vec::new(), Vec::new());
+    for _ in 0..30 {
+        let t = Instant::now();
+        std::hint::black_box(
+            showback::showback(
+                &conn,
+                from,
+                to,
+                GroupBy::Workload,
+                None,
+                i64::MIN,
+                &settings,
+            )
+            .unwrap(),
+        );
+        sb.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        let again = rightsizing::rightsizing(
+            &conn,
+            &cache,
+            (from, to),
+            &settings,
+            i64::MIN,
+            Filter::default(),
+        )
+        .unwrap();
+        rs.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(again, first, "a cached answer is the first answer");
+    }
+    let pct = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((p * v.len() as f64).ceil() as usize).max(1) - 1]
+    };
+    let (sb50, sb95, rs50, rs95) = (
+        pct(&mut sb, 0.5),
+        pct(&mut sb, 0.95),
+        pct(&mut rs, 0.5),
+        pct(&mut rs, 0.95),
+    );
+    eprintln!(
+        "  month showback by workload p50 / p95: {sb50:.1} / {sb95:.1} ms; month rightsizing p50 / p95: {rs50:.1} / {rs95:.1} ms = {:.2}× the showback's p95",
+        rs95 / sb95
+    );
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!("benches/aggregator.rs: run with `cargo bench --bench aggregator`");
@@ -1275,6 +1386,10 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     if std::env::args().any(|a| a == "history") {
         history_day(dir.path());
+        return;
+    }
+    if std::env::args().any(|a| a == "rightsizing") {
+        month_rightsizing(dir.path());
         return;
     }
     if std::env::args().any(|a| a == "pages") {

@@ -368,6 +368,22 @@ async fn hook(State(r): State<Arc<Reclaimer>>, headers: HeaderMap, body: Bytes) 
         return error(StatusCode::UNAUTHORIZED, &e.to_string());
     }
     let id = get(webhook::HEADER_ID).unwrap_or_default().to_owned();
+    // A budget event (sent here only when this endpoint's `events` names it) has no episode.
+    #[derive(serde::Deserialize)]
+    struct Kind {
+        #[serde(rename = "type")]
+        kind: EventType,
+    }
+    if let Ok(Kind { kind }) = serde_json::from_slice::<Kind>(&body)
+        && kind.is_budget()
+    {
+        tracing::info!(
+            webhook_id = id,
+            event = kind.as_str(),
+            "Noted an event that needs no action."
+        );
+        return Outcome::Ignored.answer(format!("{} needs no action", kind.as_str()));
+    }
     let event: Event = match serde_json::from_slice(&body) {
         Ok(e) => e,
         Err(e) => {

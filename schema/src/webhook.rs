@@ -42,16 +42,33 @@ pub enum EventType {
     /// The episode ended (activity resumed or the allocation was released).
     #[serde(rename = "hoarding.resolved")]
     HoardingResolved,
+    /// A tenant's month-end forecast went over its monthly budget (once per tenant and month).
+    #[serde(rename = "budget.forecast_exceeded")]
+    BudgetForecastExceeded,
+    /// A tenant's spend this month reached its monthly budget (once per tenant and month).
+    #[serde(rename = "budget.exceeded")]
+    BudgetExceeded,
 }
 
 impl EventType {
-    /// Every type, in the order an episode can go through them.
-    pub const ALL: [EventType; 4] = [
+    /// Every type: an episode's, in the order it can go through them, then a budget's.
+    pub const ALL: [EventType; 6] = [
         EventType::HoardingDetected,
         EventType::ReclaimRequested,
         EventType::ReclaimCancelled,
         EventType::HoardingResolved,
+        EventType::BudgetForecastExceeded,
+        EventType::BudgetExceeded,
     ];
+
+    /// Whether it is about a tenant's budget (its body is a [`BudgetEvent`]); otherwise about an
+    /// idle-hoarding episode (an [`Event`]).
+    pub fn is_budget(self) -> bool {
+        matches!(
+            self,
+            EventType::BudgetForecastExceeded | EventType::BudgetExceeded
+        )
+    }
 
     /// The name on the wire.
     pub fn as_str(self) -> &'static str {
@@ -60,6 +77,8 @@ impl EventType {
             EventType::ReclaimRequested => "reclaim.requested",
             EventType::ReclaimCancelled => "reclaim.cancelled",
             EventType::HoardingResolved => "hoarding.resolved",
+            EventType::BudgetForecastExceeded => "budget.forecast_exceeded",
+            EventType::BudgetExceeded => "budget.exceeded",
         }
     }
 
@@ -147,6 +166,59 @@ pub struct EpisodeData {
     pub policy: PolicyData,
     /// True when the aggregator runs with `dry_run`: the receiver must not act.
     pub dry_run: bool,
+}
+
+/// A tenant's month against its budget, as a `budget.*` event carries it (the figures of
+/// `GET /api/v1/budgets` when the event was decided).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetData {
+    /// `bud_` + 24 hex: a hash of tenant and month, the same for both of the month's events.
+    pub notice_id: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The calendar month, `YYYY-MM`.
+    pub month: String,
+    /// The monthly budget.
+    pub budget: f64,
+    /// Spent so far this month (the bill's total).
+    pub spent: f64,
+    /// The month-end forecast.
+    pub forecast: f64,
+    /// spent / budget.
+    pub spent_ratio: f64,
+    /// forecast / budget.
+    pub forecast_ratio: f64,
+    /// The date (`YYYY-MM-DD`) the forecast reaches the budget, if it does this month.
+    pub forecast_exceeds_on: Option<String>,
+    /// The price book's currency.
+    pub currency: String,
+    /// How tenants are charged (`allocation` or `usage`).
+    pub cost_mode: String,
+}
+
+/// A `budget.*` webhook body: `{"type", "timestamp", "data"}` like [`Event`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetEvent {
+    /// `budget.forecast_exceeded` or `budget.exceeded`.
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// When it was decided (RFC 3339).
+    pub timestamp: String,
+    /// The tenant's month.
+    pub data: BudgetData,
+}
+
+/// The id of a tenant's month (the `notice_id` of its budget events; their event ids come from it
+/// through [`event_id`]).
+pub fn budget_notice_id(tenant: &str, month: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"budget");
+    h.update([0x1f]);
+    h.update(tenant.as_bytes());
+    h.update([0x1f]);
+    h.update(month.as_bytes());
+    format!("bud_{}", &hex(&h.finalize())[..24])
 }
 
 /// One webhook body: `{"type", "timestamp", "data"}` per Standard Webhooks.
@@ -431,7 +503,12 @@ mod tests {
         );
         let ids: std::collections::HashSet<_> =
             EventType::ALL.iter().map(|&t| event_id(&a, t)).collect();
-        assert_eq!(ids.len(), 4);
+        assert_eq!(ids.len(), EventType::ALL.len());
+        let month = budget_notice_id("t", "2026-11");
+        assert_eq!(month, budget_notice_id("t", "2026-11"));
+        assert_ne!(month, budget_notice_id("t", "2026-12"));
+        assert_ne!(month, budget_notice_id("u", "2026-11"));
+        assert!(month.starts_with("bud_") && month.len() == 28);
     }
 
     #[test]

@@ -170,3 +170,116 @@ monthly_budget = 50
     assert!(html.contains("<table id=\"budgets\">"), "{html}");
     assert!(html.contains("data-value=\"72.00\""), "the month's spend");
 }
+
+/// `budget.forecast_exceeded` and `budget.exceeded`: once per tenant and month, signed, through
+/// the outbox, to the endpoints that name them only; the events match the published schema.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_over_budget_is_announced_once_per_month_to_the_endpoints_that_ask() {
+    use crate::common::receiver::{Receiver, assert_schema_valid, secret};
+    let finance = Receiver::start(200).await;
+    let bridge = Receiver::start(200).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("aggregator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+default_price = 3.6
+analytics_interval = "1h"
+[billing.tenants.a]
+monthly_budget = 0.01
+[billing.tenants.b]
+monthly_budget = 1000000
+[[webhooks]]
+name = "finance"
+url = "{}"
+secret = "{}"
+events = ["budget.forecast_exceeded", "budget.exceeded"]
+[[webhooks]]
+name = "bridge"
+url = "{}"
+secret = "{}"
+"#,
+            finance.url,
+            secret(),
+            bridge.url,
+            secret()
+        ),
+    )
+    .unwrap();
+    let a = Aggregator::start(
+        &dir.path().join("ledger.duckdb"),
+        0,
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    // Ten minutes of this month (at least the seconds since it began) on one whole GPU each.
+    let now = chrono::Utc::now().timestamp();
+    let (month_start, _) = {
+        use chrono::Datelike;
+        let d = chrono::Utc::now().date_naive().with_day(1).unwrap();
+        (d.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp(), ())
+    };
+    let start = (now - 600).max(month_start);
+    let mut samples = Vec::new();
+    for t in start..now - 1 {
+        samples.push(sample(
+            t,
+            &whole("n1", "GPU-A"),
+            held("a", "a/train", SloClass::Batch),
+            Some(0.5),
+        ));
+        samples.push(sample(
+            t,
+            &whole("n1", "GPU-B"),
+            held("b", "b/train", SloClass::Batch),
+            Some(0.5),
+        ));
+    }
+    let (status, body) = a
+        .ingest(ADMIN_TOKEN, &Batch::from_samples("n1", &samples))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for _ in 0..3 {
+        assert_eq!(a.evaluate(ADMIN_TOKEN).await.0, 200);
+    }
+    crate::common::eventually(
+        "both budget events at the finance endpoint",
+        std::time::Duration::from_secs(30),
+        async || {
+            let r = finance.received();
+            (r.len() >= 2).then_some(r)
+        },
+    )
+    .await;
+    // A moment for any duplicate to arrive, then exactly one of each.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let got = finance
+        .received()
+        .into_iter()
+        .filter(|r| r.id.starts_with("msg_"))
+        .collect::<Vec<_>>();
+    assert!(got.len() >= 2);
+    let mut kinds: Vec<&str> = got.iter().map(|r| r.kind()).collect();
+    kinds.sort_unstable();
+    assert_eq!(
+        kinds,
+        ["budget.exceeded", "budget.forecast_exceeded"],
+        "once each"
+    );
+    for r in &got {
+        let d = &r.body["data"];
+        assert_eq!(d["tenant"], "a", "tenant b is within its budget");
+        assert_eq!(d["budget"], 0.01);
+        assert!(d["spent"].as_f64().unwrap() >= 0.01, "{d}");
+        assert!(d["notice_id"].as_str().unwrap().starts_with("bud_"));
+    }
+    assert_schema_valid(&got);
+    assert!(
+        bridge
+            .received()
+            .iter()
+            .all(|r| !r.kind().starts_with("budget.")),
+        "an endpoint that does not name budget events gets none"
+    );
+}

@@ -161,14 +161,13 @@ fn row<'a>(v: &'a Value, workload: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no row for {workload}: {v}"))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn rightsizing_answers_its_definitions_on_a_trace_built_for_them() {
-    let dir = tempfile::tempdir().unwrap();
+/// An aggregator fed the trace, evaluated; the day it starts.
+async fn fed(dir: &std::path::Path) -> (Aggregator, i64) {
     let day = (chrono::Utc::now().timestamp().div_euclid(DAY) - 3) * DAY;
     let change = chrono::DateTime::from_timestamp(day + 9 * 3600, 0)
         .unwrap()
         .to_rfc3339();
-    let config = dir.path().join("aggregator.toml");
+    let config = dir.join("aggregator.toml");
     std::fs::write(
         &config,
         format!(
@@ -186,10 +185,10 @@ percentile = 0.999
         ),
     )
     .unwrap();
-    let tokens = dir.path().join("tokens");
+    let tokens = dir.join("tokens");
     std::fs::write(&tokens, format!("tenant:a {TENANT_A}\n")).unwrap();
     let a = Aggregator::start(
-        &dir.path().join("ledger.duckdb"),
+        &dir.join("ledger.duckdb"),
         0,
         &[
             "--config",
@@ -206,7 +205,13 @@ percentile = 0.999
         assert_eq!(status, 200, "{body}");
     }
     assert_eq!(a.evaluate(ADMIN_TOKEN).await.0, 200);
+    (a, day)
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn rightsizing_answers_its_definitions_on_a_trace_built_for_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, day) = fed(dir.path()).await;
     let path = format!("/api/v1/rightsizing?from={day}&to={}", day + DAY);
     let (status, body) = get(&a, ADMIN_TOKEN, &path).await;
     assert_eq!(status, 200, "{body}");
@@ -406,4 +411,60 @@ async fn a_rightsizing_setting_out_of_range_is_refused_naming_its_key() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("headroom"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rightsizing_page_in_chromium_shows_the_json_and_csv_recommendation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, day) = fed(dir.path()).await;
+    let q = format!("from={day}&to={}", day + DAY);
+    let (_, body) = get(&a, ADMIN_TOKEN, &format!("/api/v1/rightsizing?{q}")).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let (_, csv) = get(
+        &a,
+        ADMIN_TOKEN,
+        &format!("/rightsizing?{q}&format=csv&table=rightsizing"),
+    )
+    .await;
+    let mut r = csv::Reader::from_reader(csv.as_bytes());
+    let headers = r.headers().unwrap().clone();
+    let at = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let first = r.records().next().unwrap().unwrap();
+
+    let app = format!("http://localhost:{}", a.port);
+    let browser = crate::common::browser::Browser::start().await;
+    browser
+        .sign_in(&app, ADMIN_TOKEN, &format!("/rightsizing?{q}"))
+        .await;
+    let workloads = browser.column("rightsizing", "workload").await;
+    let profiles = browser.column("rightsizing", "recommended_profile").await;
+    let savings = browser.column("rightsizing", "savings").await;
+    browser.screenshot("rightsizing").await;
+    // The greatest saving first, the same on the page, in the JSON and in the CSV.
+    assert_eq!(workloads[0], "a/notebook");
+    assert_eq!(v["rows"][0]["workload"], "a/notebook");
+    assert_eq!(&first[at("workload")], "a/notebook");
+    assert_eq!(profiles[0], "1g.10gb");
+    assert_eq!(v["rows"][0]["recommended_profile"], "1g.10gb");
+    assert_eq!(&first[at("recommended_profile")], "1g.10gb");
+    assert_eq!(savings[0], "18.00");
+    assert_eq!(
+        format!("{:.2}", v["rows"][0]["savings"].as_f64().unwrap()),
+        "18.00"
+    );
+    assert_eq!(&first[at("savings")], "18.00");
+    assert_eq!(workloads.len(), 8);
+    let kpi = browser
+        .js("return document.querySelector('.kpi .value').dataset.value")
+        .await;
+    assert_eq!(kpi, "42.00", "the potential savings");
+
+    // A tenant's page has its own rows only, the notebook first.
+    browser.go(&format!("{app}/tenants/a?{q}")).await;
+    let own = browser.column("rightsizing", "tenant").await;
+    assert_eq!(own, ["a", "a"]);
+    assert_eq!(
+        browser.column("rightsizing", "workload").await[0],
+        "a/notebook"
+    );
 }

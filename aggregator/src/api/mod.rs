@@ -88,16 +88,24 @@ impl App {
         let demand = self.demand.clone();
         let current = tokio::task::spawn_blocking(move || {
             let mut current = gpuledger_ledger::analytics::current(&conn, &settings)?;
-            current.budgets = budget_ratios(&conn, &settings, raw_from);
+            let month = month_budgets(&conn, &settings, raw_from);
+            current.budgets = month.as_ref().map_or_else(Vec::new, |b| {
+                b.lines
+                    .iter()
+                    .map(|l| (l.tenant.clone(), (l.spent_ratio, l.forecast_ratio)))
+                    .collect()
+            });
             current.savings = month_savings(&conn, &demand, &settings, raw_from);
-            Ok::<_, duckdb::Error>(current)
+            Ok::<_, duckdb::Error>((current, month))
         })
         .await
         .map_err(|e| {
             gpuledger_ledger::store::StoreError::Io(format!("the analytics task failed: {e}"))
         })?
         .map_err(gpuledger_ledger::store::StoreError::from_db)?;
+        let (current, month) = current;
         self.metrics.set_current(&current);
+        self.queue_budget_notices(month.as_ref()).await?;
         if let Some(newest) = current.newest {
             use gpuledger_ledger::store::writer::WriteObserver;
             self.metrics.newest_sample(newest);
@@ -127,14 +135,41 @@ impl App {
     }
 }
 
-/// This month's (spent, forecast) ratios of each budgeted tenant, by tenant, for `/metrics`;
-/// none when no tenant has a budget, or when the month cannot be priced now (logged; the next
-/// pass retries).
-fn budget_ratios(
+impl App {
+    /// Puts the `budget.*` events this month's budgets call for into the outbox (each at most
+    /// once per tenant and month: `gpuledger_ledger::reclaim::budget_notices`), and wakes the
+    /// delivery loop when any was added.
+    async fn queue_budget_notices(
+        &self,
+        month: Option<&gpuledger_ledger::analytics::budgets::Budgets>,
+    ) -> Result<(), gpuledger_ledger::store::StoreError> {
+        use gpuledger_ledger::reclaim::budget_notices;
+        let Some(b) = month else {
+            return Ok(());
+        };
+        let now = chrono::Utc::now().timestamp();
+        let notices = budget_notices::plan(b, &self.config.reclaim.endpoints, now);
+        if notices.is_empty() {
+            return Ok(());
+        }
+        let added = self
+            .writer
+            .apply_with(move |tx| budget_notices::store(tx, &notices, now))
+            .await?;
+        if added > 0 {
+            self.deliveries.notify_one();
+        }
+        Ok(())
+    }
+}
+
+/// This month's budgets as of now, for `/metrics` and the budget events; none when no tenant
+/// has a budget, or when the month cannot be priced now (logged; the next pass retries).
+fn month_budgets(
     conn: &duckdb::Connection,
     settings: &gpuledger_ledger::analytics::Settings,
     raw_from: i64,
-) -> Vec<(String, (f64, f64))> {
+) -> Option<gpuledger_ledger::analytics::budgets::Budgets> {
     let now = chrono::Utc::now().timestamp();
     match gpuledger_ledger::analytics::budgets::forecast(
         conn,
@@ -146,14 +181,10 @@ fn budget_ratios(
         settings.billing.idle,
         None,
     ) {
-        Ok(b) => b
-            .lines
-            .into_iter()
-            .map(|l| (l.tenant, (l.spent_ratio, l.forecast_ratio)))
-            .collect(),
+        Ok(b) => Some(b).filter(|b| !b.lines.is_empty()),
         Err(e) => {
             tracing::warn!(error = %e, "Cannot price this month's budgets for /metrics.");
-            Vec::new()
+            None
         }
     }
 }

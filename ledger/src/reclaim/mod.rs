@@ -12,6 +12,7 @@
 //! event ids are derived from the episode, so a decision retaken after a crash or late data is the
 //! same event to a receiver.
 
+pub mod budget_notices;
 pub mod config;
 pub mod pass;
 pub mod policy;

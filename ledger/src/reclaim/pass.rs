@@ -535,6 +535,9 @@ fn record(
                 EventType::ReclaimRequested => "request",
                 EventType::ReclaimCancelled => "cancel",
                 EventType::HoardingResolved => "resolve",
+                EventType::BudgetForecastExceeded | EventType::BudgetExceeded => {
+                    unreachable!("the reclaim policy sends episode events only")
+                }
             };
             plan.decisions
                 .push(decision(verb, cause.into(), Some(event_id)));

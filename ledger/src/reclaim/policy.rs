@@ -352,6 +352,9 @@ pub fn next_state(before: Option<State>, step: &Step) -> State {
         Step::Send(EventType::ReclaimRequested, _) => State::Requested,
         Step::Send(EventType::ReclaimCancelled, _) => State::Cancelled,
         Step::Send(EventType::HoardingResolved, _) | Step::Close => State::Resolved,
+        Step::Send(EventType::BudgetForecastExceeded | EventType::BudgetExceeded, _) => {
+            before.unwrap_or(State::Seen)
+        }
         Step::Hold(_) => before.unwrap_or(State::Seen),
     }
 }
