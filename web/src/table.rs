@@ -10,6 +10,8 @@ pub struct Column {
     pub label: &'static str,
     /// Right-aligned, sortable as a number.
     pub numeric: bool,
+    /// In the CSV only: a page leaves it out to stay readable ([`Table::drop_csv_only`]).
+    pub csv_only: bool,
 }
 
 impl Column {
@@ -19,6 +21,7 @@ impl Column {
             name,
             label,
             numeric: false,
+            csv_only: false,
         }
     }
 
@@ -28,6 +31,15 @@ impl Column {
             name,
             label,
             numeric: true,
+            csv_only: false,
+        }
+    }
+
+    /// The same column, written to the CSV only.
+    pub const fn csv_only(self) -> Column {
+        Column {
+            csv_only: true,
+            ..self
         }
     }
 }
@@ -204,6 +216,23 @@ pub struct Table {
 }
 
 impl Table {
+    /// Leaves out the CSV-only columns and their cells (what a page shows).
+    pub fn drop_csv_only(&mut self) {
+        let keep: Vec<bool> = self.columns.iter().map(|c| !c.csv_only).collect();
+        if keep.iter().all(|k| *k) {
+            return;
+        }
+        let pick = |cells: &mut Vec<Cell>| {
+            let mut k = keep.iter();
+            cells.retain(|_| *k.next().unwrap_or(&true));
+        };
+        self.rows.iter_mut().for_each(pick);
+        if let Some(f) = self.footer.as_mut() {
+            pick(f);
+        }
+        self.columns.retain(|c| !c.csv_only);
+    }
+
     /// An empty table with these columns.
     pub fn new(id: &'static str, columns: Vec<Column>) -> Table {
         Table {

@@ -213,6 +213,28 @@ pub fn trend(days: &[Day], fleet: bool) -> Table {
     t
 }
 
+/// A tenant's own cost summed day by day over the month, beside its budget (the tenant page's
+/// budget chart).
+pub fn cumulative_cost(days: &[(i64, f64)], budget: f64) -> Table {
+    let mut t = Table::new(
+        "budget",
+        vec![
+            Column::text("day", "Day"),
+            Column::number("cost_to_date", "Cost to date"),
+            Column::number("budget", "Budget"),
+        ],
+    );
+    for &(day, cost) in days {
+        let cents = (cost * 100.0).round() as i64;
+        t.rows.push(vec![
+            Cell::text(day_label(day)),
+            money(Money(cents)),
+            money(Money((budget * 100.0).round() as i64)),
+        ]);
+    }
+    t
+}
+
 /// `2026-11-05`.
 pub fn day_label(t: i64) -> String {
     chrono::DateTime::from_timestamp(t, 0)
@@ -517,23 +539,23 @@ pub fn rightsizing(
             Column::text("workload", "Workload"),
             Column::text("gpu_model", "GPU model"),
             Column::text("mig_profile", "Profile"),
-            Column::text("recommended_profile", "Recommended"),
+            Column::text("recommended_profile", "Move to"),
             Column::text("reason", "Reason"),
             Column::number("savings", "Savings"),
             Column::number("savings_per_month", "Savings / 30 days"),
-            Column::number("instances", "Instances"),
             Column::number("held_hours", "Held h"),
-            Column::number("measured_minutes", "Measured min"),
-            Column::number("percentile", "Percentile"),
-            Column::number("compute_slices", "Slices"),
-            Column::number("compute_p", "Compute at percentile (slices)"),
-            Column::number("compute_max", "Compute max (slices)"),
-            Column::number("needed_slices", "Needed slices"),
+            Column::number("compute_p", "Demand at percentile (slices)"),
             Column::number("memory_peak_bytes", "Memory peak"),
-            Column::number("needed_bytes", "Needed memory"),
-            Column::number("framebuffer_bytes", "Profile memory"),
-            Column::text("saturated", "Saturated"),
-            Column::text("slo_class", "SLO class"),
+            Column::number("instances", "Instances").csv_only(),
+            Column::number("measured_minutes", "Measured min").csv_only(),
+            Column::number("percentile", "Percentile").csv_only(),
+            Column::number("compute_slices", "Slices").csv_only(),
+            Column::number("compute_max", "Compute max (slices)").csv_only(),
+            Column::number("needed_slices", "Needed slices").csv_only(),
+            Column::number("needed_bytes", "Needed memory").csv_only(),
+            Column::number("framebuffer_bytes", "Profile memory").csv_only(),
+            Column::text("saturated", "Saturated").csv_only(),
+            Column::text("slo_class", "SLO class").csv_only(),
         ],
     );
     for row in &r.rows {
@@ -547,21 +569,29 @@ pub fn rightsizing(
                 format!("/tenants/{}?{query}", segment(&row.tenant)),
             ),
             Cell::opt_text(row.workload.clone()),
-            Cell::text(row.gpu_model.clone()),
+            Cell::text(
+                gpuledger_schema::mig::model(&row.gpu_model)
+                    .map_or(row.gpu_model.as_str(), |m| m.key),
+            ),
             Cell::text(row.mig_profile.clone()),
-            Cell::opt_text(row.recommended_profile.clone()),
+            // The move: a recommendation, or (saturated) the profile that would hold it.
+            Cell::opt_text(
+                row.recommended_profile
+                    .clone()
+                    .filter(|_| row.recommendation || row.saturated),
+            ),
             Cell::text(reason),
             money(row.savings),
             money(row.savings_per_month),
-            Cell::count(row.instances as i64),
             Cell::hours(row.held_hours),
+            decimal(row.compute_p),
+            gib(row.memory_peak_bytes),
+            Cell::count(row.instances as i64),
             Cell::count(row.measured_minutes as i64),
             decimal(Some(row.percentile)),
             Cell::count(i64::from(row.compute_slices)),
-            decimal(row.compute_p),
             decimal(row.compute_max),
             decimal(row.needed_slices),
-            gib(row.memory_peak_bytes),
             gib(row.needed_bytes),
             gib(row.framebuffer_bytes),
             Cell::text(if row.saturated { "yes" } else { "no" }),
