@@ -67,6 +67,8 @@ pub struct Chart {
     pub y_ticks: Vec<Tick>,
     /// (class, name) per series.
     pub legend: Vec<(&'static str, String)>,
+    /// A horizontal reference line (a budget): its height and its label.
+    pub rule: Option<Tick>,
 }
 
 /// A "nice" upper bound for an axis: 1, 2 or 5 × 10ⁿ at or above `max`.
@@ -100,12 +102,23 @@ impl Chart {
         categories: &[String],
         series: &[Series],
     ) -> Chart {
+        Chart::build(title, unit, categories, series, 0.0)
+    }
+
+    /// [`Chart::grouped`] with an axis that reaches at least `at_least`.
+    fn build(
+        title: impl Into<String>,
+        unit: impl Into<String>,
+        categories: &[String],
+        series: &[Series],
+        at_least: f64,
+    ) -> Chart {
         let (width, height) = (960.0, 280.0);
         let (left, top, right, bottom) = (64.0, 16.0, width - 12.0, height - 40.0);
         let max = series
             .iter()
             .flat_map(|s| s.values.iter().copied())
-            .fold(0.0_f64, f64::max);
+            .fold(at_least, f64::max);
         let top_value = nice(max);
         let unit = unit.into();
         let n = categories.len().max(1) as f64;
@@ -128,7 +141,8 @@ impl Chart {
                 });
             }
         }
-        let every = (categories.len() / 15).max(1);
+        // At most 12 labels: a month of dates side by side would overlap.
+        let every = categories.len().div_ceil(12).max(1);
         let x_ticks = categories
             .iter()
             .enumerate()
@@ -160,7 +174,32 @@ impl Chart {
             x_ticks,
             y_ticks,
             legend: series.iter().map(|s| (s.class, s.name.clone())).collect(),
+            rule: None,
         }
+    }
+
+    /// The same bars under a horizontal line at `value` labelled `label` (a budget); the axis
+    /// grows to hold the line.
+    pub fn with_rule(
+        title: impl Into<String>,
+        unit: impl Into<String>,
+        categories: &[String],
+        series: &[Series],
+        value: f64,
+        label: impl Into<String>,
+    ) -> Chart {
+        let mut c = Chart::build(title, unit, categories, series, value.max(0.0));
+        let top_value = nice(
+            series
+                .iter()
+                .flat_map(|s| s.values.iter().copied())
+                .fold(value.max(0.0), f64::max),
+        );
+        c.rule = Some(Tick {
+            at: c.bottom - value.max(0.0) * (c.bottom - c.top) / top_value,
+            label: label.into(),
+        });
+        c
     }
 }
 
@@ -196,5 +235,23 @@ mod tests {
         assert!((c.bars[1].h * 4.0 - c.bars[0].h).abs() < 1e-9);
         assert!(c.bars.iter().all(|b| (b.y + b.h - c.bottom).abs() < 1e-9));
         assert_eq!(c.y_ticks.last().unwrap().label, "100");
+
+        // A budget line above every bar raises the axis to hold it, and sits at its value.
+        let r = Chart::with_rule(
+            "t",
+            "USD",
+            &["d1".into()],
+            &[Series {
+                name: "spent".into(),
+                class: "s0",
+                values: vec![40.0],
+            }],
+            150.0,
+            "budget 150",
+        );
+        assert_eq!(r.y_ticks.last().unwrap().label, "200");
+        let rule = r.rule.unwrap();
+        assert!((rule.at - (r.bottom - 0.75 * (r.bottom - r.top))).abs() < 1e-9);
+        assert!((r.bars[0].h - 0.2 * (r.bottom - r.top)).abs() < 1e-9);
     }
 }

@@ -363,6 +363,10 @@ fn answer(req: &Request, page: Page, name: &str) -> Result<Response, ApiError> {
             &format!("gpuledger-{name}-{id}-{}", req.period.query),
         ));
     }
+    let mut page = page;
+    for t in page.sections.iter_mut().filter_map(|s| s.table.as_mut()) {
+        t.drop_csv_only();
+    }
     let html = page.render().map_err(|e| ApiError::internal(&e))?;
     Ok(Html(html).into_response())
 }
@@ -776,10 +780,17 @@ pub async fn tenant(
     .await?;
     let kpis = tenant_kpis(&bill);
     let sizing = rightsizing_of(&app, &req, Some(name.clone())).await?;
+    let budget_section = budget_section(&app, &req, &name, mode).await?;
     let mut bill_table = views::bill_lines(&bill, &req.query());
     bill_table.footer = None;
-    let sections = vec![
-        Section::table("Bill", "This tenant's line of the bill.", bill_table),
+    let mut sections = vec![Section::table(
+        "Bill",
+        "This tenant's line of the bill.",
+        bill_table,
+    )];
+    sections.extend(budget_section);
+    sections.extend([
+
         Section::table(
             "Daily allocated and used",
             "GPU-hours per UTC day.",
@@ -832,7 +843,7 @@ pub async fn tenant(
             "What the reclaim policy decided about this tenant's idle allocations in the period (newest first, at most 1,000).",
             views::reclaims(&reclaims),
         ),
-    ];
+    ]);
     render(
         &req,
         "/tenants",
@@ -843,6 +854,71 @@ pub async fn tenant(
         &["workloads"],
         "tenant",
     )
+}
+
+/// A budgeted tenant's month on its page: its cost summed day by day against the budget line
+/// (a calendar month's page only).
+async fn budget_section(
+    app: &AppState,
+    req: &Request,
+    tenant: &str,
+    mode: CostMode,
+) -> Result<Option<Section>, ApiError> {
+    let budget = app
+        .config
+        .analytics
+        .billing
+        .tenants
+        .get(tenant)
+        .and_then(|t| t.monthly_budget);
+    let Some(budget) = budget.filter(|_| req.period.query.starts_with("month=")) else {
+        return Ok(None);
+    };
+    let (from, to) = (req.period.from, req.period.to);
+    let settings = app.config.analytics.clone();
+    let raw = raw_from(app);
+    let who = tenant.to_owned();
+    let days = read(app, move |c| {
+        analytics::budgets::cumulative_cost(
+            c,
+            (from, to),
+            chrono::Utc::now().timestamp(),
+            &settings,
+            raw,
+            mode,
+            &who,
+        )
+        .map_err(showback_error)
+    })
+    .await?;
+    let currency = app.config.analytics.prices.currency.clone();
+    let cats: Vec<String> = days
+        .iter()
+        .map(|d| views::day_label(d.0)[5..].to_owned())
+        .collect();
+    let chart = Chart::with_rule(
+        "Cost to date against the monthly budget",
+        currency.clone(),
+        &cats,
+        &[Series {
+            name: "cost to date".into(),
+            class: "s0",
+            values: days.iter().map(|d| d.1).collect(),
+        }],
+        budget,
+        format!("budget {budget} {currency}"),
+    );
+    Ok(Some(
+        Section::table(
+            "Budget",
+            format!(
+                "This tenant's own cost ({}) summed day by day from the month's start, against its monthly budget; shared overhead and shared-GPU transfers, which its bill total may add, are not in it.",
+                mode.as_str()
+            ),
+            views::cumulative_cost(&days, budget),
+        )
+        .with_chart(chart),
+    ))
 }
 
 /// `GET /hoarding`: every episode overlapping the period, with its idle cost.

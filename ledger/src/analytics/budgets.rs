@@ -61,6 +61,53 @@ pub struct Budgets {
     pub lines: Vec<BudgetLine>,
 }
 
+/// One tenant's own cost per UTC day of `[from, until)` (at most the month `[from, to)`), summed
+/// from the month's start: the bars of a tenant page's budget chart. Its cost in `mode` (held or
+/// used GPU-seconds at the price book's prices), before any shared overhead or shared-GPU
+/// transfer, so the last bar can be below the bill's `total` when overhead is shared.
+pub fn cumulative_cost(
+    conn: &duckdb::Connection,
+    (from, to): (i64, i64),
+    until: i64,
+    settings: &super::Settings,
+    raw_from: i64,
+    mode: CostMode,
+    tenant: &str,
+) -> Result<Vec<(i64, f64)>, ShowbackError> {
+    use super::showback::{self, GroupBy};
+    let until = until.clamp(from, to);
+    let mut out = Vec::new();
+    let mut total = 0.0;
+    let mut day = from;
+    while day < until {
+        // Whole days; the last one cut at the minute (a piece finer than a minute needs raw
+        // samples the page does not).
+        let end = (day + DAY).min(until.div_euclid(60) * 60).max(day);
+        if end > day {
+            let s = showback::showback(
+                conn,
+                day,
+                end,
+                GroupBy::Tenant,
+                Some(tenant),
+                raw_from,
+                settings,
+            )?;
+            total += s
+                .rows
+                .iter()
+                .map(|r| match mode {
+                    CostMode::Allocation => r.figures.cost,
+                    CostMode::Usage => r.figures.cost - r.figures.idle_cost,
+                })
+                .sum::<f64>();
+        }
+        out.push((day, total));
+        day += DAY;
+    }
+    Ok(out)
+}
+
 /// The forecast of one tenant from its figures (the arithmetic of [`BudgetLine`]).
 pub fn line(
     tenant: &str,
