@@ -338,6 +338,66 @@ async fn rightsizing_answers_its_definitions_on_a_trace_built_for_them() {
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("\"tenant\""), "{body}");
 
+    // Paged: the totals count every row, the page lists `limit` from `offset`.
+    let (_, body) = get(&a, ADMIN_TOKEN, &format!("{path}&limit=2")).await;
+    let p1: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(p1["rows"].as_array().unwrap().len(), 2);
+    assert_eq!(p1["next_offset"], 2);
+    assert_eq!(p1["totals"], v["totals"]);
+    let (_, body) = get(&a, ADMIN_TOKEN, &format!("{path}&limit=2&offset=2")).await;
+    let p2: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(p2["rows"][0], v["rows"][2]);
+    let (_, body) = get(&a, ADMIN_TOKEN, &format!("{path}&offset=6")).await;
+    let last: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(last["rows"].as_array().unwrap().len(), 2);
+    assert!(last["next_offset"].is_null());
+    let (_, body) = get(
+        &a,
+        ADMIN_TOKEN,
+        &format!("{path}&reason=smaller_profile_fits"),
+    )
+    .await;
+    let recs: Value = serde_json::from_str(&body).unwrap();
+    let workloads: Vec<&str> = recs["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(workloads, ["a/notebook", "b/infer-batch", "c/multi"]);
+    let (status, body) = get(&a, ADMIN_TOKEN, &format!("{path}&limit=0")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("\"limit\""), "{body}");
+
+    // The gauge carries each tenant's savings of this month so far: the API's, for the month.
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    let (_, body) = get(
+        &a,
+        ADMIN_TOKEN,
+        &format!("/api/v1/rightsizing?month={month}&reason=smaller_profile_fits&limit=5000"),
+    )
+    .await;
+    let m: Value = serde_json::from_str(&body).unwrap();
+    let of_a: f64 = m["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["tenant"] == "a")
+        .map(|r| r["savings"].as_f64().unwrap())
+        .sum();
+    assert_eq!(a.evaluate(ADMIN_TOKEN).await.0, 200);
+    let metrics = a.metrics_as(ADMIN_TOKEN).await;
+    let gauge = metrics
+        .lines()
+        .find(|l| l.starts_with("gpuledger_tenant_rightsizing_savings{tenant=\"a\"}"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap());
+    if of_a > 0.0 {
+        assert_eq!(gauge, Some(of_a), "{metrics}");
+    } else {
+        // The trace's day is in last month (the first days of a month): no series.
+        assert_eq!(gauge, None);
+    }
+
     // Bad input names the parameter.
     let (status, body) = get(&a, ADMIN_TOKEN, &format!("{path}&percentile=0.5")).await;
     assert_eq!(status, 400, "{body}");

@@ -5,7 +5,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use gpuledger_ledger::analytics::rightsizing::{self, Filter, Rightsizing};
+use gpuledger_ledger::analytics::rightsizing::{self, Filter, Reason, Rightsizing};
 
 use super::AppState;
 use super::extract::{Month, Query, Reader, Time, range};
@@ -26,7 +26,19 @@ pub struct RightsizingQuery {
     pub tenant: Option<String>,
     /// Only this GPU model's rows (its key such as `H100-80GB`, or the NVML name).
     pub gpu_model: Option<String>,
+    /// List only the rows of this reason (`smaller_profile_fits` for the recommendations); the
+    /// totals still count every row.
+    pub reason: Option<Reason>,
+    /// Rows to skip (the previous answer's `next_offset`).
+    pub offset: Option<usize>,
+    /// Rows to list (default 500, at most 5,000; the CSV has every row).
+    pub limit: Option<usize>,
 }
+
+/// Rows an answer lists by default.
+pub const DEFAULT_LIMIT: usize = 500;
+/// Rows an answer lists at most.
+pub const MAX_LIMIT: usize = 5_000;
 
 /// `GET /api/v1/rightsizing`.
 pub async fn rightsizing(
@@ -34,7 +46,16 @@ pub async fn rightsizing(
     reader: Reader,
     Query(q): Query<RightsizingQuery>,
 ) -> Result<Json<Rightsizing>, ApiError> {
-    Ok(Json(compute(&app, reader.scope, q).await?))
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "limit",
+            format!("must be 1 to {MAX_LIMIT}"),
+        ));
+    }
+    let (reason, offset) = (q.reason, q.offset.unwrap_or(0));
+    let v = compute(&app, reader.scope, q).await?;
+    Ok(Json(v.page(reason, offset, limit)))
 }
 
 /// `GET /api/v1/rightsizing.csv`: the same rows as RFC 4180 CSV.
@@ -43,7 +64,10 @@ pub async fn rightsizing_csv(
     reader: Reader,
     Query(q): Query<RightsizingQuery>,
 ) -> Result<axum::response::Response, ApiError> {
-    let v = compute(&app, reader.scope, q).await?;
+    let reason = q.reason;
+    let v = compute(&app, reader.scope, q)
+        .await?
+        .page(reason, 0, usize::MAX);
     let name = format!("gpuledger-rightsizing-{}-{}", v.from, v.to);
     Ok(crate::render::csv_response(
         &crate::render::views::rightsizing(&v, ""),

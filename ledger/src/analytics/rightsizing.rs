@@ -115,7 +115,7 @@ impl Settings {
 }
 
 /// Why a row is (or is not) a recommendation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// A smaller profile holds the needed compute and memory.
@@ -207,10 +207,27 @@ pub struct Rightsizing {
     pub currency: String,
     /// The settings the rows were computed with.
     pub settings: Settings,
-    /// The rows, the greatest savings first.
+    /// The rows, the greatest savings first (a page of them: [`Rightsizing::page`]).
     pub rows: Vec<Row>,
-    /// Their sums.
+    /// The sums of every row, whatever the page.
     pub totals: Totals,
+    /// Where the next page starts (`offset=`), when there is one.
+    pub next_offset: Option<usize>,
+}
+
+impl Rightsizing {
+    /// The rows of one `reason` (all when `None`), from `offset`, at most `limit` of them; the
+    /// totals still cover every row.
+    pub fn page(mut self, reason: Option<Reason>, offset: usize, limit: usize) -> Rightsizing {
+        if let Some(r) = reason {
+            self.rows.retain(|row| row.reason == r);
+        }
+        let end = offset.saturating_add(limit);
+        self.next_offset = (self.rows.len() > end).then_some(end);
+        self.rows.truncate(end);
+        self.rows.drain(..offset.min(self.rows.len()));
+        self
+    }
 }
 
 /// What to keep.
@@ -648,6 +665,7 @@ pub fn rightsizing(
         settings: rs.clone(),
         rows,
         totals,
+        next_offset: None,
     })
 }
 
