@@ -1278,19 +1278,37 @@ fn month_rightsizing(dir: &std::path::Path) {
     let minutes: i64 = 30 * 24 * 60;
     let t0: i64 = 1_767_225_600;
     let build = Instant::now();
+    conn.execute_batch(
+        "SET preserve_insertion_order = false;
+         INSERT INTO instances SELECT i + 1, 'node-' || (i // 56), 'GPU-' || (i // 7), i % 7, 'NVIDIA H100 80GB HBM3', '1g.10gb', i % 7, 1, 1.0 / 7 FROM range(7000) t(i);
+         INSERT INTO holders SELECT h, 'tenant-' || (h % 40), 'wl-' || h, 'batch' FROM range(1, 7001) t(h);",
+    )
+    .unwrap();
+    // A day at a time (10 million rows each), so the build shows its progress.
+    for day in 0..minutes / 1440 {
+        conn.execute_batch(&format!(
+            "INSERT INTO rollup_1m (bucket, instance_id, holder_id, seconds_mask, samples, sm_active_samples, sm_active_sum,
+                    sm_active_min, sm_active_max, sm_occupancy_samples, sm_occupancy_sum, tensor_active_samples,
+                    tensor_active_sum, dram_active_samples, dram_active_sum, fb_used_samples, fb_used_bytes_sum,
+                    fb_used_bytes_max, fb_total_bytes_max, nvlink_tx_bytes_sum, nvlink_rx_bytes_sum)
+             SELECT {t0} + 60 * m, i, i, 1152921504606846975, 60, 60, 60 * s, s, s, 0, 0, 0, 0, 0, 0,
+                    60, 60 * 3000000000, 3000000000, 10737418240, 0, 0
+             FROM (SELECT m, i, CASE WHEN i % 2 = 0 THEN 0.01 * ((m + i) % 3)
+                                      ELSE 0.3 + 0.01 * ((m * 7 + i * 13) % 60) END AS s
+                   FROM range({}, {}) a(m), range(1, 7001) b(i));",
+            day * 1440,
+            (day + 1) * 1440
+        ))
+        .unwrap();
+        eprint!(
+            "\r  minute rollups: day {} of 30 ({:.0} s)",
+            day + 1,
+            build.elapsed().as_secs_f64()
+        );
+    }
+    eprintln!();
     conn.execute_batch(&format!(
-        "INSERT INTO instances SELECT i + 1, 'node-' || (i // 56), 'GPU-' || (i // 7), i % 7, 'NVIDIA H100 80GB HBM3', '1g.10gb', i % 7, 1, 1.0 / 7 FROM range(7000) t(i);
-         INSERT INTO holders SELECT h, 'tenant-' || (h % 40), 'wl-' || h, 'batch' FROM range(1, 7001) t(h);
-         INSERT INTO rollup_1m (bucket, instance_id, holder_id, seconds_mask, samples, sm_active_samples, sm_active_sum,
-                sm_active_min, sm_active_max, sm_occupancy_samples, sm_occupancy_sum, tensor_active_samples,
-                tensor_active_sum, dram_active_samples, dram_active_sum, fb_used_samples, fb_used_bytes_sum,
-                fb_used_bytes_max, fb_total_bytes_max, nvlink_tx_bytes_sum, nvlink_rx_bytes_sum)
-         SELECT {t0} + 60 * m, i, i, 1152921504606846975, 60, 60, 60 * s, s, s, 0, 0, 0, 0, 0, 0,
-                60, 60 * 3000000000, 3000000000, 10737418240, 0, 0
-         FROM (SELECT m, i, CASE WHEN i % 2 = 0 THEN 0.01 * ((m + i) % 3)
-                                  ELSE 0.3 + 0.01 * ((m * 7 + i * 13) % 60) END AS s
-               FROM range({minutes}) a(m), range(1, 7001) b(i));
-         INSERT INTO rollup_1h SELECT bucket - bucket % 3600, instance_id, holder_id, sum(samples), sum(sm_active_samples),
+        "         INSERT INTO rollup_1h SELECT bucket - bucket % 3600, instance_id, holder_id, sum(samples), sum(sm_active_samples),
                 sum(sm_active_sum), min(sm_active_min), max(sm_active_max), 0, 0, 0, 0, 0, 0, sum(fb_used_samples),
                 sum(fb_used_bytes_sum), max(fb_used_bytes_max), max(fb_total_bytes_max), 0, 0
              FROM rollup_1m GROUP BY ALL;

@@ -150,6 +150,12 @@ fn print_welcome(
         "  bill (JSON):      curl -s -H 'Authorization: Bearer {token}' '{base}/api/v1/bill'"
     );
     eprintln!(
+        "  rightsizing:      {base}/rightsizing   (workloads that fit a smaller MIG profile, and the savings)"
+    );
+    eprintln!(
+        "  budgets:          {base}/tenants   (two tenants are forecast over their monthly budget)"
+    );
+    eprintln!(
         "  ledger metrics:   curl -s -H 'Authorization: Bearer {token}' {base}/metrics | grep gpuledger_tenant"
     );
     eprintln!(
