@@ -1271,7 +1271,8 @@ fn import_against_read_csv(dir: &std::path::Path, hours: u32) {
 /// minute rows, written with SQL; half the instances near idle, the rest busy at varying levels),
 /// against the month showback by workload in the same run: the first answer (which reads every
 /// minute row into the per-day histograms), then p50 / p95 of 30 answers each, interleaved; and
-/// the memory the histograms hold.
+/// the memory the histograms hold. Every instance is a `1g.20gb` holding 3 GB, so the idle half
+/// fits a `1g.10gb`.
 fn month_rightsizing(dir: &std::path::Path) {
     use gpuledger_ledger::analytics::rightsizing::{self, DemandCache, Filter};
     let (conn, _) = store::open(&dir.join("rightsizing.duckdb")).unwrap();
@@ -1280,7 +1281,7 @@ fn month_rightsizing(dir: &std::path::Path) {
     let build = Instant::now();
     conn.execute_batch(
         "SET preserve_insertion_order = false;
-         INSERT INTO instances SELECT i + 1, 'node-' || (i // 56), 'GPU-' || (i // 7), i % 7, 'NVIDIA H100 80GB HBM3', '1g.10gb', i % 7, 1, 1.0 / 7 FROM range(7000) t(i);
+         INSERT INTO instances SELECT i + 1, 'node-' || (i // 56), 'GPU-' || (i // 7), i % 7, 'NVIDIA H100 80GB HBM3', '1g.20gb', i % 7, 1, 1.0 / 7 FROM range(7000) t(i);
          INSERT INTO holders SELECT h, 'tenant-' || (h % 40), 'wl-' || h, 'batch' FROM range(1, 7001) t(h);",
     )
     .unwrap();
@@ -1329,6 +1330,13 @@ fn month_rightsizing(dir: &std::path::Path) {
     );
     let mut settings = analytics::Settings::default();
     settings.prices.default_per_gpu_hour = 3.5;
+    // A 1g.20gb costs more than a 1g.10gb (its memory), as cloud price lists have it.
+    settings.prices.entries.push(analytics::prices::Price {
+        gpu_model: "H100-80GB".into(),
+        mig_profile: Some("1g.20gb".into()),
+        per_hour: 0.8,
+        from: None,
+    });
     let (from, to) = (t0, t0 + 60 * minutes);
     let cache = DemandCache::default();
     let (rss0, _) = rss_and_peak_mib();
@@ -1345,8 +1353,9 @@ fn month_rightsizing(dir: &std::path::Path) {
     let cold_s = cold.elapsed().as_secs_f64();
     let (rss1, _) = rss_and_peak_mib();
     eprintln!(
-        "  first answer (reads every minute row into {} day histograms): {cold_s:.1} s, {} rows, {} recommendations, savings {}; RSS {rss0:.0} → {rss1:.0} MiB",
+        "  first answer (reads every minute row into {} day histograms, {:.1} MiB of them): {cold_s:.1} s, {} rows, {} recommendations, savings {}; RSS {rss0:.0} → {rss1:.0} MiB",
         cache.len().0,
+        cache.bytes() as f64 / 1048576.0,
         first.rows.len(),
         first.totals.recommendations,
         first.totals.savings

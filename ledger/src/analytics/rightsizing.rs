@@ -283,6 +283,22 @@ impl DemandCache {
         (c.days.len(), c.hours.len())
     }
 
+    /// About how many bytes the kept histograms take (cells, their steps, the maps' slots).
+    pub fn bytes(&self) -> usize {
+        let c = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let slab = |s: &Slab| {
+            s.capacity() * (std::mem::size_of::<((i32, i32), Cell)>() + 1)
+                + s.values()
+                    .map(|c| c.hist.capacity() * std::mem::size_of::<(u8, u32)>())
+                    .sum::<usize>()
+        };
+        c.days
+            .values()
+            .chain(c.hours.values())
+            .map(|(_, s, _)| slab(s))
+            .sum()
+    }
+
     fn get(&self, day: bool, bucket: i64, fp: Fingerprint) -> Option<std::sync::Arc<Slab>> {
         let mut c = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         c.clock += 1;
@@ -479,6 +495,15 @@ fn slabs(
     Ok(out)
 }
 
+/// One allocation's sums over the range.
+#[derive(Debug, Default)]
+struct Alloc {
+    held_seconds: i64,
+    hist: Vec<u32>,
+    sm_max: Option<f64>,
+    fb_max: Option<u64>,
+}
+
 /// One group's sums.
 #[derive(Debug, Default)]
 struct Acc {
@@ -600,39 +625,66 @@ pub fn rightsizing(
             h.slo_class.as_deref(),
         ))
     };
-    let mut groups: HashMap<Key, Acc> = HashMap::new();
+    // Per allocation first (integer keys: a month of a 1,000-GPU fleet is 210,000 day cells),
+    // then each allocation to its group once.
+    let mut allocations: FxHashMap<(i32, i32), Alloc> = FxHashMap::default();
     for slab in &demand {
-        for (&(iid, hid), c) in slab.iter() {
-            let Some((key, class)) = key_of(iid, hid) else {
-                continue;
-            };
-            let acc = groups.entry(key).or_insert_with(|| Acc {
+        for (&id, c) in slab.iter() {
+            let a = allocations.entry(id).or_insert_with(|| Alloc {
                 hist: vec![0; BINS],
-                ..Acc::default()
+                ..Alloc::default()
             });
-            acc.instances.insert(iid);
-            acc.held_seconds += c.held_seconds;
+            a.held_seconds += c.held_seconds;
             for &(step, n) in &c.hist {
-                acc.hist[usize::from(step)] += u64::from(n);
+                a.hist[usize::from(step)] += n;
             }
-            acc.sm_max = max_opt(acc.sm_max, c.sm_max);
-            acc.fb_max = acc.fb_max.max(c.fb_max);
-            let p = rs.percentile_of(class);
-            if p >= acc.percentile {
-                acc.percentile = p;
-                acc.slo_class = class.map(str::to_owned);
+            a.sm_max = max_opt(a.sm_max, c.sm_max);
+            a.fb_max = a.fb_max.max(c.fb_max);
+        }
+    }
+    // Held seconds per price period, when the range has more than one.
+    let mut by_period: FxHashMap<(i32, i32), Vec<(i64, i64)>> = FxHashMap::default();
+    if held.len() > 1 {
+        for (start, slabs) in &held {
+            for slab in slabs {
+                for (&id, c) in slab.iter() {
+                    let v = by_period.entry(id).or_default();
+                    match v.last_mut() {
+                        Some((s, secs)) if s == start => *secs += c.held_seconds,
+                        _ => v.push((*start, c.held_seconds)),
+                    }
+                }
             }
         }
     }
-    for (start, slabs) in &held {
-        for slab in slabs {
-            for (&(iid, hid), c) in slab.iter() {
-                if let Some((key, _)) = key_of(iid, hid)
-                    && let Some(acc) = groups.get_mut(&key)
-                {
-                    *acc.held_by_period.entry(*start).or_default() += c.held_seconds;
+    let mut groups: HashMap<Key, Acc> = HashMap::new();
+    for (&(iid, hid), a) in &allocations {
+        let Some((key, class)) = key_of(iid, hid) else {
+            continue;
+        };
+        let acc = groups.entry(key).or_insert_with(|| Acc {
+            hist: vec![0; BINS],
+            ..Acc::default()
+        });
+        acc.instances.insert(iid);
+        acc.held_seconds += a.held_seconds;
+        for (sum, &n) in acc.hist.iter_mut().zip(&a.hist) {
+            *sum += u64::from(n);
+        }
+        acc.sm_max = max_opt(acc.sm_max, a.sm_max);
+        acc.fb_max = acc.fb_max.max(a.fb_max);
+        let p = rs.percentile_of(class);
+        if p >= acc.percentile {
+            acc.percentile = p;
+            acc.slo_class = class.map(str::to_owned);
+        }
+        match by_period.get(&(iid, hid)) {
+            Some(periods) => {
+                for &(start, secs) in periods {
+                    *acc.held_by_period.entry(start).or_default() += secs;
                 }
             }
+            None => *acc.held_by_period.entry(from).or_default() += a.held_seconds,
         }
     }
 
