@@ -1,6 +1,13 @@
 //! Reclaiming a Slurm job: a configured command, `scontrol requeue {job}` by default (or
 //! `scancel {job}`). The command is run directly, never through a shell, with `{job}` replaced by
 //! the job id — which [`super::Target::parse`] has already limited to digits and `_`.
+//!
+//! Key decision: the job's state is read first (`scontrol show job -o {job}`), and only a job that
+//! is running (or suspended, or starting) is acted on. Slurm's own `scontrol requeue` puts a job
+//! that has *finished* back in the queue while slurmctld still remembers it, so the job would run
+//! again (seen against a real slurmctld, tests/slurm/NOTES.md); a job that is pending, has ended
+//! or is unknown to Slurm is answered as done, with nothing run. A job Slurm refuses to requeue
+//! (`--no-requeue`) cannot be acted on here (422), instead of being retried for ever.
 
 use std::time::Duration;
 
@@ -17,12 +24,41 @@ pub struct SlurmFile {
     pub command: Option<Vec<String>>,
     /// How long it may run (default 30s).
     pub timeout: Option<gpuledger_schema::options::Span>,
+    /// The command that prints the job's `JobState=` first (default
+    /// `["scontrol", "show", "job", "-o", "{job}"]`; `[]`: act without looking).
+    pub state_command: Option<Vec<String>>,
 }
 
 /// A resolved Slurm action.
 pub struct Slurm {
     command: Vec<String>,
+    state_command: Vec<String>,
     timeout: Duration,
+}
+
+/// What the job's state says to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobState {
+    /// It holds its allocation: act.
+    Holding(String),
+    /// Pending, ended or unknown: nothing to reclaim (why).
+    Done(String),
+}
+
+/// Reads `scontrol show job -o`'s answer: the `JobState=` field.
+pub fn job_state(job: &str, stdout: &str) -> Option<JobState> {
+    let state = stdout
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("JobState="))?;
+    Some(match state {
+        "RUNNING" | "SUSPENDED" | "CONFIGURING" | "RESIZING" | "STAGE_OUT" => {
+            JobState::Holding(state.to_owned())
+        }
+        "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" => JobState::Done(format!(
+            "job {job} is {state}: it holds no GPU, nothing to reclaim"
+        )),
+        other => JobState::Done(format!("job {job} has ended ({other}): nothing to reclaim")),
+    })
 }
 
 impl SlurmFile {
@@ -36,8 +72,18 @@ impl SlurmFile {
             command.iter().any(|a| a.contains("{job}")),
             "slurm.command: no argument holds {{job}}"
         );
+        let state_command = self.state_command.unwrap_or_else(|| {
+            ["scontrol", "show", "job", "-o", "{job}"]
+                .map(String::from)
+                .to_vec()
+        });
+        anyhow::ensure!(
+            state_command.is_empty() || state_command.iter().any(|a| a.contains("{job}")),
+            "slurm.state_command: no argument holds {{job}}"
+        );
         Ok(Slurm {
             command,
+            state_command,
             timeout: self.timeout.map_or(Duration::from_secs(30), |d| d.0),
         })
     }
@@ -56,9 +102,8 @@ impl Slurm {
         format!("run {}", self.argv(job).join(" "))
     }
 
-    /// Runs the command for `job`.
-    pub async fn reclaim(&self, job: &str) -> Result<String, ActError> {
-        let argv = self.argv(job);
+    /// Runs `argv` with the timeout: (success, stdout, stderr).
+    async fn run(&self, argv: &[String]) -> Result<(bool, String, String), ActError> {
         let run = tokio::process::Command::new(&argv[0])
             .args(&argv[1..])
             .kill_on_drop(true)
@@ -73,18 +118,88 @@ impl Slurm {
                 retry_after: 60,
                 message: format!("cannot run {}: {e}", argv[0]),
             })?;
-        if out.status.success() {
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            format!(
+                "{} exited with {}: {}",
+                argv.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ))
+    }
+
+    /// Runs the command for `job`, when its state says it holds its allocation.
+    pub async fn reclaim(&self, job: &str) -> Result<String, ActError> {
+        if !self.state_command.is_empty() {
+            let look: Vec<String> = self
+                .state_command
+                .iter()
+                .map(|a| a.replace("{job}", job))
+                .collect();
+            let (ok, stdout, failed) = self.run(&look).await?;
+            if !ok && failed.contains("Invalid job id") {
+                return Ok(format!(
+                    "job {job} is unknown to Slurm (ended and purged): nothing to reclaim"
+                ));
+            }
+            if !ok {
+                return Err(ActError::Later {
+                    retry_after: 60,
+                    message: failed,
+                });
+            }
+            match job_state(job, &stdout) {
+                Some(JobState::Done(why)) => return Ok(why),
+                Some(JobState::Holding(_)) => {}
+                None => {
+                    return Err(ActError::Later {
+                        retry_after: 60,
+                        message: format!("{} printed no JobState=", look.join(" ")),
+                    });
+                }
+            }
+        }
+        let argv = self.argv(job);
+        let (ok, _, failed) = self.run(&argv).await?;
+        if ok {
             Ok(format!("ran {}", argv.join(" ")))
+        } else if failed.contains("presently disabled") {
+            // Submitted with --no-requeue: Slurm will not take it back this way.
+            Err(ActError::Cannot(failed))
         } else {
             Err(ActError::Later {
                 retry_after: 60,
-                message: format!(
-                    "{} exited with {}: {}",
-                    argv.join(" "),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
+                message: failed,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_job_that_holds_its_allocation_is_reclaimed() {
+        let line = |state: &str| {
+            format!("JobId=7 JobName=wrap UserId=root(0) JobState={state} Reason=None Restarts=0")
+        };
+        assert_eq!(
+            job_state("7", &line("RUNNING")),
+            Some(JobState::Holding("RUNNING".into()))
+        );
+        for ended in ["COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED"] {
+            assert!(
+                matches!(job_state("7", &line(ended)), Some(JobState::Done(w)) if w.contains("ended")),
+                "{ended}"
+            );
+        }
+        assert!(matches!(
+            job_state("7", &line("PENDING")),
+            Some(JobState::Done(_))
+        ));
+        assert_eq!(job_state("7", "no state here"), None);
     }
 }

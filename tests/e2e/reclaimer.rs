@@ -165,13 +165,15 @@ async fn start_with(
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, API_TOKEN).unwrap();
-    // The stand-in scontrol: records its arguments; `requeue 13` fails like a busy controller.
+    // The stand-in scontrol: `show job -o ID` says the job runs; otherwise it records its
+    // arguments, and `requeue 13` fails like a busy controller. (The real one runs in
+    // slurm_real.rs.)
     let scontrol = dir.path().join("scontrol");
     let log = dir.path().join("scontrol.log");
     std::fs::write(
         &scontrol,
         format!(
-            "#!/bin/sh\nif [ \"$2\" = 13 ]; then echo 'Slurm controller busy' >&2; exit 1; fi\necho \"$@\" >> {}\n",
+            "#!/bin/sh\nif [ \"$1\" = show ]; then echo \"JobId=$4 JobState=RUNNING Restarts=0\"; exit 0; fi\nif [ \"$2\" = 13 ]; then echo 'Slurm controller busy' >&2; exit 1; fi\necho \"$@\" >> {}\n",
             log.display()
         ),
     )
@@ -194,10 +196,12 @@ token_file = "{}"
 mode = "{mode}"
 [slurm]
 command = ["{}", "requeue", "{{job}}"]
+state_command = ["{}", "show", "job", "-o", "{{job}}"]
 "#,
             secret(),
             dir.path().join("acted.log").display(),
             token.display(),
+            scontrol.display(),
             scontrol.display()
         ),
     )
