@@ -24,6 +24,14 @@ fi
 
 devices="${SLURM_JOB_GPUS:-},${CUDA_VISIBLE_DEVICES:-}"
 
+# slurmd does not pass the job's QOS to the prolog (22.05 never sets SLURM_JOB_QOS there): ask
+# slurmctld once, unless GPULEDGER_PROLOG_QUERY_QOS=0 (one controller request per job start).
+qos="${SLURM_JOB_QOS:-}"
+if [ -z "$qos" ] && [ "${GPULEDGER_PROLOG_QUERY_QOS:-1}" != 0 ] && command -v scontrol >/dev/null; then
+  qos="$(timeout 5 scontrol show job -o "$job" 2>/dev/null | grep -o ' QOS=[^ ]*' | head -n 1 | cut -d= -f2)"
+  [ "$qos" = "(null)" ] && qos=""
+fi
+
 if ! mkdir -p "$dir"; then
   echo "gpuledger-prolog: cannot create $dir" >&2
   exit 0
@@ -37,12 +45,13 @@ publish() {
     return
   }
   printf 'job_id=%s\nuser=%s\naccount=%s\npartition=%s\nqos=%s\n' \
-    "$job" "${SLURM_JOB_USER:-}" "${SLURM_JOB_ACCOUNT:-}" "${SLURM_JOB_PARTITION:-}" "${SLURM_JOB_QOS:-}" >"$tmp"
+    "$job" "${SLURM_JOB_USER:-}" "${SLURM_JOB_ACCOUNT:-}" "${SLURM_JOB_PARTITION:-}" "$qos" >"$tmp"
   chmod 0644 "$tmp"
   mv -f "$tmp" "$dir/$1" || echo "gpuledger-prolog: job $job: cannot publish $dir/$1" >&2
 }
 
 IFS=',' read -r -a ids <<<"$devices"
+declare -A seen
 for id in "${ids[@]}"; do
   id="${id//[[:space:]]/}"
   case "$id" in
@@ -59,6 +68,9 @@ for id in "${ids[@]}"; do
     continue
     ;;
   esac
+  # CUDA_VISIBLE_DEVICES repeats SLURM_JOB_GPUS: each device once.
+  [ -n "${seen[$id]:-}" ] && continue
+  seen[$id]=1
   publish "$id"
 done
 # Every job gets its record, GPUs named or not: a job on GPU shards may see neither variable set
