@@ -33,4 +33,6 @@ mod reclaim;
 mod reclaimer;
 mod rightsizing;
 mod slurm;
+mod slurm_real;
+mod spark;
 mod web_ui;
