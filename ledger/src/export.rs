@@ -73,16 +73,62 @@ const DIMENSIONS: &str = "i.node, i.gpu_uuid, i.gpu_model, i.mig_profile,
     CASE WHEN i.gpu_instance_id < 0 THEN NULL ELSE i.gpu_instance_id END AS gpu_instance_id,
     i.placement_start, i.placement_size, i.gpu_equivalents, h.tenant, h.workload, h.slo_class";
 
-/// (table, the SELECT); its parameters are cluster, from, to, in that order.
+/// The unsigned 64-bit columns of each exported table, written as signed 64-bit (every value
+/// fits: a minute's mask uses 60 bits, an hour's byte sums stay far below 2⁶³), so that engines
+/// without unsigned integers (Spark, Trino) read them as `bigint`, not `decimal(20,0)`.
+fn signed(table: &str) -> &'static [&'static str] {
+    match table {
+        "rollup_1m" => &[
+            "seconds_mask",
+            "fb_used_bytes_sum",
+            "fb_used_bytes_max",
+            "fb_total_bytes_max",
+            "nvlink_tx_bytes_sum",
+            "nvlink_rx_bytes_sum",
+        ],
+        "rollup_1h" => &[
+            "fb_used_bytes_sum",
+            "fb_used_bytes_max",
+            "fb_total_bytes_max",
+            "nvlink_tx_bytes_sum",
+            "nvlink_rx_bytes_sum",
+        ],
+        "samples_raw" => &[
+            "fb_used_bytes",
+            "fb_total_bytes",
+            "nvlink_tx_bytes",
+            "nvlink_rx_bytes",
+        ],
+        _ => &[],
+    }
+}
+
+/// `REPLACE (CAST(c AS BIGINT) AS c, …)` for `table`'s unsigned columns, or nothing.
+fn as_signed(table: &str, prefix: &str) -> String {
+    let casts: Vec<String> = signed(table)
+        .iter()
+        .map(|c| format!("CAST({prefix}{c} AS BIGINT) AS {c}"))
+        .collect();
+    if casts.is_empty() {
+        String::new()
+    } else {
+        format!(" REPLACE ({})", casts.join(", "))
+    }
+}
+
+/// (table, the SELECT); its parameters are cluster, from, to, in that order. Instants are
+/// written as timestamps with time zone (Parquet `isAdjustedToUTC`), so every engine reads the
+/// same UTC instant whatever its session's zone; the `date` partition is the UTC day.
 fn selects(raw: bool) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     for table in ["rollup_1h", "rollup_1m"] {
+        let replace = as_signed(table, "r.");
         out.push((
             table,
             format!(
                 "SELECT CAST(? AS VARCHAR) AS cluster, CAST(epoch_ms(r.bucket * 1000) AS DATE) AS date,
-                        epoch_ms(r.bucket * 1000) AS bucket_start, {DIMENSIONS},
-                        r.* EXCLUDE (bucket, instance_id, holder_id)
+                        to_timestamp(r.bucket) AS bucket_start, {DIMENSIONS},
+                        r.* EXCLUDE (bucket, instance_id, holder_id){replace}
                  FROM {table} r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
                  WHERE r.bucket >= ? AND r.bucket < ?"
             ),
@@ -91,7 +137,7 @@ fn selects(raw: bool) -> Vec<(&'static str, String)> {
     out.push((
         "rollup_tenant_1h",
         "SELECT CAST(? AS VARCHAR) AS cluster, CAST(epoch_ms(bucket * 1000) AS DATE) AS date,
-                epoch_ms(bucket * 1000) AS bucket_start, * EXCLUDE (bucket)
+                to_timestamp(bucket) AS bucket_start, * EXCLUDE (bucket)
          FROM rollup_tenant_1h WHERE bucket >= ? AND bucket < ?"
             .to_owned(),
     ));
@@ -99,23 +145,70 @@ fn selects(raw: bool) -> Vec<(&'static str, String)> {
     out.push((
         "rollup_gpu_1h",
         "SELECT CAST(? AS VARCHAR) AS cluster, CAST(epoch_ms(bucket * 1000) AS DATE) AS date,
-                epoch_ms(bucket * 1000) AS bucket_start, * EXCLUDE (bucket)
+                to_timestamp(bucket) AS bucket_start, * EXCLUDE (bucket)
          FROM rollup_gpu_1h WHERE bucket >= ? AND bucket < ?"
             .to_owned(),
     ));
     if raw {
+        let replace = as_signed("samples_raw", "r.");
         out.push((
             "samples_raw",
             format!(
                 "SELECT CAST(? AS VARCHAR) AS cluster, CAST(epoch_ms(r.ts * 1000) AS DATE) AS date,
-                        epoch_ms(r.ts * 1000) AS ts, {DIMENSIONS},
-                        r.* EXCLUDE (ts, instance_id, holder_id)
+                        to_timestamp(r.ts) AS ts, {DIMENSIONS},
+                        r.* EXCLUDE (ts, instance_id, holder_id){replace}
                  FROM samples_raw r JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
                  WHERE r.ts >= ? AND r.ts < ?"
             ),
         ));
     }
     out
+}
+
+/// Rewrites `file`, an earlier export kept because it holds more rows than the ledger now does,
+/// in today's column types when it was written in the first ones (instants without time zone,
+/// unsigned byte counts): one table mixing both cannot be read by Spark. Answers whether it did.
+fn upgrade_kept(
+    conn: &Connection,
+    table: &str,
+    file: &Path,
+    partial: &Path,
+) -> Result<bool, ExportError> {
+    let time = if table == "samples_raw" {
+        "ts"
+    } else {
+        "bucket_start"
+    };
+    let typ: String = conn.query_row(
+        &format!(
+            "SELECT typeof({time}) FROM read_parquet({}) LIMIT 1",
+            path_literal(file)?
+        ),
+        [],
+        |r| r.get(0),
+    )?;
+    if typ != "TIMESTAMP" {
+        return Ok(false);
+    }
+    // The old instants were UTC wall-clock times: their epoch is the instant (no time zone
+    // conversion, which would need ICU).
+    let mut replace: Vec<String> = vec![format!("to_timestamp(epoch({time})) AS {time}")];
+    replace.extend(
+        signed(table)
+            .iter()
+            .map(|c| format!("CAST({c} AS BIGINT) AS {c}")),
+    );
+    conn.execute_batch(&format!(
+        "COPY (SELECT * REPLACE ({}) FROM read_parquet({})) TO {} (FORMAT parquet)",
+        replace.join(", "),
+        path_literal(file)?,
+        path_literal(partial)?
+    ))?;
+    std::fs::rename(partial, file).map_err(|e| ExportError::Option {
+        field: "parquet",
+        message: format!("cannot rename into {}: {e}", file.display()),
+    })?;
+    Ok(true)
 }
 
 /// A path as an SQL string literal. COPY takes its target only as a literal, so this is the one
@@ -238,6 +331,8 @@ pub fn export_with(conn: &Connection, opts: &ExportOptions) -> Result<ExportRepo
                 0
             };
             if earlier > n {
+                let partial = partition.join(format!(".{}.parquet.partial", opts.cluster));
+                upgrade_kept(conn, table, &file, &partial)?;
                 report.kept.push((table.to_owned(), date));
             } else if n > 0 {
                 std::fs::create_dir_all(&partition).map_err(|e| ExportError::Option {
@@ -262,4 +357,62 @@ pub fn export_with(conn: &Connection, opts: &ExportOptions) -> Result<ExportRepo
         report.tables.push((table.to_owned(), rows));
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A day kept from an export of the first column types (instants without time zone, unsigned
+    /// byte counts) is rewritten in today's, with the same rows and instants: one table mixing
+    /// both is unreadable to Spark.
+    #[test]
+    fn a_kept_file_of_the_old_types_is_rewritten_in_the_new_ones() {
+        let (conn, _) = crate::store::open(Path::new(":memory:")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let part = dir.path().join("rollup_1h").join("date=1970-01-02");
+        std::fs::create_dir_all(&part).unwrap();
+        let old = part.join("east.parquet");
+        conn.execute_batch(&format!(
+            "COPY (SELECT 'east' AS cluster, TIMESTAMP '1970-01-02 05:00:00' AS bucket_start,
+                          3600 AS samples, 7::UBIGINT AS fb_used_bytes_sum,
+                          5::UBIGINT AS fb_used_bytes_max, 9::UBIGINT AS fb_total_bytes_max,
+                          1::UBIGINT AS nvlink_tx_bytes_sum, 2::UBIGINT AS nvlink_rx_bytes_sum)
+             TO {} (FORMAT parquet)",
+            path_literal(&old).unwrap()
+        ))
+        .unwrap();
+        let report = export_with(
+            &conn,
+            &ExportOptions {
+                db: PathBuf::new(),
+                dir: dir.path().to_owned(),
+                from: 86_400,
+                to: 2 * 86_400,
+                raw: false,
+                cluster: "east".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            report.kept,
+            [("rollup_1h".to_owned(), "1970-01-02".to_owned())]
+        );
+        let (t, same, bytes, n): (String, bool, String, i64) = conn
+            .query_row(
+                &format!(
+                    "SELECT typeof(bucket_start), bucket_start = to_timestamp(86400 + 5 * 3600),
+                            typeof(fb_used_bytes_max), count(*) OVER ()
+                     FROM read_parquet({})",
+                    path_literal(&old).unwrap()
+                ),
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap();
+        assert_eq!(t, "TIMESTAMP WITH TIME ZONE");
+        assert!(same, "the same UTC instant");
+        assert_eq!(bytes, "BIGINT");
+        assert_eq!(n, 1);
+    }
 }

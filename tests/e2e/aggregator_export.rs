@@ -261,7 +261,8 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
     let misplaced: i64 = conn
         .query_row(
             &format!(
-                "SELECT count(*) FROM {} WHERE CAST(bucket_start AS DATE) <> date",
+                "SELECT count(*) FROM {} WHERE bucket_start < to_timestamp(epoch(date))
+                   OR bucket_start >= to_timestamp(epoch(date) + 86400)",
                 glob("rollup_1h")
             ),
             [],
@@ -269,6 +270,26 @@ async fn two_clusters_export_parquet_and_query_back_their_combined_totals() {
         )
         .unwrap();
     assert_eq!(misplaced, 0);
+    // Instants carry their time zone and byte counts are signed, so Spark and Trino read them as
+    // `timestamp` and `bigint` (not `timestamp_ntz` and `decimal(20,0)`).
+    let types: (String, String, String) = conn
+        .query_row(
+            &format!(
+                "SELECT typeof(bucket_start), typeof(fb_used_bytes_max), typeof(nvlink_tx_bytes_sum) FROM {} LIMIT 1",
+                glob("rollup_1m")
+            ),
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        types,
+        (
+            "TIMESTAMP WITH TIME ZONE".to_owned(),
+            "BIGINT".to_owned(),
+            "BIGINT".to_owned()
+        )
+    );
 }
 
 /// Writes `text` to `path` with line `k`'s `sm_active` (0-based, the header being line 0) set to
