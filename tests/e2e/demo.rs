@@ -237,6 +237,35 @@ async fn the_demo_opens_on_a_month_of_history() {
         (to - from) / 86_400
     );
 
+    // What a newcomer finds on first open: workloads that fit a smaller MIG profile (a notebook
+    // on a big slice, among them) and a tenant forecast over its budget.
+    let sizing = demo
+        .json(
+            &http,
+            &format!(
+                "/api/v1/rightsizing?from={from}&to={to}&reason=smaller_profile_fits&limit=5000"
+            ),
+        )
+        .await;
+    let recs = sizing["rows"].as_array().unwrap();
+    assert!(
+        recs.iter()
+            .any(|r| r["workload"].as_str().unwrap().contains("/jupyter-")
+                && r["savings"].as_f64().unwrap() > 0.0),
+        "a notebook that fits a smaller slice: {}",
+        sizing["totals"]
+    );
+    assert!(sizing["totals"]["savings"].as_f64().unwrap() > 0.0);
+    let budgets = demo.json(&http, "/api/v1/budgets").await;
+    assert!(
+        budgets["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["forecast_ratio"].as_f64().unwrap() > 1.0),
+        "a tenant forecast over its budget: {budgets}"
+    );
+
     // The tenants page in headless Chromium, over the same 30 days.
     let browser = Browser::start().await;
     browser

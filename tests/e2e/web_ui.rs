@@ -273,6 +273,12 @@ async fn the_pages_in_headless_chromium() {
             "by_profile",
         ),
         (format!("/tenants/team-a?{q}"), "tenant-team-a", "reclaims"),
+        (format!("/tenants/team-a?{q}"), "tenant-team-a", "budget"),
+        (
+            format!("/rightsizing?{q}"),
+            "rightsizing-page",
+            "rightsizing",
+        ),
         (
             format!("/tenants/{}?{q}", "%3Cscript%3Ealert(1)%3C%2Fscript%3E"),
             "tenant-evil",
@@ -294,6 +300,21 @@ async fn the_pages_in_headless_chromium() {
         );
         browser.screenshot(name).await;
     }
+    // A budgeted tenant's page draws its cost to date under the budget line, whose label names
+    // the budget; the last day's cost to date is its bill's cost (allocation, overhead not
+    // shared), within the cent the bill's apportioning may move.
+    browser.go(&format!("{app}/tenants/team-a?{q}")).await;
+    let rule = browser
+        .js("const t = document.querySelector('svg text.rule'); return t && t.textContent")
+        .await;
+    assert_eq!(rule, "budget 1000 EUR");
+    let to_date = browser.column("budget", "cost_to_date").await;
+    let team_a = lines.iter().find(|l| l["tenant"] == "team-a").unwrap();
+    let last: f64 = to_date.last().unwrap().parse().unwrap();
+    assert!(
+        last > 0.0 && (last - team_a["cost"].as_f64().unwrap()).abs() <= 0.011,
+        "{to_date:?} against {team_a}"
+    );
     // The overview's daily trend sums to the bill's allocated GPU-hours.
     browser.go(&format!("{app}/?{q}")).await;
     let daily: f64 = browser

@@ -173,7 +173,7 @@ def run(args, spark, out):
             fail(2, f"{path} does not exist (is {root} a gpuledger export directory?)")
         df = spark.read.option("basePath", path).parquet(path)
         # Partition pruning on the directory's date, then the exact range on the hour itself
-        # (the session time zone is UTC: a TIMESTAMP_NTZ and a TIMESTAMP give the same seconds).
+        # (bucket_start is a UTC instant: Spark reads it as a TIMESTAMP in any session zone).
         return (df.where((F.col("date") >= F.lit(day(frm)).cast("date"))
                          & (F.col("date") < F.lit(day(to)).cast("date")))
                   .withColumn("t", F.unix_seconds(F.col("bucket_start").cast("timestamp")))
@@ -204,18 +204,19 @@ def run(args, spark, out):
         prices, "p_model string, p_profile string, p_from long, p_to long, per_gpu_second double")
     hours.where("tenant IS NOT NULL").createOrReplaceTempView("hours")
     price_df.createOrReplaceTempView("prices")
+    # docs/multi-cluster.md quotes this query; tests/e2e/spark.rs keeps the two the same.
     rows = spark.sql("""
-        SELECT h.cluster, h.tenant,
-               sum(h.samples * h.gpu_equivalents) / 3600 AS allocated_gpu_hours,
-               sum(h.sm_active_sum * h.gpu_equivalents) / 3600 AS used_gpu_hours,
-               sum(h.samples * h.gpu_equivalents * p.per_gpu_second) AS cost_exact
-        FROM hours h
-        JOIN prices p
-          ON p.p_model = h.gpu_model AND p.p_profile <=> h.mig_profile
-         AND h.t >= p.p_from AND h.t < p.p_to
-        GROUP BY h.cluster, h.tenant
-        ORDER BY h.cluster, h.tenant
-    """).collect()
+SELECT h.cluster, h.tenant,
+       sum(h.samples * h.gpu_equivalents) / 3600 AS allocated_gpu_hours,
+       sum(h.sm_active_sum * h.gpu_equivalents) / 3600 AS used_gpu_hours,
+       sum(h.samples * h.gpu_equivalents * p.per_gpu_second) AS cost_exact
+FROM hours h
+JOIN prices p
+  ON p.p_model = h.gpu_model AND p.p_profile <=> h.mig_profile
+ AND h.t >= p.p_from AND h.t < p.p_to
+GROUP BY h.cluster, h.tenant
+ORDER BY h.cluster, h.tenant
+""").collect()
     for r in rows:
         out.append({
             "cluster": r.cluster, "tenant": r.tenant,

@@ -2,10 +2,9 @@
 -- The gpuledger export (docs/multi-cluster.md) as external Hive tables in Trino's Hive connector.
 -- Replace s3://BUCKET/gpuledger with the shared export directory (ROOT); catalog `hive`.
 --
--- Types: as the exporter writes today, the *_bytes* columns and seconds_mask are Parquet
--- INT64 with UINT_64 (unsigned) and every timestamp is INT64 TIMESTAMP(MICROS,
--- isAdjustedToUTC=false). They are declared here as the planned signed BIGINT; whether Trino
--- reads today's UINT_64 files as BIGINT is unverified (DECIMAL(20,0) is what Spark makes of them).
+-- Types: the exporter writes byte counts and seconds_mask as signed INT64 (BIGINT) and instants
+-- as INT64 TIMESTAMP(MICROS, isAdjustedToUTC=true), which Spark reads as TIMESTAMP and BIGINT
+-- (tests/e2e/spark.rs).
 -- Hive tables have no TIMESTAMP WITH TIME ZONE: timestamp(6) holds the UTC wall-clock time.
 -- The partition column is the directory's `date` (a UTC day, quoted: a reserved word) and must
 -- come last. `cluster` is a column, not a directory: each file is <cluster>.parquet.
@@ -64,11 +63,11 @@ CREATE TABLE hive.gpuledger.rollup_1h (
     dram_active_samples   integer,
     dram_active_sum       double,
     fb_used_samples       integer,
-    fb_used_bytes_sum     bigint,   -- UINT_64 today
-    fb_used_bytes_max     bigint,   -- UINT_64 today
-    fb_total_bytes_max    bigint,   -- UINT_64 today
-    nvlink_tx_bytes_sum   bigint,   -- UINT_64 today
-    nvlink_rx_bytes_sum   bigint,   -- UINT_64 today
+    fb_used_bytes_sum     bigint,
+    fb_used_bytes_max     bigint,
+    fb_total_bytes_max    bigint,
+    nvlink_tx_bytes_sum   bigint,
+    nvlink_rx_bytes_sum   bigint,
     "date"                date
 ) WITH (external_location = 's3://BUCKET/gpuledger/rollup_1h', format = 'PARQUET',
         partitioned_by = ARRAY['date']);
@@ -88,7 +87,7 @@ CREATE TABLE hive.gpuledger.rollup_1m (
     tenant                varchar,
     workload              varchar,
     slo_class             varchar,
-    seconds_mask          bigint,   -- UINT_64 today; 60 bits used, fits a signed BIGINT
+    seconds_mask          bigint,   -- 60 bits used, written as a signed BIGINT
     samples               integer,
     sm_active_samples     integer,
     sm_active_sum         double,
