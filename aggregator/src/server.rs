@@ -175,6 +175,7 @@ fn open(
         sessions: crate::auth::session::Sessions::default(),
         preparing: std::sync::Mutex::new(preparing.then(|| "starting".to_owned())),
         demand: Default::default(),
+        month_savings: Default::default(),
     }));
     Ok((state, thread, compactor))
 }

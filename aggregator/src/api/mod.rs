@@ -56,6 +56,43 @@ pub struct App {
     pub preparing: std::sync::Mutex<Option<String>>,
     /// Rightsizing's per-day and per-hour demand histograms, kept between answers.
     pub demand: Arc<gpuledger_ledger::analytics::rightsizing::DemandCache>,
+    /// This month's rightsizing savings per tenant, for `/metrics`, computed beside the
+    /// evaluations.
+    pub month_savings: MonthSavings,
+}
+
+/// This month's rightsizing savings per tenant, computed in a task of its own: the first
+/// computation after a start reads the month's minute rows (seconds on a large fleet), which must
+/// not hold up an evaluation and the reclaim pass behind it. Each evaluation publishes the last
+/// result and starts the next computation unless one is still running.
+#[derive(Default)]
+pub struct MonthSavings {
+    last: Arc<std::sync::Mutex<Vec<(String, f64)>>>,
+    running: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl MonthSavings {
+    /// The last result; starts a new computation when none runs.
+    fn refresh(
+        &self,
+        app: &App,
+        raw_from: i64,
+    ) -> Result<Vec<(String, f64)>, gpuledger_ledger::store::StoreError> {
+        use std::sync::atomic::Ordering;
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if self.running.swap(true, Ordering::AcqRel) {
+            return Ok(last);
+        }
+        let conn = app.readers.connect()?;
+        let (demand, settings) = (app.demand.clone(), app.config.analytics.clone());
+        let (slot, running) = (self.last.clone(), self.running.clone());
+        tokio::task::spawn_blocking(move || {
+            let v = month_savings(&conn, &demand, &settings, raw_from);
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = v;
+            running.store(false, Ordering::Release);
+        });
+        Ok(last)
+    }
 }
 
 /// What one evaluation did: the analytics, then the reclaim pass over their episodes.
@@ -85,7 +122,6 @@ impl App {
         let conn = self.readers.connect()?;
         let settings = self.config.analytics.clone();
         let raw_from = chrono::Utc::now().timestamp() - self.config.retention.raw_secs;
-        let demand = self.demand.clone();
         let current = tokio::task::spawn_blocking(move || {
             let mut current = gpuledger_ledger::analytics::current(&conn, &settings)?;
             let month = month_budgets(&conn, &settings, raw_from);
@@ -95,7 +131,6 @@ impl App {
                     .map(|l| (l.tenant.clone(), (l.spent_ratio, l.forecast_ratio)))
                     .collect()
             });
-            current.savings = month_savings(&conn, &demand, &settings, raw_from);
             Ok::<_, duckdb::Error>((current, month))
         })
         .await
@@ -103,7 +138,8 @@ impl App {
             gpuledger_ledger::store::StoreError::Io(format!("the analytics task failed: {e}"))
         })?
         .map_err(gpuledger_ledger::store::StoreError::from_db)?;
-        let (current, month) = current;
+        let (mut current, month) = current;
+        current.savings = self.month_savings.refresh(self, raw_from)?;
         self.metrics.set_current(&current);
         self.queue_budget_notices(month.as_ref()).await?;
         if let Some(newest) = current.newest {
