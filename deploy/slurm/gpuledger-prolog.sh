@@ -25,11 +25,14 @@ fi
 devices="${SLURM_JOB_GPUS:-},${CUDA_VISIBLE_DEVICES:-}"
 
 # slurmd does not pass the job's QOS to the prolog (22.05 never sets SLURM_JOB_QOS there): ask
-# slurmctld once, unless GPULEDGER_PROLOG_QUERY_QOS=0 (one controller request per job start).
+# slurmctld once, unless GPULEDGER_PROLOG_QUERY_QOS=0 (one controller request per job start). The
+# field alone (squeue's %q), never a search of `scontrol show job`'s line: a job's name is free
+# text and could carry "QOS=…" itself.
 qos="${SLURM_JOB_QOS:-}"
-if [ -z "$qos" ] && [ "${GPULEDGER_PROLOG_QUERY_QOS:-1}" != 0 ] && command -v scontrol >/dev/null; then
-  qos="$(timeout 5 scontrol show job -o "$job" 2>/dev/null | grep -o ' QOS=[^ ]*' | head -n 1 | cut -d= -f2)"
-  [ "$qos" = "(null)" ] && qos=""
+if [ -z "$qos" ] && [ "${GPULEDGER_PROLOG_QUERY_QOS:-1}" != 0 ] && command -v squeue >/dev/null; then
+  qos="$(timeout 5 squeue -h -j "$job" --states=all -o %q 2>/dev/null | head -n 1)"
+  qos="${qos//[[:space:]]/}"
+  case "$qos" in "(null)" | *[!A-Za-z0-9_.-]*) qos="" ;; esac
 fi
 
 if ! mkdir -p "$dir"; then

@@ -2,7 +2,8 @@
 //! `scancel {job}`). The command is run directly, never through a shell, with `{job}` replaced by
 //! the job id — which [`super::Target::parse`] has already limited to digits and `_`.
 //!
-//! Key decision: the job's state is read first (`scontrol show job -o {job}`), and only a job that
+//! Key decision: the job's state is read first (`squeue -h -j {job} --states=all -o %T`: the state
+//! field alone, since a job's name is free text that could spell `JobState=…`), and only a job that
 //! is running (or suspended, or starting) is acted on. Slurm's own `scontrol requeue` puts a job
 //! that has *finished* back in the queue while slurmctld still remembers it, so the job would run
 //! again (seen against a real slurmctld, tests/slurm/NOTES.md); a job that is pending, has ended
@@ -24,8 +25,9 @@ pub struct SlurmFile {
     pub command: Option<Vec<String>>,
     /// How long it may run (default 30s).
     pub timeout: Option<gpuledger_schema::options::Span>,
-    /// The command that prints the job's `JobState=` first (default
-    /// `["scontrol", "show", "job", "-o", "{job}"]`; `[]`: act without looking).
+    /// The command that prints the job's state first: the state alone, or a `JobState=` field
+    /// (default `["squeue", "-h", "-j", "{job}", "--states=all", "-o", "%T"]`; `[]`: act without
+    /// looking).
     pub state_command: Option<Vec<String>>,
 }
 
@@ -45,15 +47,23 @@ pub enum JobState {
     Done(String),
 }
 
-/// Reads `scontrol show job -o`'s answer: the `JobState=` field.
+/// Reads the state command's answer: a state alone (`squeue -o %T`), or the line of a command that
+/// prints `JobState=` (the first such field).
 pub fn job_state(job: &str, stdout: &str) -> Option<JobState> {
-    let state = stdout
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("JobState="))?;
+    let first = stdout.split_whitespace().next()?;
+    let state = if first.contains('=') {
+        stdout
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("JobState="))?
+    } else {
+        first
+    };
+    if state.is_empty() || !state.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') {
+        return None;
+    }
     Some(match state {
-        "RUNNING" | "SUSPENDED" | "CONFIGURING" | "RESIZING" | "STAGE_OUT" => {
-            JobState::Holding(state.to_owned())
-        }
+        "RUNNING" | "SUSPENDED" | "STOPPED" | "SIGNALING" | "CONFIGURING" | "RESIZING"
+        | "STAGE_OUT" => JobState::Holding(state.to_owned()),
         "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" => JobState::Done(format!(
             "job {job} is {state}: it holds no GPU, nothing to reclaim"
         )),
@@ -73,7 +83,7 @@ impl SlurmFile {
             "slurm.command: no argument holds {{job}}"
         );
         let state_command = self.state_command.unwrap_or_else(|| {
-            ["scontrol", "show", "job", "-o", "{job}"]
+            ["squeue", "-h", "-j", "{job}", "--states=all", "-o", "%T"]
                 .map(String::from)
                 .to_vec()
         });
@@ -139,7 +149,8 @@ impl Slurm {
                 .map(|a| a.replace("{job}", job))
                 .collect();
             let (ok, stdout, failed) = self.run(&look).await?;
-            if !ok && failed.contains("Invalid job id") {
+            // Unknown to Slurm: squeue says "Invalid job id", or (some versions) prints nothing.
+            if (!ok && failed.contains("Invalid job id")) || (ok && stdout.trim().is_empty()) {
                 return Ok(format!(
                     "job {job} is unknown to Slurm (ended and purged): nothing to reclaim"
                 ));
@@ -156,7 +167,7 @@ impl Slurm {
                 None => {
                     return Err(ActError::Later {
                         retry_after: 60,
-                        message: format!("{} printed no JobState=", look.join(" ")),
+                        message: format!("{} printed no job state", look.join(" ")),
                     });
                 }
             }
@@ -165,8 +176,9 @@ impl Slurm {
         let (ok, _, failed) = self.run(&argv).await?;
         if ok {
             Ok(format!("ran {}", argv.join(" ")))
-        } else if failed.contains("presently disabled") {
-            // Submitted with --no-requeue: Slurm will not take it back this way.
+        } else if failed.contains("presently disabled") || failed.contains("Only batch jobs") {
+            // Submitted with --no-requeue, or an interactive allocation (salloc, srun): Slurm
+            // will not requeue it; a `[slurm] command` of `scancel {job}` can end it instead.
             Err(ActError::Cannot(failed))
         } else {
             Err(ActError::Later {

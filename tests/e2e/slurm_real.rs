@@ -311,7 +311,7 @@ async fn reclaim(url: &str, id: &str, job: &str) -> (u16, Value) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_reclaimer_requeues_a_running_job_on_a_real_slurmctld_and_leaves_an_ended_one() {
-    let cluster = Cluster::start(1);
+    let cluster = Cluster::start(4);
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let config = dir.path().join("reclaimer.toml");
@@ -378,5 +378,62 @@ async fn the_reclaimer_requeues_a_running_job_on_a_real_slurmctld_and_leaves_an_
         Some("COMPLETED")
     );
     assert_eq!(cluster.field(&short, "Restarts").as_deref(), Some("0"));
+
+    // A job whose name imitates an ended one is read by its state, and requeued.
+    let named = {
+        let out = cluster
+            .client("sbatch")
+            .args([
+                "--parsable",
+                "--gres=gpu:1",
+                "--account",
+                "physics",
+                "--job-name",
+                "x JobState=COMPLETED QOS=high",
+                "--wrap",
+                "sleep 300",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let record = cluster.jobs().join(format!("job-{named}"));
+    eventually(
+        "the named job's prolog",
+        Duration::from_secs(60),
+        async || record.exists().then_some(()),
+    )
+    .await;
+    // The prolog read the QoS field itself, not the name's imitation (no accounting here: none).
+    let map = std::fs::read_to_string(&record).unwrap();
+    assert!(map.contains("qos=\n"), "{map}");
+    let (status, v) = reclaim(&url, "msg_real_3", &named).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(cluster.field(&named, "Restarts").as_deref(), Some("1"));
+
+    // An interactive allocation Slurm will not requeue: a 422 (cannot act here), not a retry.
+    let out = cluster
+        .client("salloc")
+        .args(["--no-shell", "--gres=gpu:1", "--account", "physics"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    let alloc = said
+        .split("Granted job allocation ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("salloc: {said}"))
+        .to_owned();
+    let (status, v) = reclaim(&url, "msg_real_4", &alloc).await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(
+        cluster.field(&alloc, "JobState").as_deref(),
+        Some("RUNNING")
+    );
     let _ = child.kill().await;
 }
