@@ -264,6 +264,23 @@ async fn showback_and_hoarding_json_snapshots() {
     )
     .await;
     insta::assert_json_snapshot!("showback_by_workload", relative(&v, t0));
+    // Paged: the totals cover every row; `next_offset` leads to the rest, and the pages together
+    // are the whole answer.
+    let rows = v["rows"].as_array().unwrap().clone();
+    let base = format!(
+        "/api/v1/showback?from={t0}&to={}&group_by=workload",
+        t0 + 7200
+    );
+    let (_, first) = get(&a, Some(VIEWER), &format!("{base}&limit=2")).await;
+    assert_eq!(first["rows"].as_array().unwrap()[..], rows[..2]);
+    assert_eq!(first["next_offset"], 2);
+    assert_eq!(first["totals"], v["totals"]);
+    let (_, rest) = get(&a, Some(VIEWER), &format!("{base}&offset=2&limit=10000")).await;
+    assert_eq!(rest["rows"].as_array().unwrap()[..], rows[2..]);
+    assert!(rest["next_offset"].is_null());
+    let (status, body) = get(&a, Some(VIEWER), &format!("{base}&limit=10001")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("\"limit\""), "{body}");
     let (_, v) = get(&a, Some(VIEWER), "/api/v1/hoarding?state=all").await;
     insta::assert_json_snapshot!("hoarding_all", relative(&v, t0));
 }

@@ -22,7 +22,16 @@ pub struct ShowbackQuery {
     /// The grouping (default `tenant`).
     #[serde(default)]
     pub group_by: GroupBy,
+    /// Rows to skip (the previous answer's `next_offset`; the JSON only).
+    pub offset: Option<usize>,
+    /// Rows to list (default 1,000, at most 10,000; the JSON only: the CSV has every row).
+    pub limit: Option<usize>,
 }
+
+/// Rows an answer lists by default.
+pub const DEFAULT_LIMIT: usize = 1_000;
+/// Rows an answer lists at most.
+pub const MAX_LIMIT: usize = 10_000;
 
 /// `GET /api/v1/showback`.
 pub async fn showback(
@@ -30,7 +39,15 @@ pub async fn showback(
     reader: Reader,
     Query(q): Query<ShowbackQuery>,
 ) -> Result<Json<showback::ShowbackView>, ApiError> {
-    Ok(Json(view(&app, reader, q).await?))
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "limit",
+            format!("must be 1 to {MAX_LIMIT}"),
+        ));
+    }
+    let offset = q.offset.unwrap_or(0);
+    Ok(Json(view(&app, reader, q).await?.page(offset, limit)))
 }
 
 /// `GET /api/v1/showback.csv`: the same rows as RFC 4180 CSV, one per group, with stable column

@@ -200,10 +200,24 @@ pub struct ShowbackView {
     pub group_by: Option<&'static str>,
     /// The prices' currency.
     pub currency: String,
-    /// The rows.
+    /// The rows (a page of them: [`ShowbackView::page`]).
     pub rows: Vec<RowView>,
-    /// The totals.
+    /// The totals of every row, whatever the page.
     pub totals: TotalsView,
+    /// Where the next page starts (`offset=`), when there is one.
+    pub next_offset: Option<usize>,
+}
+
+impl ShowbackView {
+    /// The rows from `offset`, at most `limit` of them (a month by workload of a 10,000-GPU
+    /// fleet is 70,000 rows); the totals still cover every row.
+    pub fn page(mut self, offset: usize, limit: usize) -> ShowbackView {
+        let end = offset.saturating_add(limit);
+        self.next_offset = (self.rows.len() > end).then_some(end);
+        self.rows.truncate(end);
+        self.rows.drain(..offset.min(self.rows.len()));
+        self
+    }
 }
 
 impl Showback {
@@ -244,6 +258,7 @@ impl Showback {
             currency,
             rows,
             totals,
+            next_offset: None,
         }
     }
 }
