@@ -369,6 +369,15 @@ impl AggregatorOptions {
                 }
             }
         }
+        for (tenant, info) in &self.billing.tenants {
+            if let Some(b) = info.monthly_budget
+                && !(b.is_finite() && b > 0.0)
+            {
+                return Err(invalid(format!(
+                    "billing.tenants.{tenant:?}.monthly_budget = {b} must be a positive amount"
+                )));
+            }
+        }
         let analytics = AnalyticsSettings {
             idle_threshold,
             window: self.hoarding_window.unwrap_or(defaults_a.window),
@@ -601,6 +610,14 @@ mod tests {
                 "body_read_timeout",
             ),
             ("[limits]\nmax_bytes = 3", "unknown field `max_bytes`"),
+            (
+                "[billing.tenants.a]\nmonthly_budget = 0",
+                "billing.tenants.\"a\".monthly_budget = 0 must be a positive amount",
+            ),
+            (
+                "[rightsizing]\npercentile = 0",
+                "rightsizing.percentile = 0 is outside (0, 1]",
+            ),
         ] {
             let e = format!("{:#}", config_from(toml).unwrap_err());
             assert!(e.contains(says), "{toml}: {e}");

@@ -72,26 +72,40 @@ pub struct MonthSavings {
 }
 
 impl MonthSavings {
-    /// The last result; starts a new computation when none runs.
-    fn refresh(
-        &self,
-        app: &App,
-        raw_from: i64,
-    ) -> Result<Vec<(String, f64)>, gpuledger_ledger::store::StoreError> {
+    /// The last result; starts a new computation when none runs (a connection that cannot be had
+    /// now is logged, and the next evaluation tries again).
+    fn refresh(&self, app: &App, raw_from: i64) -> Vec<(String, f64)> {
         use std::sync::atomic::Ordering;
         let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if self.running.swap(true, Ordering::AcqRel) {
-            return Ok(last);
+        if self.running.load(Ordering::Acquire) {
+            return last;
         }
-        let conn = app.readers.connect()?;
+        let conn = match app.readers.connect() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot compute this month's rightsizing for /metrics now.");
+                return last;
+            }
+        };
+        if self.running.swap(true, Ordering::AcqRel) {
+            return last;
+        }
+        /// Clears the flag however the task ends, a panic included.
+        struct Done(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.store(false, std::sync::atomic::Ordering::Release);
+            }
+        }
+        let done = Done(self.running.clone());
         let (demand, settings) = (app.demand.clone(), app.config.analytics.clone());
-        let (slot, running) = (self.last.clone(), self.running.clone());
+        let slot = self.last.clone();
         tokio::task::spawn_blocking(move || {
+            let _done = done;
             let v = month_savings(&conn, &demand, &settings, raw_from);
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = v;
-            running.store(false, Ordering::Release);
         });
-        Ok(last)
+        last
     }
 }
 
@@ -139,9 +153,13 @@ impl App {
         })?
         .map_err(gpuledger_ledger::store::StoreError::from_db)?;
         let (mut current, month) = current;
-        current.savings = self.month_savings.refresh(self, raw_from)?;
+        current.savings = self.month_savings.refresh(self, raw_from);
         self.metrics.set_current(&current);
-        self.queue_budget_notices(month.as_ref()).await?;
+        // A notice that cannot be queued now is decided again at the next evaluation; the
+        // reclaim pass below must not wait for it.
+        if let Err(e) = self.queue_budget_notices(month.as_ref()).await {
+            tracing::warn!(error = %e, "Cannot queue this month's budget events; the next evaluation retries.");
+        }
         if let Some(newest) = current.newest {
             use gpuledger_ledger::store::writer::WriteObserver;
             self.metrics.newest_sample(newest);

@@ -1095,7 +1095,9 @@ async fn rightsizing_of(
     req: &Request,
     tenant: Option<String>,
 ) -> Result<analytics::rightsizing::Rightsizing, ApiError> {
-    let (from, to) = whole_minutes(req.period.from, req.period.to);
+    // To now at most: the month's future days hold nothing, and would shrink "per 30 days".
+    let now = chrono::Utc::now().timestamp();
+    let (from, to) = whole_minutes(req.period.from, req.period.to.min(now));
     let settings = app.config.analytics.clone();
     let raw = raw_from(app);
     let model = PageQuery::given(&req.q.model);

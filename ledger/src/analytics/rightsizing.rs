@@ -753,15 +753,13 @@ fn row(
         (Some(m), Some(s), Some(b)) => smallest_fit(m, s, b),
         _ => None,
     };
-    let saturated = match (current, compute_p) {
-        (Some((cs, fb)), Some(c)) => {
-            c >= SATURATION * f64::from(cs)
-                || acc
-                    .fb_max
-                    .is_some_and(|m| m as f64 >= SATURATION * fb as f64)
-        }
-        _ => false,
-    };
+    // Compute or memory: an instance without SM readings can still be short of memory.
+    let saturated = current.is_some_and(|(cs, fb)| {
+        compute_p.is_some_and(|c| c >= SATURATION * f64::from(cs))
+            || acc
+                .fb_max
+                .is_some_and(|m| m as f64 >= SATURATION * fb as f64)
+    });
     let smaller = match (&fit, current) {
         (Some((_, s, fb)), Some((cs, cfb))) => *s < cs || (*s == cs && *fb < cfb),
         _ => false,

@@ -39,7 +39,12 @@ pub fn plan(b: &Budgets, endpoints: &[Endpoint], now: i64) -> Vec<Notice> {
     let mut out = Vec::new();
     for l in &b.lines {
         let kinds = [
-            (l.forecast_ratio > 1.0, EventType::BudgetForecastExceeded),
+            // Sent once a month: not on a forecast from the month's first hours alone (a rate
+            // over whole days, or spend already over).
+            (
+                l.forecast_ratio > 1.0 && (l.run_rate_days >= 1 || l.spent_ratio >= 1.0),
+                EventType::BudgetForecastExceeded,
+            ),
             (l.spent_ratio >= 1.0, EventType::BudgetExceeded),
         ];
         for (due, kind) in kinds {
