@@ -11,7 +11,7 @@
 //! - `b/hot` holds a `1g.10gb` at 97 %: saturated. `b/short` holds one for 30 minutes:
 //!   insufficient data. `c/multi` holds two `3g.40gb` at 10 % and 5 GiB: a `1g.10gb` each,
 //!   2 instances, 4 held hours, saving 2 × (2 + 4) = 12.00. `c/a100` holds an A100 slice, which
-//!   has no per-instance SM activity: insufficient data. `c/t4` holds a Tesla T4, a model the MIG
+//!   has no per-instance SM activity: insufficient data (and saturated by its memory alone). `c/t4` holds a Tesla T4, a model the MIG
 //!   tables do not have: unknown model.
 
 use crate::common::{ADMIN_TOKEN, Aggregator, eventually};
@@ -129,7 +129,7 @@ fn trace(t0: i64) -> Vec<Sample> {
             &a100,
             &held("c", "a100", SloClass::Batch),
             None,
-            GIB,
+            GIB * 97 / 10,
         ));
         out.push(sample(
             t,
@@ -275,11 +275,13 @@ async fn rightsizing_answers_its_definitions_on_a_trace_built_for_them() {
     assert_eq!(a100["measured_minutes"], 0);
     assert_eq!(a100["reason"], "insufficient_data");
     assert!(a100["compute_p"].is_null());
+    // No SM readings, but 9.7 of its 10 GiB used: saturated by memory alone.
+    assert_eq!(a100["saturated"], true);
     assert_eq!(row(&v, "c/t4")["reason"], "unknown_model");
 
     assert_eq!(v["totals"]["rows"], 8);
     assert_eq!(v["totals"]["recommendations"], 3);
-    assert_eq!(v["totals"]["saturated"], 1);
+    assert_eq!(v["totals"]["saturated"], 2);
     assert_eq!(v["totals"]["savings"], 42.0);
     // The greatest savings first.
     assert_eq!(v["rows"][0]["workload"], "a/notebook");

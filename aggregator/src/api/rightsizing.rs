@@ -91,7 +91,8 @@ pub fn minutes_range(
         if given_to {
             return Err(ApiError::bad_request("to", "must be a whole minute"));
         }
-        to = to.div_euclid(60) * 60;
+        // Now's minute; in a month's first minute, that minute (nothing is in it yet).
+        to = (to.div_euclid(60) * 60).max(from + 60);
     }
     if from >= to {
         return Err(ApiError::bad_request(

@@ -466,33 +466,41 @@ fn pieces(from: i64, to: i64) -> Vec<Piece> {
 }
 
 /// The slabs that make up `piece`.
-fn slabs(
+fn each_slab(
     conn: &Connection,
     cache: &DemandCache,
     piece: Piece,
-) -> duckdb::Result<Vec<std::sync::Arc<Slab>>> {
+    cacheable: bool,
+    each: &mut dyn FnMut(&Slab),
+) -> duckdb::Result<()> {
     let (day, a, b, width) = match piece {
-        Piece::Raw(a, b) => return Ok(vec![std::sync::Arc::new(read_raw_held(conn, a, b)?)]),
-        Piece::Minutes(a, b) => return Ok(vec![std::sync::Arc::new(read_minutes(conn, a, b)?)]),
+        Piece::Raw(a, b) => {
+            each(&read_raw_held(conn, a, b)?);
+            return Ok(());
+        }
+        Piece::Minutes(a, b) => {
+            each(&read_minutes(conn, a, b)?);
+            return Ok(());
+        }
         Piece::Hours(a, b) => (false, a, b, 3600),
         Piece::Days(a, b) => (true, a, b, 86400),
     };
     let fps = fingerprints(conn, day, a, b)?;
-    let mut out = Vec::new();
     let mut buckets: Vec<(&i64, &Fingerprint)> = fps.iter().collect();
     buckets.sort_unstable();
     for (&bucket, &fp) in buckets {
-        let slab = match cache.get(day, bucket, fp) {
-            Some(s) => s,
+        match cache.get(day, bucket, fp) {
+            Some(s) => each(&s),
             None => {
-                let s = std::sync::Arc::new(read_minutes(conn, bucket, bucket + width)?);
-                cache.put(day, bucket, fp, s.clone());
-                s
+                let s = read_minutes(conn, bucket, bucket + width)?;
+                each(&s);
+                if cacheable {
+                    cache.put(day, bucket, fp, std::sync::Arc::new(s));
+                }
             }
-        };
-        out.push(slab);
+        }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// One allocation's sums over the range.
@@ -563,37 +571,64 @@ pub fn rightsizing(
 ) -> Result<Rightsizing, ShowbackError> {
     let rs = &settings.rightsizing;
     let prices = &settings.prices;
+    // A range longer than the cache holds is read through without keeping it: it would push out
+    // the days every other answer (and the month's gauge) uses.
+    let cacheable = to - from <= DemandCache::MAX_DAYS as i64 * 86_400;
+    // Each slab is summed per allocation as it is read, never all kept at once.
+    let mut allocations: FxHashMap<(i32, i32), Alloc> = FxHashMap::default();
+    let mut fold = |slab: &Slab| {
+        for (&id, c) in slab.iter() {
+            let a = allocations.entry(id).or_insert_with(|| Alloc {
+                hist: vec![0; BINS],
+                ..Alloc::default()
+            });
+            a.held_seconds += c.held_seconds;
+            for &(step, n) in &c.hist {
+                a.hist[usize::from(step)] += n;
+            }
+            a.sm_max = max_opt(a.sm_max, c.sm_max);
+            a.fb_max = a.fb_max.max(c.fb_max);
+        }
+    };
+    // Held seconds per price period, when the range has more than one.
+    let mut by_period: FxHashMap<(i32, i32), Vec<(i64, i64)>> = FxHashMap::default();
     conn.execute_batch("BEGIN TRANSACTION")?;
     let read = (|| -> Result<_, ShowbackError> {
         let dims = Dims::load(conn)?;
-        // Demand over the whole range; held time per price period.
-        let mut demand = Vec::new();
         for piece in pieces(from, to) {
-            demand.extend(slabs(conn, cache, piece)?);
+            each_slab(conn, cache, piece, cacheable, &mut fold)?;
         }
         let periods = prices.periods(from, to);
-        let mut held = Vec::new();
-        if periods.len() == 1 {
-            held.push((from, demand.clone()));
-        } else {
+        if periods.len() > 1 {
             for (a, b) in periods {
-                let mut s = Vec::new();
                 for piece in pieces(a, b) {
-                    if let Piece::Raw(x, _) = piece
+                    if let Piece::Raw(x, y) = piece
                         && x < raw_from
                     {
-                        let field = if x == from { "from" } else { "to" };
+                        // A price change inside a minute needs that minute's raw seconds.
+                        let field = match (x == from, y == to) {
+                            (true, _) => "from",
+                            (_, true) => "to",
+                            _ => "price_book",
+                        };
                         return Err(ShowbackError::RawGone { field, raw_from });
                     }
-                    s.extend(slabs(conn, cache, piece)?);
+                    each_slab(conn, cache, piece, cacheable, &mut |slab: &Slab| {
+                        for (&id, c) in slab.iter() {
+                            let v = by_period.entry(id).or_default();
+                            match v.last_mut() {
+                                Some((s, secs)) if *s == a => *secs += c.held_seconds,
+                                _ => v.push((a, c.held_seconds)),
+                            }
+                        }
+                    })?;
                 }
-                held.push((a, s));
             }
         }
-        Ok((dims, demand, held))
+        Ok(dims)
     })();
     conn.execute_batch("COMMIT")?;
-    let (dims, demand, held) = read?;
+    let dims = read?;
 
     let wanted_model = filter.gpu_model.map(|m| mig::model(m).map(|k| k.key));
     let key_of = |iid: i32, hid: i32| -> Option<(Key, Option<&str>)> {
@@ -625,38 +660,8 @@ pub fn rightsizing(
             h.slo_class.as_deref(),
         ))
     };
-    // Per allocation first (integer keys: a month of a 1,000-GPU fleet is 210,000 day cells),
-    // then each allocation to its group once.
-    let mut allocations: FxHashMap<(i32, i32), Alloc> = FxHashMap::default();
-    for slab in &demand {
-        for (&id, c) in slab.iter() {
-            let a = allocations.entry(id).or_insert_with(|| Alloc {
-                hist: vec![0; BINS],
-                ..Alloc::default()
-            });
-            a.held_seconds += c.held_seconds;
-            for &(step, n) in &c.hist {
-                a.hist[usize::from(step)] += n;
-            }
-            a.sm_max = max_opt(a.sm_max, c.sm_max);
-            a.fb_max = a.fb_max.max(c.fb_max);
-        }
-    }
-    // Held seconds per price period, when the range has more than one.
-    let mut by_period: FxHashMap<(i32, i32), Vec<(i64, i64)>> = FxHashMap::default();
-    if held.len() > 1 {
-        for (start, slabs) in &held {
-            for slab in slabs {
-                for (&id, c) in slab.iter() {
-                    let v = by_period.entry(id).or_default();
-                    match v.last_mut() {
-                        Some((s, secs)) if s == start => *secs += c.held_seconds,
-                        _ => v.push((*start, c.held_seconds)),
-                    }
-                }
-            }
-        }
-    }
+    // Per allocation first (integer keys: a month of a 1,000-GPU fleet is 210,000 day cells,
+    // summed above), then each allocation to its group once.
     let mut groups: HashMap<Key, Acc> = HashMap::new();
     for (&(iid, hid), a) in &allocations {
         let Some((key, class)) = key_of(iid, hid) else {
