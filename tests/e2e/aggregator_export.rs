@@ -5,35 +5,12 @@
 
 use crate::common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use crate::common::fake_aggregator::{FakeAggregator, Mode};
-use crate::common::{ADMIN_TOKEN, Aggregator, gpuledger, open_ledger, simulate, token_file};
-
-fn replay(
-    dir: &std::path::Path,
-    a: &Aggregator,
-    node: &str,
-    trace: &std::path::Path,
-) -> tokio::process::Child {
-    let token = token_file(dir, ADMIN_TOKEN);
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args([
-            "exporter", "--source", "replay", "--speed", "max", "--once", "--node", node,
-        ])
-        .args(["--listen", "127.0.0.1:0", "--aggregator", &a.url()])
-        .arg("--token-file")
-        .arg(&token)
-        .arg("--spool-dir")
-        .arg(dir.join(format!("spool-{node}")))
-        .arg("--replay-file")
-        .arg(trace)
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-}
+use crate::common::{
+    ADMIN_TOKEN, Aggregator, gpuledger, open_ledger, replay, simulate, token_file,
+};
 
 fn totals(conn: &duckdb::Connection, from: &str) -> (i64, f64) {
     conn.query_row(

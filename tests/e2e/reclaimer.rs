@@ -224,22 +224,7 @@ state_command = ["{}", "show", "job", "-o", "{{job}}"]
 }
 
 fn event(kind: &str, workload: &str, dry_run: bool) -> String {
-    json!({
-        "type": kind,
-        "timestamp": "2026-11-23T00:00:00Z",
-        "data": {
-            "episode_id": "ep_1", "tenant": "ml", "workload": workload, "node": "n1",
-            "gpu_uuid": "GPU-1", "gpu_model": "NVIDIA H100 80GB HBM3", "mig_profile": null,
-            "gpu_instance_id": null, "slo_class": "batch", "gpu_equivalents": 1.0,
-            "idle_since": "2026-11-23T00:00:00Z", "ended_at": null, "idle_seconds": 3600,
-            "mean_sm_active": 0.0, "idle_gpu_seconds": 3600.0, "idle_cost": 3.6,
-            "currency": "USD",
-            "policy": {"class": "batch", "action": "reclaim", "after_seconds": 1800,
-                       "notice_seconds": 0, "rule": "class", "reason": "reclaim.requested: idle_past_after"},
-            "dry_run": dry_run
-        }
-    })
-    .to_string()
+    crate::common::receiver::episode_event(kind, workload, dry_run)
 }
 
 /// POSTs `body` signed by the reference implementation at `ts` (None: now).
@@ -249,10 +234,7 @@ async fn send(
     body: &str,
     ts: Option<i64>,
 ) -> (u16, Value, Option<String>) {
-    let wh = standardwebhooks::Webhook::new(&secret()).unwrap();
-    let ts = ts.unwrap_or_else(|| chrono::Utc::now().timestamp());
-    let sig = wh.sign(id, ts, body.as_bytes()).unwrap();
-    signed(r, id, ts, &sig, body).await
+    crate::common::receiver::send_signed(&r.url, id, body, ts).await
 }
 
 async fn signed(
@@ -262,24 +244,7 @@ async fn signed(
     sig: &str,
     body: &str,
 ) -> (u16, Value, Option<String>) {
-    let resp = reqwest::Client::new()
-        .post(format!("{}/hooks/gpuledger", r.url))
-        .header("webhook-id", id)
-        .header("webhook-timestamp", ts.to_string())
-        .header("webhook-signature", sig)
-        .body(body.to_owned())
-        .send()
-        .await
-        .unwrap();
-    let retry = resp
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_owned());
-    (
-        resp.status().as_u16(),
-        resp.json().await.unwrap_or(Value::Null),
-        retry,
-    )
+    crate::common::receiver::post_signed(&r.url, id, ts, sig, body).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::common::{
     ADMIN_TOKEN, Aggregator, Exporter, eventually, free_port, require_tool, root, token_file,
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// A running cluster; stopped (jobs cancelled, daemons gone) when dropped.
 struct Cluster {
@@ -273,40 +273,11 @@ async fn real_slurm_jobs_are_charged_to_their_account_while_they_run() {
     assert!(showback["allocated_gpu_seconds"].as_f64().unwrap() > 10.0);
 }
 
-/// A signed `reclaim.requested` from the reference implementation.
+/// A signed `reclaim.requested` for `job`, from the reference implementation.
 async fn reclaim(url: &str, id: &str, job: &str) -> (u16, Value) {
-    let body = json!({
-        "type": "reclaim.requested",
-        "timestamp": "2026-11-23T00:00:00Z",
-        "data": {
-            "episode_id": "ep_1", "tenant": "physics", "workload": job, "node": "gpunode1",
-            "gpu_uuid": "GPU-1", "gpu_model": "NVIDIA H200", "mig_profile": null,
-            "gpu_instance_id": null, "slo_class": "batch", "gpu_equivalents": 1.0,
-            "idle_since": "2026-11-23T00:00:00Z", "ended_at": null, "idle_seconds": 3600,
-            "mean_sm_active": 0.0, "idle_gpu_seconds": 3600.0, "idle_cost": 3.6,
-            "currency": "USD",
-            "policy": {"class": "batch", "action": "reclaim", "after_seconds": 1800,
-                       "notice_seconds": 0, "rule": "class", "reason": "reclaim.requested: idle_past_after"},
-            "dry_run": false
-        }
-    })
-    .to_string();
-    let wh = standardwebhooks::Webhook::new(&crate::common::receiver::secret()).unwrap();
-    let ts = chrono::Utc::now().timestamp();
-    let sig = wh.sign(id, ts, body.as_bytes()).unwrap();
-    let resp = reqwest::Client::new()
-        .post(format!("{url}/hooks/gpuledger"))
-        .header("webhook-id", id)
-        .header("webhook-timestamp", ts.to_string())
-        .header("webhook-signature", sig)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    (
-        resp.status().as_u16(),
-        resp.json().await.unwrap_or(Value::Null),
-    )
+    let body = crate::common::receiver::episode_event("reclaim.requested", job, false);
+    let (status, v, _) = crate::common::receiver::send_signed(url, id, &body, None).await;
+    (status, v)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::common::{ADMIN_TOKEN, Aggregator, gpuledger, root, simulate, token_file};
+use crate::common::{ADMIN_TOKEN, Aggregator, gpuledger, replay, root, simulate, token_file};
 use serde_json::Value;
 
 /// Half-up to the cent, as `tests/spark/month.py` and the bill round.
@@ -74,29 +74,8 @@ from = "{change}"
             ],
         )
         .await;
-        let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-            .args([
-                "exporter",
-                "--source",
-                "replay",
-                "--speed",
-                "max",
-                "--once",
-                "--node",
-                node,
-                "--listen",
-                "127.0.0.1:0",
-                "--aggregator",
-                &a.url(),
-            ])
-            .arg("--token-file")
-            .arg(&admin)
-            .arg("--spool-dir")
-            .arg(dir.path().join(format!("spool-{node}")))
-            .arg("--replay-file")
-            .arg(&trace)
-            .stdout(std::process::Stdio::null())
-            .status();
+        let mut child = replay(dir.path(), &a, node, &trace);
+        let status = child.wait();
         let status = tokio::time::timeout(Duration::from_secs(120), status)
             .await
             .unwrap()

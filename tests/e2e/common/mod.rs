@@ -332,6 +332,27 @@ pub fn open_ledger(db: &Path) -> duckdb::Connection {
     .unwrap()
 }
 
+/// Replays `trace` of `node` into `a` once, as fast as it goes, through a real exporter (admin
+/// token, its spool in `dir`).
+pub fn replay(dir: &Path, a: &Aggregator, node: &str, trace: &Path) -> tokio::process::Child {
+    let token = token_file(dir, ADMIN_TOKEN);
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args([
+            "exporter", "--source", "replay", "--speed", "max", "--once", "--node", node,
+        ])
+        .args(["--listen", "127.0.0.1:0", "--aggregator", &a.url()])
+        .arg("--token-file")
+        .arg(&token)
+        .arg("--spool-dir")
+        .arg(dir.join(format!("spool-{node}")))
+        .arg("--replay-file")
+        .arg(trace)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 /// Writes a simulated trace of `node` from `start` for `duration` (humantime).
 pub fn simulate(path: &Path, node: &str, start: &str, duration: &str) {
     let status = gpuledger()

@@ -162,3 +162,66 @@ pub fn assert_schema_valid(received: &[Received]) {
         received.len().to_string()
     );
 }
+
+/// An episode event's body as the aggregator sends it (tenant `ml`, a whole GPU of node `n1`,
+/// an hour idle), for the reclaimer's tests.
+pub fn episode_event(kind: &str, workload: &str, dry_run: bool) -> String {
+    serde_json::json!({
+        "type": kind,
+        "timestamp": "2026-11-23T00:00:00Z",
+        "data": {
+            "episode_id": "ep_1", "tenant": "ml", "workload": workload, "node": "n1",
+            "gpu_uuid": "GPU-1", "gpu_model": "NVIDIA H100 80GB HBM3", "mig_profile": null,
+            "gpu_instance_id": null, "slo_class": "batch", "gpu_equivalents": 1.0,
+            "idle_since": "2026-11-23T00:00:00Z", "ended_at": null, "idle_seconds": 3600,
+            "mean_sm_active": 0.0, "idle_gpu_seconds": 3600.0, "idle_cost": 3.6,
+            "currency": "USD",
+            "policy": {"class": "batch", "action": "reclaim", "after_seconds": 1800,
+                       "notice_seconds": 0, "rule": "class", "reason": "reclaim.requested: idle_past_after"},
+            "dry_run": dry_run
+        }
+    })
+    .to_string()
+}
+
+/// POSTs `body` to a reclaimer at `url` signed by the reference implementation at `ts` (None:
+/// now): (status, JSON answer, Retry-After).
+pub async fn send_signed(
+    url: &str,
+    id: &str,
+    body: &str,
+    ts: Option<i64>,
+) -> (u16, serde_json::Value, Option<String>) {
+    let wh = standardwebhooks::Webhook::new(&secret()).unwrap();
+    let ts = ts.unwrap_or_else(|| chrono::Utc::now().timestamp());
+    let sig = wh.sign(id, ts, body.as_bytes()).unwrap();
+    post_signed(url, id, ts, &sig, body).await
+}
+
+/// POSTs `body` to a reclaimer at `url` with the given signature headers.
+pub async fn post_signed(
+    url: &str,
+    id: &str,
+    ts: i64,
+    sig: &str,
+    body: &str,
+) -> (u16, serde_json::Value, Option<String>) {
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/hooks/gpuledger"))
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", sig)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (
+        resp.status().as_u16(),
+        resp.json().await.unwrap_or(serde_json::Value::Null),
+        retry,
+    )
+}
