@@ -22,6 +22,14 @@ pub fn segment(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
+/// A tenant's name, linking to its page for the same period.
+fn tenant_link(name: &str, query: &str) -> Cell {
+    Cell::link(
+        name.to_owned(),
+        format!("/tenants/{}?{query}", segment(name)),
+    )
+}
+
 fn money(m: Money) -> Cell {
     Cell::money(m.to_string(), m.0)
 }
@@ -67,10 +75,7 @@ pub fn bill_lines(bill: &Bill, query: &str) -> Table {
         shared = shared + l.shared_overhead;
         total = total + l.total;
         t.rows.push(vec![
-            Cell::link(
-                l.tenant.clone(),
-                format!("/tenants/{}?{query}", segment(&l.tenant)),
-            ),
+            tenant_link(&l.tenant, query),
             Cell::opt_text(l.team.clone()),
             Cell::opt_text(l.org.clone()),
             Cell::hours(l.allocated_gpu_hours),
@@ -263,7 +268,7 @@ pub fn episodes(rows: &[EpisodeRow], id: &'static str, query: &str) -> Table {
     for e in rows {
         t.rows.push(vec![
             match &e.tenant {
-                Some(x) => Cell::link(x.clone(), format!("/tenants/{}?{query}", segment(x))),
+                Some(x) => tenant_link(x, query),
                 None => Cell::Empty,
             },
             Cell::opt_text(e.workload.clone()),
@@ -491,10 +496,7 @@ pub fn budgets(b: &gpuledger_ledger::analytics::budgets::Budgets, query: &str) -
             ""
         };
         t.rows.push(vec![
-            Cell::link(
-                l.tenant.clone(),
-                format!("/tenants/{}?{query}", segment(&l.tenant)),
-            ),
+            tenant_link(&l.tenant, query),
             money(l.budget),
             money(l.spent),
             money(l.run_rate_per_day),
@@ -564,10 +566,7 @@ pub fn rightsizing(
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         t.rows.push(vec![
-            Cell::link(
-                row.tenant.clone(),
-                format!("/tenants/{}?{query}", segment(&row.tenant)),
-            ),
+            tenant_link(&row.tenant, query),
             Cell::opt_text(row.workload.clone()),
             Cell::text(
                 gpuledger_schema::mig::model(&row.gpu_model)
@@ -616,9 +615,7 @@ pub fn episode_groups(rows: &[gpuledger_ledger::analytics::EpisodeGroup], query:
     for g in rows {
         t.rows.push(vec![
             match &g.tenant {
-                Some(name) => {
-                    Cell::link(name.clone(), format!("/tenants/{}?{query}", segment(name)))
-                }
+                Some(name) => tenant_link(name, query),
                 None => Cell::Empty,
             },
             Cell::opt_text(g.workload.clone()),
