@@ -20,8 +20,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use gpuledger_schema::Sample;
-use gpuledger_schema::trace::{Parts, TraceError, TraceReader};
+use gpuledger_schema::trace::{EnergyCheck, Parts, TraceError, TraceReader};
+use gpuledger_schema::{GpuSample, Sample};
 use gpuledger_schema::wire::{self, Batch, BatchSink};
 
 use crate::store::{self, Retention, StoreError, Writer};
@@ -103,15 +103,22 @@ pub struct ImportOptions {
 /// time to write them.
 const KEEP_SAMPLES: u64 = 1_000_000;
 
-/// Samples cut into the batches handed on, [`CHUNK`] samples each.
+/// Samples, each with its GPU's energy in that second, cut into the batches handed on, at most
+/// [`CHUNK`] samples each. A full chunk leaves its last GPU-second (the rows of the last row's GPU
+/// and second side by side at its end) to the next one: the ledger splits a GPU-second's energy
+/// among the samples of its batch (`schema/WIRE.md`, "`gpus`").
 #[derive(Default)]
-struct Chunker(Vec<Sample>);
+struct Chunker {
+    samples: Vec<Sample>,
+    energy: Vec<Option<f64>>,
+}
 
 impl Chunker {
     /// Adds a sample; a batch when it completes one.
-    fn push(&mut self, s: Sample) -> Option<Batch> {
-        self.0.push(s);
-        (self.0.len() == CHUNK).then(|| self.take())
+    fn push(&mut self, s: Sample, energy: Option<f64>) -> Option<Batch> {
+        self.samples.push(s);
+        self.energy.push(energy);
+        (self.samples.len() >= CHUNK).then(|| self.take(true))
     }
 
     /// The last, partial batch.
@@ -121,12 +128,42 @@ impl Chunker {
 
     /// What is gathered so far, as a partial batch.
     fn flush(&mut self) -> Option<Batch> {
-        (!self.0.is_empty()).then(|| self.take())
+        (!self.samples.is_empty()).then(|| self.take(false))
     }
 
-    fn take(&mut self) -> Batch {
-        let batch = Batch::from_samples(&self.0[0].instance.node, &self.0);
-        self.0.clear();
+    fn take(&mut self, keep_last_gpu_second: bool) -> Batch {
+        let n = self.samples.len();
+        let mut cut = n;
+        if keep_last_gpu_second {
+            let last = &self.samples[n - 1];
+            let same = |s: &Sample| {
+                s.timestamp == last.timestamp && s.instance.gpu_uuid == last.instance.gpu_uuid
+            };
+            while cut > 0 && same(&self.samples[cut - 1]) {
+                cut -= 1;
+            }
+            if cut == 0 {
+                cut = n;
+            }
+        }
+        let rest = (self.samples.split_off(cut), self.energy.split_off(cut));
+        let mut seen = std::collections::HashSet::new();
+        let gpus: Vec<GpuSample> = self
+            .samples
+            .iter()
+            .zip(&self.energy)
+            .filter(|(s, e)| e.is_some() && seen.insert((&s.instance.gpu_uuid, s.timestamp)))
+            .map(|(s, &energy_joules)| GpuSample {
+                timestamp: s.timestamp,
+                node: s.instance.node.clone(),
+                gpu_uuid: s.instance.gpu_uuid.clone(),
+                gpu_model: s.instance.gpu_model.clone(),
+                energy_joules,
+            })
+            .collect();
+        let batch =
+            Batch::from_samples(&self.samples[0].instance.node, &self.samples).with_gpus(&gpus);
+        (self.samples, self.energy) = rest;
         batch
     }
 }
@@ -136,10 +173,14 @@ impl Chunker {
 /// them, and one instance's seconds side by side take far fewer bytes than rows that interleave
 /// instances (docs/perf/storage.md, "Row order matters"); rows written in this order need no
 /// rewrite afterwards, which would leave their old copies as free blocks in the file. Batches
-/// with shares are left as they are.
-fn in_instance_order(batches: Vec<Batch>) -> Vec<Batch> {
-    if batches.iter().any(|b| !b.shares.is_empty()) {
-        return batches;
+/// with shares or energy are left as they are (a GPU-second's energy goes with its samples), and
+/// say so: the second element is whether the batches are in instance order.
+fn in_instance_order(batches: Vec<Batch>) -> (Vec<Batch>, bool) {
+    if batches
+        .iter()
+        .any(|b| !b.shares.is_empty() || !b.gpus.is_empty())
+    {
+        return (batches, false);
     }
     let batches_series = batches.iter().map(|b| b.series.len()).max().unwrap_or(0);
     let mut series: Vec<_> = batches.into_iter().flat_map(|b| b.series).collect();
@@ -161,7 +202,7 @@ fn in_instance_order(batches: Vec<Batch>) -> Vec<Batch> {
     if !chunk.is_empty() {
         out.push(batch_of(chunk));
     }
-    out
+    (out, true)
 }
 
 /// The order of [`in_instance_order`]: the ledger's instance is the whole of this key (a MIG
@@ -255,8 +296,10 @@ fn check_part<R: std::io::Read>(
         kept: Some(Vec::new()),
     };
     let mut chunker = Chunker::default();
+    let mut energy = EnergyCheck::default();
     while let Some(sample) = reader.next_sample() {
         let sample = sample?;
+        energy.check(&reader, &sample)?;
         let t = sample.timestamp;
         if t < oldest {
             return Err(reader.error_at(
@@ -278,7 +321,7 @@ fn check_part<R: std::io::Read>(
             checked.kept = None;
         }
         if let Some(kept) = &mut checked.kept {
-            kept.extend(chunker.push(sample));
+            kept.extend(chunker.push(sample, reader.gpu_energy_joules()));
         }
     }
     if let Some(kept) = &mut checked.kept {
@@ -462,7 +505,9 @@ pub async fn import(opts: ImportOptions) -> Result<ImportReport, ImportError> {
         spans_before += usize::from(c.span.is_some());
         let later = &spans[spans_before..];
         if let Some(batches) = c.kept {
-            for batch in in_instance_order(batches) {
+            let (batches, ordered) = in_instance_order(batches);
+            rewrite |= !ordered;
+            for batch in batches {
                 sink.send(batch).await?;
             }
             continue;
@@ -584,7 +629,7 @@ async fn stream_file(
             Some(_) => {}
             None => open = Some(hour),
         }
-        if let Some(batch) = chunker.push(s) {
+        if let Some(batch) = chunker.push(s, reader.gpu_energy_joules()) {
             sink.send(batch).await?;
         }
     }
@@ -681,7 +726,7 @@ mod tests {
     /// `samples` cut into batches as a kept file's are.
     fn chunked(samples: impl Iterator<Item = Sample>) -> Vec<Batch> {
         let mut chunker = Chunker::default();
-        let mut batches: Vec<Batch> = samples.filter_map(|s| chunker.push(s)).collect();
+        let mut batches: Vec<Batch> = samples.filter_map(|s| chunker.push(s, None)).collect();
         batches.extend(chunker.finish());
         batches
     }
@@ -758,7 +803,7 @@ mod tests {
             chunked((0..seconds).flat_map(|t| (0..gpus).rev().map(move |gpu| sample(gpu, t))));
         assert!(batches.len() > 2);
 
-        let ordered = in_instance_order(batches);
+        let ordered = in_instance_order(batches).0;
         assert!(ordered.iter().all(|b| b.sample_count() <= CHUNK));
         let rows: Vec<(String, i64)> = ordered
             .iter()
@@ -785,7 +830,7 @@ mod tests {
         let most = batches.iter().map(|b| b.series.len()).max().unwrap();
         assert_eq!(most, 110);
         let total: usize = batches.iter().map(Batch::sample_count).sum();
-        let ordered = in_instance_order(batches);
+        let ordered = in_instance_order(batches).0;
         assert!(ordered.iter().all(|b| b.series.len() <= most));
         assert_eq!(
             ordered.iter().map(Batch::sample_count).sum::<usize>(),

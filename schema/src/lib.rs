@@ -12,6 +12,7 @@
 //! round trip between any two representations is lossless and tested.
 #![warn(missing_docs)]
 
+pub mod energy;
 pub mod error;
 pub mod exposition;
 pub mod mig;
@@ -22,4 +23,4 @@ pub mod trace;
 pub mod webhook;
 pub mod wire;
 
-pub use sample::{Attribution, Counters, Instance, Sample, ShareSample, SloClass};
+pub use sample::{Attribution, Counters, GpuSample, Instance, Sample, ShareSample, SloClass};

@@ -34,7 +34,7 @@ impl Profile {
 }
 
 /// A GPU model gpuledger can simulate and place instances on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuModel {
     /// Short name used in configuration (`H100-80GB`).
     pub key: &'static str,
@@ -44,6 +44,11 @@ pub struct GpuModel {
     pub fb_bytes: u64,
     /// Whether the GPU has GPM (Hopper and newer): SM, tensor and DRAM activity per MIG instance.
     pub has_gpm: bool,
+    /// Board power with the GPU powered and nothing running, watts: the default `idle_watts` of
+    /// the energy split (`schema/ANALYTICS.md`, "Energy and carbon") and the simulator's floor.
+    pub idle_watts: f64,
+    /// Board power limit (TDP), watts: what the simulator draws at full activity.
+    pub max_watts: f64,
     /// MIG profiles, smallest first.
     pub profiles: &'static [Profile],
 }
@@ -85,6 +90,8 @@ pub const MODELS: &[GpuModel] = &[
         nvml_name: "NVIDIA A100-SXM4-40GB",
         fb_bytes: 40 * GIB,
         has_gpm: false,
+        idle_watts: 50.0,
+        max_watts: 400.0,
         profiles: &[
             p("1g.5gb", 1, 5, ONE_SLOT, 1),
             p("1g.10gb", 1, 10, EVEN_SLOTS, 2),
@@ -99,6 +106,8 @@ pub const MODELS: &[GpuModel] = &[
         nvml_name: "NVIDIA A100-SXM4-80GB",
         fb_bytes: 80 * GIB,
         has_gpm: false,
+        idle_watts: 60.0,
+        max_watts: 400.0,
         profiles: &[
             p("1g.10gb", 1, 10, ONE_SLOT, 1),
             p("1g.20gb", 1, 20, EVEN_SLOTS, 2),
@@ -113,6 +122,8 @@ pub const MODELS: &[GpuModel] = &[
         nvml_name: "NVIDIA H100 80GB HBM3",
         fb_bytes: 80 * GIB,
         has_gpm: true,
+        idle_watts: 70.0,
+        max_watts: 700.0,
         profiles: &[
             p("1g.10gb", 1, 10, ONE_SLOT, 1),
             p("1g.20gb", 1, 20, EVEN_SLOTS, 2),
@@ -127,6 +138,8 @@ pub const MODELS: &[GpuModel] = &[
         nvml_name: "NVIDIA H200",
         fb_bytes: 141 * GIB,
         has_gpm: true,
+        idle_watts: 75.0,
+        max_watts: 700.0,
         profiles: &[
             p("1g.18gb", 1, 18, ONE_SLOT, 1),
             p("1g.35gb", 1, 35, EVEN_SLOTS, 2),

@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "raw_compacted",
         sql: include_str!("../migrations/0011_raw_compacted.sql"),
     },
+    Migration {
+        version: 12,
+        name: "energy",
+        sql: include_str!("../migrations/0012_energy.sql"),
+    },
 ];
 
 /// The schema version this build writes.

@@ -251,6 +251,26 @@ pub struct ShareSample {
     pub sm_active: Option<f64>,
 }
 
+/// One physical GPU's energy during one second (a wire batch's `gpus`, a trace's
+/// `gpu_energy_joules`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSample {
+    /// The second, Unix seconds (UTC).
+    pub timestamp: i64,
+    /// Node name.
+    pub node: String,
+    /// The GPU's UUID.
+    pub gpu_uuid: String,
+    /// NVML product name.
+    pub gpu_model: String,
+    /// Joules the GPU used in the second; `None` = not measured.
+    pub energy_joules: Option<f64>,
+}
+
+/// Most energy one GPU can use in one second, joules: 100 kJ, over a hundred times any board's
+/// power limit, so a second read late still fits, and far below what could overflow a sum.
+pub const MAX_GPU_JOULES_PER_SECOND: f64 = 100_000.0;
+
 /// A field of a sample that breaks the rules every representation shares.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{field}: {problem}")]

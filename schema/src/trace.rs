@@ -10,11 +10,13 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
-use crate::sample::{Attribution, Counters, Instance, Sample, SloClass};
+use crate::sample::{
+    Attribution, Counters, Instance, MAX_GPU_JOULES_PER_SECOND, Sample, SloClass,
+};
 
 /// The columns, in the order gpuledger writes them. Readers find columns by name, so files may
 /// order them differently and carry extra columns.
-pub const COLUMNS: [&str; 19] = [
+pub const COLUMNS: [&str; 20] = [
     "timestamp",
     "node",
     "gpu_uuid",
@@ -34,6 +36,7 @@ pub const COLUMNS: [&str; 19] = [
     "fb_total_bytes",
     "nvlink_tx_bytes",
     "nvlink_rx_bytes",
+    "gpu_energy_joules",
 ];
 
 /// Columns a file must have.
@@ -61,6 +64,8 @@ pub struct TraceReader<R: Read> {
     record: csv::StringRecord,
     /// Lines of the file before what this reader reads, past its header row (a [`Parts`] range).
     line_offset: u64,
+    /// The `gpu_energy_joules` of the row read last.
+    energy: Option<f64>,
 }
 
 /// A trace file cut into byte ranges of whole records, to be read at once by several threads:
@@ -220,6 +225,7 @@ impl<R: Read> TraceReader<R> {
             index,
             record: csv::StringRecord::new(),
             line_offset: 0,
+            energy: None,
         })
     }
 
@@ -227,7 +233,10 @@ impl<R: Read> TraceReader<R> {
     pub fn next_sample(&mut self) -> Option<Result<Sample, TraceError>> {
         match self.reader.read_record(&mut self.record) {
             Ok(false) => None,
-            Ok(true) => Some(self.parse_record()),
+            Ok(true) => Some(self.parse_record().map(|(sample, energy)| {
+                self.energy = energy;
+                sample
+            })),
             Err(e) => {
                 let line = e.position().map_or(0, |p| p.line() + self.line_offset);
                 Some(Err(TraceError {
@@ -238,6 +247,12 @@ impl<R: Read> TraceReader<R> {
                 }))
             }
         }
+    }
+
+    /// The `gpu_energy_joules` of the row read last (its GPU's energy in that second; the same
+    /// on every row of the GPU-second): `None` when empty or absent.
+    pub fn gpu_energy_joules(&self) -> Option<f64> {
+        self.energy
     }
 
     /// An error about `column` of the row read last, for checks a caller adds (such as time order).
@@ -253,13 +268,13 @@ impl<R: Read> TraceReader<R> {
     }
 
     /// The line of the row read last, in the whole file.
-    fn line(&self) -> u64 {
+    pub fn line(&self) -> u64 {
         self.record
             .position()
             .map_or(0, |p| p.line() + self.line_offset)
     }
 
-    fn parse_record(&self) -> Result<Sample, TraceError> {
+    fn parse_record(&self) -> Result<(Sample, Option<f64>), TraceError> {
         let line = self.line();
         let row = Row {
             file: &self.file,
@@ -299,7 +314,8 @@ impl<R: Read> TraceReader<R> {
         sample
             .validate()
             .map_err(|e| row.error(e.field, e.problem))?;
-        Ok(sample)
+        let energy = row.optional("gpu_energy_joules", parse_joules)?;
+        Ok((sample, energy))
     }
 }
 
@@ -307,6 +323,52 @@ impl<R: Read> Iterator for TraceReader<R> {
     type Item = Result<Sample, TraceError>;
     fn next(&mut self) -> Option<Self::Item> {
         self.next_sample()
+    }
+}
+
+/// Checks that the rows of one GPU-second agree on its `gpu_energy_joules`: each row is compared
+/// with the GPU's previous row when that row was of the same second (rows of one GPU-second lie
+/// side by side in the traces exporters and `gpuledger simulate` write). Memory: one entry per GPU.
+#[derive(Debug, Default)]
+pub struct EnergyCheck {
+    /// Per GPU UUID: the second, energy and line of its last row.
+    last: std::collections::HashMap<String, (i64, Option<f64>, u64)>,
+}
+
+impl EnergyCheck {
+    /// Checks the row `reader` read last, `sample`.
+    pub fn check<R: Read>(
+        &mut self,
+        reader: &TraceReader<R>,
+        sample: &Sample,
+    ) -> Result<(), TraceError> {
+        let (t, e, line) = (
+            sample.timestamp,
+            reader.gpu_energy_joules(),
+            reader.line(),
+        );
+        match self.last.get_mut(sample.instance.gpu_uuid.as_str()) {
+            Some((lt, le, ll)) if *lt == t => {
+                if *le != e {
+                    let shown = |v: Option<f64>| v.map_or("empty".to_owned(), |v| format!("{v} J"));
+                    return Err(reader.error_at(
+                        "gpu_energy_joules",
+                        format!(
+                            "{} disagrees with {} on line {ll} for {} at {t}",
+                            shown(e),
+                            shown(*le),
+                            sample.instance.gpu_uuid
+                        ),
+                    ));
+                }
+            }
+            Some(last) => *last = (t, e, line),
+            None => {
+                self.last
+                    .insert(sample.instance.gpu_uuid.clone(), (t, e, line));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -383,6 +445,17 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_joules(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && (0.0..=MAX_GPU_JOULES_PER_SECOND).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{v} J in one second is not an energy a GPU uses (0 to {MAX_GPU_JOULES_PER_SECOND})"
+        ))
+    }
+}
+
 /// Parses a trace timestamp: integer Unix seconds or an RFC 3339 time on a whole second.
 pub fn parse_timestamp(s: &str) -> Result<i64, String> {
     if let Ok(secs) = s.parse::<i64>() {
@@ -440,8 +513,14 @@ impl<W: Write> TraceWriter<W> {
         Ok(TraceWriter { writer })
     }
 
-    /// Writes one sample as a row.
+    /// Writes one sample as a row, without energy.
     pub fn write(&mut self, s: &Sample) -> io::Result<()> {
+        self.write_with_energy(s, None)
+    }
+
+    /// Writes one sample as a row with its GPU's energy in that second (`gpu_energy_joules`,
+    /// the same on every row of the GPU-second).
+    pub fn write_with_energy(&mut self, s: &Sample, energy: Option<f64>) -> io::Result<()> {
         fn opt<T: ToString>(v: &Option<T>) -> String {
             v.as_ref().map(T::to_string).unwrap_or_default()
         }
@@ -466,6 +545,7 @@ impl<W: Write> TraceWriter<W> {
             opt(&c.fb_total_bytes),
             opt(&c.nvlink_tx_bytes),
             opt(&c.nvlink_rx_bytes),
+            opt(&energy),
         ])?;
         Ok(())
     }
@@ -480,7 +560,7 @@ impl<W: Write> TraceWriter<W> {
 mod tests {
     use super::*;
 
-    const HEADER: &str = "timestamp,node,gpu_uuid,gpu_model,mig_profile,gpu_instance_id,placement_start,placement_size,tenant,workload,slo_class,sm_active,sm_occupancy,tensor_active,dram_active,fb_used_bytes,fb_total_bytes,nvlink_tx_bytes,nvlink_rx_bytes";
+    const HEADER: &str = "timestamp,node,gpu_uuid,gpu_model,mig_profile,gpu_instance_id,placement_start,placement_size,tenant,workload,slo_class,sm_active,sm_occupancy,tensor_active,dram_active,fb_used_bytes,fb_total_bytes,nvlink_tx_bytes,nvlink_rx_bytes,gpu_energy_joules";
 
     fn read(text: &str) -> Result<Vec<Sample>, TraceError> {
         TraceReader::new(Path::new("t.csv"), text.as_bytes())?.collect()

@@ -17,7 +17,10 @@ use flate2::write::GzEncoder;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::sample::{Attribution, Counters, Instance, InvalidField, Sample, ShareSample, SloClass};
+use crate::sample::{
+    Attribution, Counters, GpuSample, Instance, InvalidField, MAX_GPU_JOULES_PER_SECOND, Sample,
+    ShareSample, SloClass,
+};
 
 mod msgpack;
 
@@ -256,13 +259,15 @@ impl std::str::FromStr for Format {
     }
 }
 
-/// The two lists of a batch whose entries are [`Series`]: what a JSON path to one starts with.
+/// The lists of a batch whose entries are [`Series`]: what a JSON path to one starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum List {
     /// `series`: per-instance counters.
     Series,
     /// `shares`: per-process shares of an instance.
     Shares,
+    /// `gpus`: per-GPU energy.
+    Gpus,
 }
 
 impl List {
@@ -271,6 +276,7 @@ impl List {
         match self {
             List::Series => "series",
             List::Shares => "shares",
+            List::Gpus => "gpus",
         }
     }
 }
@@ -299,6 +305,13 @@ pub struct Batch {
     /// nodes without shared GPUs (and from exporters before it existed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shares: Vec<Series>,
+    /// Per-GPU readings, in the series shape with only `node`, `gpu_uuid`, `gpu_model`, `t` and
+    /// `energy_joules` (the GPU's energy in each second). A GPU's second travels in the same
+    /// batch as that GPU's instance samples of the second: the ledger splits it among them
+    /// (`schema/ANALYTICS.md`, "Energy and carbon"). Absent from exporters before energy, whose
+    /// GPU-seconds count as unmeasured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<Series>,
 }
 
 /// The samples of one instance under one attribution, column-wise.
@@ -397,6 +410,13 @@ pub struct Series {
         deserialize_with = "exact::optional_column"
     )]
     pub processes: Option<Vec<u32>>,
+    /// GPU series only: the GPU's energy in each second, joules (`None`: not measured).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "exact::optional_column"
+    )]
+    pub energy_joules: Option<Vec<Option<f64>>>,
 }
 
 /// A UUID from its text or its 16 bytes, whichever the format holds: `uuid`'s own reading takes
@@ -549,7 +569,34 @@ impl Batch {
             node: node.to_owned(),
             series: groups.iter().map(|g| Series::from_samples(g)).collect(),
             shares: Vec::new(),
+            gpus: Vec::new(),
         }
+    }
+
+    /// Adds per-GPU energy readings, one series per GPU. Each GPU-second should come with that
+    /// GPU's instance samples of the second, in this batch.
+    pub fn with_gpus(mut self, gpus: &[GpuSample]) -> Batch {
+        let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+        for g in gpus {
+            let i = *index
+                .entry((g.node.as_str(), g.gpu_uuid.as_str()))
+                .or_insert_with(|| {
+                    self.gpus.push(Series::of_gpu(&g.node, &g.gpu_uuid, &g.gpu_model));
+                    self.gpus.len() - 1
+                });
+            let series = &mut self.gpus[i];
+            series.t.push(g.timestamp);
+            series
+                .energy_joules
+                .get_or_insert_default()
+                .push(g.energy_joules);
+        }
+        self
+    }
+
+    /// Number of GPU-seconds in the batch's `gpus`.
+    pub fn gpu_second_count(&self) -> usize {
+        self.gpus.iter().map(|s| s.t.len()).sum()
     }
 
     /// Adds per-owner shares of shared instances, grouped like samples.
@@ -604,13 +651,14 @@ impl Batch {
             .copied()
     }
 
-    /// Samples plus share seconds: what the batch costs a receiver to hold and write.
+    /// Samples plus share seconds plus GPU-seconds: what the batch costs a receiver to hold and
+    /// write.
     pub fn weight(&self) -> usize {
-        self.sample_count() + self.share_count()
+        self.sample_count() + self.share_count() + self.gpu_second_count()
     }
 
-    /// Every entry of `series` and then `shares`, with the list it is in and its index there:
-    /// what a JSON path to one of them starts with.
+    /// Every entry of `series`, then `shares`, then `gpus`, with the list it is in and its index
+    /// there: what a JSON path to one of them starts with.
     pub fn entries(&self) -> impl Iterator<Item = (List, usize, &Series)> {
         let series = self
             .series
@@ -622,7 +670,12 @@ impl Batch {
             .iter()
             .enumerate()
             .map(|(i, s)| (List::Shares, i, s));
-        series.chain(shares)
+        let gpus = self
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (List::Gpus, i, s));
+        series.chain(shares).chain(gpus)
     }
 
     /// The samples, series by series.
@@ -754,16 +807,19 @@ impl Batch {
         if batch.v != VERSION {
             return Err(WireError::UnknownVersion(batch.v));
         }
-        let (weight, entries) = (batch.weight(), batch.series.len() + batch.shares.len());
+        let (weight, entries) = (
+            batch.weight(),
+            batch.series.len() + batch.shares.len() + batch.gpus.len(),
+        );
         if weight > limits.max_samples {
             return Err(WireError::TooLarge(format!(
-                "the batch holds {weight} samples and share seconds; at most {}",
+                "the batch holds {weight} samples, share seconds and GPU-seconds; at most {}",
                 limits.max_samples
             )));
         }
         if entries > limits.max_series {
             return Err(WireError::TooLarge(format!(
-                "the batch holds {entries} series and shares; at most {}",
+                "the batch holds {entries} series, shares and GPU series; at most {}",
                 limits.max_series
             )));
         }
@@ -808,7 +864,7 @@ impl Batch {
         }
         for (list, i, series) in self.entries() {
             series
-                .validate(list == List::Shares)
+                .validate(list)
                 .map_err(|(field, j, problem)| WireError::Invalid {
                     field: match j {
                         Some(j) => format!("{list}[{i}].{field}[{j}]"),
@@ -963,7 +1019,45 @@ impl Series {
             nvlink_tx_bytes: column(group, |c| c.nvlink_tx_bytes),
             nvlink_rx_bytes: column(group, |c| c.nvlink_rx_bytes),
             processes: None,
+            energy_joules: None,
         }
+    }
+
+    /// An empty GPU series (`gpus`) of one GPU.
+    fn of_gpu(node: &str, gpu_uuid: &str, gpu_model: &str) -> Series {
+        let mut s = Series::of(
+            &Instance {
+                node: node.to_owned(),
+                gpu_uuid: gpu_uuid.to_owned(),
+                gpu_model: gpu_model.to_owned(),
+                mig_profile: None,
+                gpu_instance_id: None,
+                placement_start: None,
+                placement_size: None,
+            },
+            &Attribution::default(),
+            &[],
+        );
+        s.energy_joules = Some(Vec::new());
+        s
+    }
+
+    /// A GPU series (`gpus`) as GPU samples.
+    pub fn gpu_samples(&self) -> impl Iterator<Item = GpuSample> + '_ {
+        self.t.iter().enumerate().map(move |(j, &timestamp)| GpuSample {
+            timestamp,
+            node: self.node.clone(),
+            gpu_uuid: self.gpu_uuid.clone(),
+            gpu_model: self.gpu_model.clone(),
+            energy_joules: self.energy_at(j),
+        })
+    }
+
+    /// The GPU's energy in the `j`th second (GPU series only).
+    pub fn energy_at(&self, j: usize) -> Option<f64> {
+        self.energy_joules
+            .as_ref()
+            .and_then(|c| c.get(j).copied().flatten())
     }
 
     /// The series' instance.
@@ -1039,11 +1133,22 @@ impl Series {
             })
     }
 
-    fn validate(&self, share: bool) -> Result<(), (&'static str, Option<usize>, String)> {
+    fn validate(&self, list: List) -> Result<(), (&'static str, Option<usize>, String)> {
         let n = self.t.len();
         if n == 0 {
             return Err(("t", None, "must hold at least one second".into()));
         }
+        if list == List::Gpus {
+            return self.validate_gpu();
+        }
+        if self.energy_joules.is_some() {
+            return Err((
+                "energy_joules",
+                None,
+                "belongs to gpus, not to instance series".into(),
+            ));
+        }
+        let share = list == List::Shares;
         match (share, &self.processes) {
             (true, None) => return Err(("processes", None, "is required in a share".into())),
             (false, Some(_)) => {
@@ -1099,6 +1204,7 @@ impl Series {
                 .map_err(|InvalidField { field, problem }| (field, Some(j), problem))?;
         }
         // The ledger keeps a count in an INTEGER (`shares_raw.processes`).
+        // (See `validate_gpu` for `gpus`.)
         if let Some(j) = self
             .processes
             .iter()
@@ -1110,6 +1216,69 @@ impl Series {
                 Some(j),
                 format!("must be at most {}", i32::MAX),
             ));
+        }
+        Ok(())
+    }
+
+    /// The rules of a GPU series: the GPU's names, no instance or holder fields, and an
+    /// `energy_joules` column of finite values within 0..=[`MAX_GPU_JOULES_PER_SECOND`].
+    fn validate_gpu(&self) -> Result<(), (&'static str, Option<usize>, String)> {
+        let n = self.t.len();
+        Sample {
+            timestamp: self.t[0],
+            instance: self.instance(),
+            attribution: Attribution::default(),
+            counters: Counters::default(),
+        }
+        .validate()
+        .map_err(|InvalidField { field, problem }| (field, None, problem))?;
+        let extra = [
+            ("mig_profile", self.mig_profile.is_some()),
+            ("gpu_instance_id", self.gpu_instance_id.is_some()),
+            ("placement_start", self.placement_start.is_some()),
+            ("placement_size", self.placement_size.is_some()),
+            ("tenant", self.tenant.is_some()),
+            ("workload", self.workload.is_some()),
+            ("slo_class", self.slo_class.is_some()),
+            ("sm_active", self.sm_active.is_some()),
+            ("sm_occupancy", self.sm_occupancy.is_some()),
+            ("tensor_active", self.tensor_active.is_some()),
+            ("dram_active", self.dram_active.is_some()),
+            ("fb_used_bytes", self.fb_used_bytes.is_some()),
+            ("fb_total_bytes", self.fb_total_bytes.is_some()),
+            ("nvlink_tx_bytes", self.nvlink_tx_bytes.is_some()),
+            ("nvlink_rx_bytes", self.nvlink_rx_bytes.is_some()),
+            ("processes", self.processes.is_some()),
+        ];
+        if let Some((field, _)) = extra.iter().find(|(_, present)| *present) {
+            return Err((
+                field,
+                None,
+                "belongs to instance series, not to gpus (a GPU series has node, gpu_uuid, gpu_model, t and energy_joules)".into(),
+            ));
+        }
+        let Some(energy) = &self.energy_joules else {
+            return Err(("energy_joules", None, "is required in gpus".into()));
+        };
+        if energy.len() != n {
+            return Err((
+                "energy_joules",
+                None,
+                format!("has {} values for {n} seconds in t", energy.len()),
+            ));
+        }
+        for (j, e) in energy.iter().enumerate() {
+            if let Some(e) = *e
+                && !(e.is_finite() && (0.0..=MAX_GPU_JOULES_PER_SECOND).contains(&e))
+            {
+                return Err((
+                    "energy_joules",
+                    Some(j),
+                    format!(
+                        "{e} J in one second is not an energy a GPU uses (0 to {MAX_GPU_JOULES_PER_SECOND})"
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ use gpuledger_schema::migrations::{LATEST, MIGRATIONS};
 
 pub use writer::{
     Compactor, IngestOutcome, QueueError, Reservation, Retention, RetentionReport, Writer,
+    set_idle_watts,
 };
 
 /// How long after an hour ends its raw rows are rewritten in instance order: batches an exporter

@@ -101,7 +101,7 @@ fn pairs(n: usize) -> (usize, usize, usize) {
 }
 
 /// The batch's own fields: where a path naming a field starts.
-const BATCH_FIELDS: [&str; 5] = ["v", "batch_id", "node", "series", "shares"];
+const BATCH_FIELDS: [&str; 6] = ["v", "batch_id", "node", "series", "shares", "gpus"];
 
 /// A body's maps and arrays nest fewer levels than this. A batch nests four deep (the batch,
 /// `series`, a series, its columns). An unknown field is skipped, not refused, so without a bound

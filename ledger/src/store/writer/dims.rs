@@ -454,7 +454,9 @@ impl Dims {
                 .unwrap_or_else(|| (batch.node.clone(), Vec::new()));
             let mut seen = Vec::with_capacity(last.len());
             let mut these = BatchIds::default();
-            for (k, (list, j, s)) in batch.entries().enumerate() {
+            // `gpus` come last and name GPUs, not instances: the energy writer keys them by name.
+            let instance_entries = batch.entries().filter(|(list, ..)| *list != List::Gpus);
+            for (k, (list, j, s)) in instance_entries.enumerate() {
                 let known = last.get(k).copied().filter(|&slots| self.still(s, slots));
                 let slots = match known {
                     Some(slots) => slots,
@@ -468,6 +470,7 @@ impl Dims {
                 match list {
                     List::Series => these.series.push(pair),
                     List::Shares => these.shares.push(pair),
+                    List::Gpus => unreachable!("left out above"),
                 }
             }
             if !seen.is_empty() {

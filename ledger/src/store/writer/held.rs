@@ -353,6 +353,7 @@ pub(super) mod tests {
         let folder = Folder::spawn(conn.try_clone().unwrap(), Box::new(|| {})).unwrap();
         WriterThread {
             dims: Dims::load(&conn).unwrap(),
+            idle_watts: super::super::energy::IdleWatts::load(&conn).unwrap(),
             folder,
             conn,
             observer: Arc::new(()),

@@ -47,6 +47,7 @@ mod recent;
 mod retention;
 mod rollups;
 mod shares;
+mod energy;
 
 use checkpoints::Checkpoints;
 use checkpoints::compacting_checkpoint;
@@ -59,6 +60,7 @@ pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
 pub use raw::RawColumns;
 use rollups::Map;
 use shares::write_shares;
+pub use energy::set_idle_watts;
 
 /// What became of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -292,6 +294,7 @@ impl Writer {
             observer.recovered(samples);
         }
         let dims = Dims::load(&conn).map_err(StoreError::from_db)?;
+        let idle_watts = energy::IdleWatts::load(&conn).map_err(StoreError::from_db)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let wake = tx.downgrade();
         let folder = folder::Folder::spawn(
@@ -315,6 +318,7 @@ impl Writer {
                 WriterThread {
                     conn,
                     dims,
+                    idle_watts,
                     observer,
                     bounds,
                     held: held::Held::default(),
@@ -561,6 +565,8 @@ struct WriterThread {
     folder: folder::Folder,
     conn: Connection,
     dims: Dims,
+    /// The energy split's idle floor per GPU model, as the ledger had it at start.
+    idle_watts: energy::IdleWatts,
     observer: Arc<dyn WriteObserver>,
     bounds: InstanceBounds,
     /// Deltas stored but not yet folded ([`held`]).
@@ -945,6 +951,7 @@ impl WriterThread {
         };
         self.dims.flush(&tx)?;
         write_shares(&tx, group, raw_cutoff)?;
+        energy::write_energy(&tx, group, &self.idle_watts)?;
         let covered = pass::covered(&tx, &self.dims, &self.held, &mut self.recent, group)?;
         let mut pass = pass::pass(&self.dims, covered, group, raw_cutoff, &mut outcomes)?;
         let masks = std::mem::take(&mut pass.masks);

@@ -75,6 +75,38 @@ pub(super) const RETENTION: &[(&str, &str, Window)] = &[
         "DELETE FROM rollup_share_1h WHERE bucket + 3600 <= ?",
         Window::Rollup,
     ),
+    // Energy (migration 0012): the minute masks are kept as long as the other rollups, as the
+    // samples' are.
+    (
+        "energy_gpu_1m",
+        "DELETE FROM energy_gpu_1m WHERE bucket + 60 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "energy_gpu_1h",
+        "DELETE FROM energy_gpu_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "energy_gpu_1d",
+        "DELETE FROM energy_gpu_1d WHERE bucket + 86400 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "energy_1m",
+        "DELETE FROM energy_1m WHERE bucket + 60 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "energy_1h",
+        "DELETE FROM energy_1h WHERE bucket + 3600 <= ?",
+        Window::Rollup,
+    ),
+    (
+        "energy_1d",
+        "DELETE FROM energy_1d WHERE bucket + 86400 <= ?",
+        Window::Rollup,
+    ),
     // Reclaim (migration 0005): the record of decisions and deliveries is kept as long as the
     // rollups; a finished episode's state as long as its hoarding episode (so it is never
     // noticed twice); the outbox keeps undelivered rows whatever their age.
@@ -114,13 +146,15 @@ pub(super) const DIMENSION_RETENTION: &[(&str, &str)] = &[
         "instances",
         "DELETE FROM instances WHERE instance_id NOT IN (
             SELECT instance_id FROM rollup_1h UNION SELECT instance_id FROM rollup_alloc_1d
-            UNION SELECT instance_id FROM rollup_share_1h UNION SELECT instance_id FROM hoarding_episodes)",
+            UNION SELECT instance_id FROM rollup_share_1h UNION SELECT instance_id FROM hoarding_episodes
+            UNION SELECT instance_id FROM energy_1d)",
     ),
     (
         "holders",
         "DELETE FROM holders WHERE holder_id <> 0 AND holder_id NOT IN (
             SELECT holder_id FROM rollup_1h UNION SELECT holder_id FROM rollup_alloc_1d
-            UNION SELECT holder_id FROM rollup_share_1h UNION SELECT holder_id FROM hoarding_episodes)",
+            UNION SELECT holder_id FROM rollup_share_1h UNION SELECT holder_id FROM hoarding_episodes
+            UNION SELECT holder_id FROM energy_1d)",
     ),
 ];
 
