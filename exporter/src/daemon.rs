@@ -331,7 +331,9 @@ impl Sampler {
             return true;
         };
         let timestamp = second.timestamp;
+        let gpus = second.gpu_samples();
         let shipment = Shipment {
+            gpus,
             samples: second.into_samples(),
             shares: shares
                 .into_iter()

@@ -75,6 +75,19 @@ pub struct GpuLabels {
     pub gpu_model: String,
 }
 
+/// Labels of a GPU's energy source: which of counter, power, trace or model.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EnergySourceLabels {
+    /// Node name.
+    pub node: String,
+    /// GPU UUID.
+    pub gpu_uuid: String,
+    /// NVML product name.
+    pub gpu_model: String,
+    /// `counter`, `power`, `trace` or `model`.
+    pub source: String,
+}
+
 /// A family whose series are replaced wholesale every second: series not set in a round are
 /// removed at its end.
 struct Tracked<L, M> {
@@ -134,6 +147,8 @@ pub struct InstanceMetrics {
     nvlink_rx: Tracked<InstanceLabels, Counter>,
     gpu_equivalents: Tracked<InstanceLabels, Ratio>,
     power: Tracked<GpuLabels, Ratio>,
+    energy: Tracked<GpuLabels, Counter<f64, AtomicU64>>,
+    energy_source: Tracked<EnergySourceLabels, Gauge>,
     share_memory: Tracked<InstanceLabels, Gauge>,
     share_sm_active: Tracked<InstanceLabels, Ratio>,
     share_processes: Tracked<InstanceLabels, Gauge>,
@@ -212,6 +227,18 @@ impl InstanceMetrics {
                 "Board power draw of the physical GPU",
                 Some(Unit::Other("watts".into())),
             ),
+            energy: Tracked::register(
+                &mut r,
+                "gpuledger_gpu_energy",
+                "Energy the physical GPU used: NVML's total-energy counter's differences, or board power × interval where it has none (gpuledger_gpu_energy_source says which)",
+                Some(Unit::Other("joules".into())),
+            ),
+            energy_source: Tracked::register(
+                &mut r,
+                "gpuledger_gpu_energy_source",
+                "Where the GPU's energy comes from: 1 for its source (counter, power, trace or model)",
+                None,
+            ),
             share_memory: Tracked::register(
                 &mut r,
                 "gpuledger_share_memory_used",
@@ -274,14 +301,32 @@ impl InstanceMetrics {
             }
         }
         for g in gpus {
+            let l = GpuLabels {
+                node: g.node.clone(),
+                gpu_uuid: g.gpu_uuid.clone(),
+                gpu_model: g.gpu_model.clone(),
+            };
             if let Some(w) = g.power_watts {
-                let l = GpuLabels {
-                    node: g.node.clone(),
-                    gpu_uuid: g.gpu_uuid.clone(),
-                    gpu_model: g.gpu_model.clone(),
-                };
                 self.power.with(&l, |gauge| {
                     gauge.set(w);
+                });
+            }
+            // Touched every second once it exists, so that a second without a reading (a failed
+            // read) does not drop the counter and restart it from zero.
+            if g.energy_source.is_some() || self.energy.present.contains(&l) {
+                self.energy.with(&l, |c| {
+                    c.inc_by(g.energy_joules.unwrap_or(0.0));
+                });
+            }
+            if let Some(source) = g.energy_source {
+                let s = EnergySourceLabels {
+                    node: l.node,
+                    gpu_uuid: l.gpu_uuid,
+                    gpu_model: l.gpu_model,
+                    source: source.as_str().to_owned(),
+                };
+                self.energy_source.with(&s, |gauge| {
+                    gauge.set(1);
                 });
             }
         }
@@ -295,6 +340,8 @@ impl InstanceMetrics {
         self.nvlink_tx.end_round();
         self.nvlink_rx.end_round();
         self.power.end_round();
+        self.energy.end_round();
+        self.energy_source.end_round();
     }
 
     /// Replaces the per-owner share series with one second's shares.

@@ -76,7 +76,7 @@ pub struct ExporterOptions {
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "duration")]
     pub ship_interval: Option<Duration>,
-    /// NVML collector to skip (mig, memory, gpm, power, processes); repeatable.
+    /// NVML collector to skip (mig, memory, gpm, power, energy, processes); repeatable.
     #[arg(long)]
     pub disable_collector: Vec<String>,
     /// Slurm per-device job map written by deploy/slurm's prolog (e.g. /run/gpuledger/slurm-jobs).

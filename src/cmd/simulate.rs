@@ -64,8 +64,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut rows = 0u64;
     for t in start..start + duration {
         let second = sim.second(args.node.as_deref(), t);
+        // Each row carries its GPU's energy in the second (the simulator's power model).
+        let energy: std::collections::HashMap<String, Option<f64>> = second
+            .gpus
+            .iter()
+            .map(|g| (g.gpu_uuid.clone(), g.energy_joules))
+            .collect();
         for sample in second.into_samples() {
-            w.write(&sample)?;
+            let e = energy.get(&sample.instance.gpu_uuid).copied().flatten();
+            w.write_with_energy(&sample, e)?;
             rows += 1;
         }
     }

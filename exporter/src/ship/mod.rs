@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuledger_schema::wire::{self, Batch};
-use gpuledger_schema::{Sample, ShareSample};
+use gpuledger_schema::{GpuSample, Sample, ShareSample};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
@@ -160,6 +160,8 @@ pub struct Shipment {
     pub samples: Vec<Sample>,
     /// The shares (empty on nodes without shared GPUs).
     pub shares: Vec<ShareSample>,
+    /// The GPUs' energy in the second.
+    pub gpus: Vec<GpuSample>,
 }
 
 /// Runs the shipper: seals what arrives on `samples` into batches, spools and sends them. Returns
@@ -214,6 +216,8 @@ pub async fn run(
     let mut buffer: Vec<Sample> = Vec::new();
     // Shares ride with the next batch sealed (they are few: one per owner of a shared instance).
     let mut shares: Vec<ShareSample> = Vec::new();
+    // Each GPU-second's energy goes in the batch of that GPU's samples of the second.
+    let mut gpus: Vec<GpuSample> = Vec::new();
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -222,26 +226,30 @@ pub async fn run(
                 Some(s) => {
                     buffer.extend(s.samples);
                     shares.extend(s.shares);
-                    // Samples and share seconds count alike against a batch's size, as the
-                    // aggregator counts them (schema/WIRE.md, "Limits").
+                    gpus.extend(s.gpus);
+                    // Samples, share seconds and GPU-seconds count alike against a batch's
+                    // size, as the aggregator counts them (schema/WIRE.md, "Limits").
                     let max = config.max_batch_samples.max(1);
-                    while buffer.len() + shares.len() >= max {
+                    while buffer.len() + shares.len() + gpus.len() >= max {
                         let these: Vec<ShareSample> = shares.drain(..shares.len().min(max)).collect();
-                        let rest = buffer.split_off((max - these.len()).min(buffer.len()));
-                        seal(&config, format(), &metrics, &spool, &notify, std::mem::replace(&mut buffer, rest), these).await.map_err(spool_err)?;
+                        let cut = whole_gpu_seconds(&buffer, max.saturating_sub(these.len()).max(1));
+                        let rest = buffer.split_off(cut);
+                        let sealed = std::mem::replace(&mut buffer, rest);
+                        let energy = energy_of(&mut gpus, &sealed);
+                        seal(&config, format(), &metrics, &spool, &notify, sealed, these, energy).await.map_err(spool_err)?;
                     }
                 }
                 None => break,
             },
             _ = tick.tick() => {
-                if !buffer.is_empty() || !shares.is_empty() {
-                    seal(&config, format(), &metrics, &spool, &notify, std::mem::take(&mut buffer), std::mem::take(&mut shares)).await.map_err(spool_err)?;
+                if !buffer.is_empty() || !shares.is_empty() || !gpus.is_empty() {
+                    seal(&config, format(), &metrics, &spool, &notify, std::mem::take(&mut buffer), std::mem::take(&mut shares), std::mem::take(&mut gpus)).await.map_err(spool_err)?;
                 }
             }
         }
     }
-    if !buffer.is_empty() || !shares.is_empty() {
-        seal(&config, format(), &metrics, &spool, &notify, buffer, shares)
+    if !buffer.is_empty() || !shares.is_empty() || !gpus.is_empty() {
+        seal(&config, format(), &metrics, &spool, &notify, buffer, shares, gpus)
             .await
             .map_err(spool_err)?;
     }
@@ -252,6 +260,41 @@ pub async fn run(
     Ok(())
 }
 
+/// How many of `buffer`'s first samples fit in `budget` places with the GPU-seconds they bring
+/// (each run of one GPU's samples of one second counted once more), cut between such runs: a
+/// GPU-second's samples stay in one batch with its energy. At least one run.
+fn whole_gpu_seconds(buffer: &[Sample], budget: usize) -> usize {
+    fn key(s: &Sample) -> (i64, &str) {
+        (s.timestamp, s.instance.gpu_uuid.as_str())
+    }
+    let (mut used, mut run_start) = (0usize, 0usize);
+    for (i, s) in buffer.iter().enumerate() {
+        let new_run = i == 0 || key(&buffer[i - 1]) != key(s);
+        if new_run {
+            run_start = i;
+        }
+        used += 1 + usize::from(new_run);
+        if used > budget {
+            return if run_start > 0 { run_start } else { i.max(1) };
+        }
+    }
+    buffer.len()
+}
+
+/// Takes out of `gpus` the GPU-seconds of `samples`.
+fn energy_of(gpus: &mut Vec<GpuSample>, samples: &[Sample]) -> Vec<GpuSample> {
+    let keys: std::collections::HashSet<(i64, &str)> = samples
+        .iter()
+        .map(|s| (s.timestamp, s.instance.gpu_uuid.as_str()))
+        .collect();
+    let (taken, kept) = std::mem::take(gpus)
+        .into_iter()
+        .partition(|g| keys.contains(&(g.timestamp, g.gpu_uuid.as_str())));
+    *gpus = kept;
+    taken
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn seal(
     config: &ShipConfig,
     format: wire::Format,
@@ -260,8 +303,11 @@ async fn seal(
     notify: &Notify,
     samples: Vec<Sample>,
     shares: Vec<ShareSample>,
+    gpus: Vec<GpuSample>,
 ) -> std::io::Result<()> {
-    let batch = Batch::from_samples(&config.node, &samples).with_shares(&shares);
+    let batch = Batch::from_samples(&config.node, &samples)
+        .with_shares(&shares)
+        .with_gpus(&gpus);
     let body = batch.encode_as(format);
     if config.wait_when_full {
         while spool

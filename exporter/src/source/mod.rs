@@ -43,6 +43,44 @@ pub struct GpuReading {
     pub gpu_model: String,
     /// Board power draw in watts, when measured.
     pub power_watts: Option<f64>,
+    /// Joules the GPU used since its previous reading, assigned to this second; `None` when not
+    /// known (the first read of a counter, a failed read).
+    pub energy_joules: Option<f64>,
+    /// Where `energy_joules` comes from.
+    pub energy_source: Option<EnergySource>,
+}
+
+/// Where a GPU's energy reading comes from (`gpuledger_gpu_energy_source` on `/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EnergySource {
+    /// NVML's total-energy counter: the difference between consecutive reads.
+    Counter,
+    /// Board power × the interval, where the counter is not supported (or went backwards).
+    Power,
+    /// A recorded trace's `gpu_energy_joules`.
+    Trace,
+    /// The simulator's power model.
+    Model,
+}
+
+impl EnergySource {
+    /// Every source, in a fixed order.
+    pub const ALL: [EnergySource; 4] = [
+        EnergySource::Counter,
+        EnergySource::Power,
+        EnergySource::Trace,
+        EnergySource::Model,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnergySource::Counter => "counter",
+            EnergySource::Power => "power",
+            EnergySource::Trace => "trace",
+            EnergySource::Model => "model",
+        }
+    }
 }
 
 /// One process on a GPU during one second, as the driver reports it: the raw material of the
@@ -92,6 +130,21 @@ pub struct Second {
 }
 
 impl Second {
+    /// The GPUs' energy readings of this second, for shipping.
+    pub fn gpu_samples(&self) -> Vec<gpuledger_schema::GpuSample> {
+        self.gpus
+            .iter()
+            .filter(|g| g.energy_joules.is_some())
+            .map(|g| gpuledger_schema::GpuSample {
+                timestamp: self.timestamp,
+                node: g.node.clone(),
+                gpu_uuid: g.gpu_uuid.clone(),
+                gpu_model: g.gpu_model.clone(),
+                energy_joules: g.energy_joules,
+            })
+            .collect()
+    }
+
     /// The readings as samples of this second, for shipping or a trace.
     pub fn into_samples(self) -> Vec<gpuledger_schema::Sample> {
         let timestamp = self.timestamp;

@@ -9,15 +9,16 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use gpuledger_schema::Sample;
-use gpuledger_schema::trace::{TraceError, TraceReader};
+use gpuledger_schema::trace::{EnergyCheck, TraceError, TraceReader};
 
-use super::{Reading, Second, Source, SourceError};
+use super::{EnergySource, GpuReading, Reading, Second, Source, SourceError};
 
 /// A trace file played back second by second.
 pub struct ReplaySource {
     path: PathBuf,
     reader: TraceReader<File>,
-    pending: Option<Sample>,
+    /// The next second's first row, with its GPU's energy.
+    pending: Option<(Sample, Option<f64>)>,
     /// Rows in the file.
     pub samples: u64,
 }
@@ -28,8 +29,11 @@ impl ReplaySource {
         let mut reader = TraceReader::open(path)?;
         let mut last = i64::MIN;
         let mut samples = 0;
+        let mut energy = EnergyCheck::default();
         while let Some(sample) = reader.next_sample() {
-            let t = sample?.timestamp;
+            let sample = sample?;
+            energy.check(&reader, &sample)?;
+            let t = sample.timestamp;
             if t < last {
                 return Err(reader.error_at(
                     "timestamp",
@@ -79,21 +83,36 @@ impl Source for ReplaySource {
             Some(s) => s,
             None => match self.reader.next_sample() {
                 None => return Ok(None),
-                Some(s) => s?,
+                Some(s) => (s?, self.reader.gpu_energy_joules()),
             },
         };
         let mut second = Second {
-            timestamp: first.timestamp,
-            readings: vec![reading(first)],
+            timestamp: first.0.timestamp,
             ..Second::default()
         };
+        let add = |(s, energy): (Sample, Option<f64>), second: &mut Second| {
+            // One GPU reading per GPU with energy in the second (its rows agree: checked at open).
+            if energy.is_some() && !second.gpus.iter().any(|g| g.gpu_uuid == s.instance.gpu_uuid)
+            {
+                second.gpus.push(GpuReading {
+                    node: s.instance.node.clone(),
+                    gpu_uuid: s.instance.gpu_uuid.clone(),
+                    gpu_model: s.instance.gpu_model.clone(),
+                    power_watts: None,
+                    energy_joules: energy,
+                    energy_source: Some(EnergySource::Trace),
+                });
+            }
+            second.readings.push(reading(s));
+        };
+        add(first, &mut second);
         while let Some(next) = self.reader.next_sample() {
-            let next = next?;
-            if next.timestamp != second.timestamp {
+            let next = (next?, self.reader.gpu_energy_joules());
+            if next.0.timestamp != second.timestamp {
                 self.pending = Some(next);
                 break;
             }
-            second.readings.push(reading(next));
+            add(next, &mut second);
         }
         Ok(Some(second))
     }

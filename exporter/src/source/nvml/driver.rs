@@ -118,6 +118,9 @@ pub trait Driver: Send {
     ) -> Result<Option<Activity>, DriverError>;
     /// Board power in watts.
     fn power_watts(&mut self, gpu: u32) -> Result<f64, DriverError>;
+    /// The GPU's total-energy counter: millijoules since the driver loaded
+    /// (`nvmlDeviceGetTotalEnergyConsumption`, Volta and newer).
+    fn energy_mj(&mut self, gpu: u32) -> Result<u64, DriverError>;
     /// The compute processes on GPU `gpu`, or on its MIG device `mig` (MPS clients included), one
     /// entry per PID. In MIG mode the parent GPU answers only privileged callers, so the exporter
     /// asks each MIG device.
@@ -339,6 +342,10 @@ impl Driver for NvmlDriver {
 
     fn power_watts(&mut self, gpu: u32) -> Result<f64, DriverError> {
         Ok(f64::from(self.device(gpu)?.power_usage()?) / 1000.0)
+    }
+
+    fn energy_mj(&mut self, gpu: u32) -> Result<u64, DriverError> {
+        Ok(self.device(gpu)?.total_energy_consumption()?)
     }
 
     fn processes(&mut self, gpu: u32, mig: Option<u32>) -> Result<Vec<Process>, DriverError> {

@@ -24,7 +24,7 @@
 
 pub mod driver;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use gpuledger_schema::{Attribution, Counters, Instance};
@@ -45,17 +45,20 @@ pub enum Collector {
     Gpm,
     /// Board power draw.
     Power,
+    /// The GPU's energy: NVML's total-energy counter, or power × interval where it has none.
+    Energy,
     /// Compute processes (MPS clients included): memory and SM utilisation per process.
     Processes,
 }
 
 impl Collector {
     /// Every collector, in the order their outcomes are reported.
-    pub const ALL: [Collector; 5] = [
+    pub const ALL: [Collector; 6] = [
         Collector::Mig,
         Collector::Memory,
         Collector::Gpm,
         Collector::Power,
+        Collector::Energy,
         Collector::Processes,
     ];
 
@@ -66,6 +69,7 @@ impl Collector {
             Collector::Memory => "memory",
             Collector::Gpm => "gpm",
             Collector::Power => "power",
+            Collector::Energy => "energy",
             Collector::Processes => "processes",
         }
     }
@@ -77,6 +81,7 @@ impl Collector {
             Collector::Memory => "nvml_memory",
             Collector::Gpm => "nvml_gpm",
             Collector::Power => "nvml_power",
+            Collector::Energy => "nvml_energy",
             Collector::Processes => "nvml_processes",
         }
     }
@@ -88,6 +93,9 @@ impl Collector {
             Collector::Memory => "framebuffer used and total bytes",
             Collector::Gpm => "SM, occupancy, tensor and DRAM activity; NVLink bytes",
             Collector::Power => "board power draw",
+            Collector::Energy => {
+                "the GPU's energy: the total-energy counter's difference, or power × interval"
+            }
             Collector::Processes => {
                 "compute processes (MPS clients included): memory and SM utilisation per process"
             }
@@ -140,6 +148,18 @@ pub struct NvmlSource<D: Driver> {
     failing: BTreeSet<Collector>,
     node: String,
     disabled: BTreeSet<Collector>,
+    /// Per GPU UUID (indices can move when the driver reloads): its last energy counter (mJ)
+    /// and when any energy reading of it was last taken.
+    energy: HashMap<String, EnergyState>,
+}
+
+/// What the energy collector remembers of one GPU between seconds.
+#[derive(Debug, Clone, Copy, Default)]
+struct EnergyState {
+    /// The counter at its last successful read, mJ.
+    counter_mj: Option<u64>,
+    /// When energy was last assigned (a counter delta or power × interval).
+    at: Option<Instant>,
 }
 
 impl<D: Driver> NvmlSource<D> {
@@ -162,6 +182,7 @@ impl<D: Driver> NvmlSource<D> {
             failing: BTreeSet::new(),
             node: node.to_owned(),
             disabled,
+            energy: HashMap::new(),
         })
     }
 
@@ -170,6 +191,56 @@ impl<D: Driver> NvmlSource<D> {
     }
 
     /// Runs `read` under `collector`'s tally, unless it is disabled.
+    /// The GPU's energy since its last reading, and where it comes from:
+    /// - the counter's difference when it reads and has not gone back; the first read is a
+    ///   baseline only (no energy);
+    /// - a counter lower than the last (the driver reloaded) is the new baseline, and that one
+    ///   second is power × interval;
+    /// - a failed read keeps the baseline, so the next difference covers both seconds;
+    /// - a GPU without the counter (before Volta): power × the interval since the last reading.
+    fn read_energy(
+        &mut self,
+        tallies: &mut Tallies,
+        gpu: u32,
+        uuid: &str,
+        watts: Option<f64>,
+    ) -> (Option<f64>, Option<super::EnergySource>) {
+        use super::EnergySource::{Counter, Power};
+        if !self.enabled(Collector::Energy) {
+            return (None, None);
+        }
+        let started = Instant::now();
+        let read = self.driver.energy_mj(gpu);
+        let tally = tallies.of(Collector::Energy);
+        tally.duration += started.elapsed();
+        let state = self.energy.entry(uuid.to_owned()).or_default();
+        let interval = |at: Option<Instant>| at.map_or(1.0, |at| started.duration_since(at).as_secs_f64());
+        let power = |at| watts.map(|w| w * interval(at));
+        match read {
+            Ok(c) => {
+                let out = match state.counter_mj {
+                    None => (None, Some(Counter)),
+                    Some(last) if c >= last => (Some((c - last) as f64 / 1000.0), Some(Counter)),
+                    Some(_) => (power(state.at), Some(Power)),
+                };
+                state.counter_mj = Some(c);
+                if out.0.is_some() || state.at.is_none() {
+                    state.at = Some(started);
+                }
+                out
+            }
+            Err(DriverError::NotSupported) => {
+                let out = (power(state.at), Some(Power));
+                state.at = Some(started);
+                out
+            }
+            Err(DriverError::Failed(e)) => {
+                tally.error.get_or_insert(e);
+                (None, None)
+            }
+        }
+    }
+
     fn read<T>(
         &mut self,
         tallies: &mut Tallies,
@@ -351,11 +422,15 @@ impl<D: Driver> Source for NvmlSource<D> {
             if !device.mig_enabled {
                 self.read_whole_gpu_processes(&device, &mut tallies, &mut second);
             }
+            let (energy_joules, energy_source) =
+                self.read_energy(&mut tallies, gpu, &device.uuid, watts);
             second.gpus.push(GpuReading {
                 node: self.node.clone(),
                 gpu_uuid: device.uuid,
                 gpu_model: device.name,
                 power_watts: watts,
+                energy_joules,
+                energy_source,
             });
         }
         self.report(tallies, &mut second);
@@ -457,6 +532,21 @@ mod tests {
         }
         fn power_watts(&mut self, _gpu: u32) -> Result<f64, DriverError> {
             Ok(350.5)
+        }
+        /// The A100 has no counter; the H100s' counter reads, second by second (the `calls`th
+        /// listing): 1000, 1500, 900 (the driver reloaded), a failure, 1400, 2400 mJ.
+        fn energy_mj(&mut self, gpu: u32) -> Result<u64, DriverError> {
+            if gpu == 1 {
+                return Err(DriverError::NotSupported);
+            }
+            match self.calls {
+                1 => Ok(1000),
+                2 => Ok(1500),
+                3 => Ok(900),
+                4 => Err(DriverError::Failed("energy counter unavailable".into())),
+                5 => Ok(1400),
+                _ => Ok(2400),
+            }
         }
         fn processes(&mut self, gpu: u32, mig: Option<u32>) -> Result<Vec<Process>, DriverError> {
             let p = |pid, used_memory| Process {
@@ -637,5 +727,55 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn energy_is_the_counters_difference_and_survives_a_reload_and_a_failed_read() {
+        use crate::source::EnergySource::{Counter, Power};
+        let mut src = NvmlSource::new(
+            FakeGpus {
+                calls: 0,
+                fail_memory_of: None,
+            },
+            "n1",
+            &[],
+        )
+        .unwrap();
+        let mut energy = Vec::new();
+        for _ in 0..6 {
+            let second = src.collect(0).unwrap().unwrap();
+            let gpu = |uuid: &str| second.gpus.iter().find(|g| g.gpu_uuid == uuid).cloned().unwrap();
+            let (h100, a100) = (gpu("GPU-h100-mig"), gpu("GPU-a100"));
+            // Without a counter: power × the interval, every second.
+            assert_eq!(a100.energy_source, Some(Power));
+            assert!(a100.energy_joules.unwrap() > 0.0);
+            energy.push((h100.energy_joules, h100.energy_source));
+        }
+        assert_eq!(energy[0], (None, Some(Counter)), "the first read is a baseline");
+        assert_eq!(energy[1], (Some(0.5), Some(Counter)));
+        // The counter went back: one second of power × interval, and a new baseline.
+        assert_eq!(energy[2].1, Some(Power));
+        assert!(energy[2].0.unwrap() > 0.0 && energy[2].0.unwrap() < 350.5 * 5.0);
+        assert_eq!(energy[3], (None, None), "a failed read assigns nothing");
+        // The next difference covers the failed second too: 1400 − 900 mJ.
+        assert_eq!(energy[4], (Some(0.5), Some(Counter)));
+        assert_eq!(energy[5], (Some(1.0), Some(Counter)));
+    }
+
+    #[test]
+    fn the_energy_collector_can_be_disabled() {
+        let mut src = NvmlSource::new(
+            FakeGpus {
+                calls: 0,
+                fail_memory_of: None,
+            },
+            "n1",
+            &["energy".to_owned()],
+        )
+        .unwrap();
+        for _ in 0..3 {
+            let second = src.collect(0).unwrap().unwrap();
+            assert!(second.gpus.iter().all(|g| g.energy_joules.is_none() && g.energy_source.is_none()));
+        }
     }
 }

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 pub use fleet::{Behaviour, Fleet};
 pub use minutes::MinuteReading;
 
-use super::{GpuReading, Reading, Second, Source, SourceError};
+use super::{EnergySource, GpuReading, Reading, Second, Source, SourceError};
 
 /// One simulated instance (or whole GPU) and its fixed properties.
 #[derive(Debug, Clone)]
@@ -349,17 +349,19 @@ impl Simulator {
                     counters,
                 });
             }
-            let tdp = if gpu.model.key.starts_with("A100") {
-                400.0
-            } else {
-                700.0
-            };
-            let idle = 70.0 + rng(&[hash_str(&gpu.uuid), 6, t as u64]).random_range(0.0..8.0);
+            // The model's idle floor plus up to 8 W of noise, and the rest of the way to its
+            // power limit in proportion to the GPU's activity; a second's energy is its power.
+            let tdp = gpu.model.max_watts;
+            let idle = gpu.model.idle_watts
+                + rng(&[hash_str(&gpu.uuid), 6, t as u64]).random_range(0.0..8.0);
+            let watts = ((idle + busy * (tdp - idle)) * 10.0).round() / 10.0;
             second.gpus.push(GpuReading {
                 node: gpu.node.clone(),
                 gpu_uuid: gpu.uuid.clone(),
                 gpu_model: gpu.model.nvml_name.to_owned(),
-                power_watts: Some(((idle + busy * (tdp - idle)) * 10.0).round() / 10.0),
+                power_watts: Some(watts),
+                energy_joules: Some(watts),
+                energy_source: Some(EnergySource::Model),
             });
         }
         second
