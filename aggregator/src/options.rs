@@ -22,6 +22,7 @@ use crate::config::{
 use gpuledger_ledger::analytics::Settings as AnalyticsSettings;
 use gpuledger_ledger::analytics::bill::BillingSettings;
 use gpuledger_ledger::analytics::prices::{PriceBook, PriceFile};
+use gpuledger_ledger::analytics::energy::Settings as EnergySettings;
 use gpuledger_ledger::analytics::rightsizing::Settings as RightsizingSettings;
 use gpuledger_ledger::reclaim::config::{AlertmanagerFile, ReclaimFile, WebhookFile};
 use gpuledger_ledger::store::Retention;
@@ -141,6 +142,11 @@ pub struct AggregatorOptions {
     #[arg(skip)]
     #[serde(skip_serializing)]
     pub rightsizing: RightsizingSettings,
+    /// `[energy]`: carbon intensity, price per kWh and the split's idle floor per GPU model;
+    /// declared and checked in [`gpuledger_ledger::analytics::energy`].
+    #[arg(skip)]
+    #[serde(skip_serializing)]
+    pub energy: EnergySettings,
     /// `[ui]`: the pages' sessions and a trusted proxy's user header; declared and checked in
     /// [`crate::ui::session`].
     #[arg(skip)]
@@ -388,8 +394,10 @@ impl AggregatorOptions {
             demand_lookback: self.demand_lookback.unwrap_or(defaults_a.demand_lookback),
             snapshot_instances: defaults_a.snapshot_instances,
             rightsizing: self.rightsizing,
+            energy: self.energy,
         };
         analytics.rightsizing.check().map_err(invalid)?;
+        analytics.energy.check().map_err(invalid)?;
         // Tokens before the reclaim settings: a missing token file is the first thing to fix.
         let tokens = tokens(self.token_file)?;
         let reclaim = self

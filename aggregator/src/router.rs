@@ -68,6 +68,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/bill", get(ui::bill_json))
         .route("/api/v1/budgets", get(api::budgets::budgets))
         .route("/api/v1/rightsizing", get(api::rightsizing::rightsizing))
+        .route("/api/v1/energy", get(api::energy::energy))
+        .route("/api/v1/energy.csv", get(api::energy::energy_csv))
         .route(
             "/api/v1/rightsizing.csv",
             get(api::rightsizing::rightsizing_csv),

@@ -549,6 +549,10 @@ pub struct LedgerFamilies {
     budget_forecast: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
     /// Per tenant: what its rightsizing recommendations would have saved this month so far.
     rightsizing_savings: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
+    /// Per tenant: measured energy of its slices this month so far, joules.
+    tenant_energy: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
+    /// Per tenant: its CO₂e this month so far, grams.
+    tenant_co2e: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
 }
 
 /// A budget series' labels.
@@ -574,6 +578,8 @@ impl LedgerFamilies {
             budget_spent: Family::default(),
             budget_forecast: Family::default(),
             rightsizing_savings: Family::default(),
+            tenant_energy: Family::default(),
+            tenant_co2e: Family::default(),
         };
         let ge = || Unit::Other("gpu_equivalents".into());
         r.register_with_unit(
@@ -641,6 +647,18 @@ impl LedgerFamilies {
             "What moving a tenant's workloads to the MIG profiles rightsizing recommends would have saved this month so far, in the price book's currency",
             l.rightsizing_savings.clone(),
         );
+        r.register_with_unit(
+            "gpuledger_tenant_energy",
+            "Measured GPU energy of a tenant's slices this UTC month so far, split per second by slices and SM activity (schema/ANALYTICS.md, Energy and carbon)",
+            Unit::Other("joules".into()),
+            l.tenant_energy.clone(),
+        );
+        r.register_with_unit(
+            "gpuledger_tenant_co2e",
+            "CO2e of a tenant's measured GPU energy this UTC month so far, at the configured carbon intensity",
+            Unit::Other("grams".into()),
+            l.tenant_co2e.clone(),
+        );
         LedgerFamilies {
             registry: std::sync::Arc::new(r),
             ..l
@@ -701,6 +719,18 @@ impl LedgerFamilies {
                 tenant: tenant.clone(),
             };
             self.rightsizing_savings.get_or_create(&l).set(*savings);
+        }
+        for f in [&self.tenant_energy, &self.tenant_co2e] {
+            f.clear();
+        }
+        for (tenant, (joules, grams)) in current.energy.iter().filter(|(t, _)| mine(t)) {
+            let l = BudgetLabels {
+                tenant: tenant.clone(),
+            };
+            self.tenant_energy.get_or_create(&l).set(*joules);
+            if let Some(g) = grams {
+                self.tenant_co2e.get_or_create(&l).set(*g);
+            }
         }
         for f in [&self.node_capacity, &self.node_free, &self.node_stranded] {
             f.clear();

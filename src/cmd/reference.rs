@@ -62,7 +62,7 @@ pub fn config_reference() -> String {
          A flag on the command line wins over its environment variable, which wins over the\n\
          `--config` TOML file, whose key is the flag's long name with `_` for `-` (in the table\n\
          named, for grouped options: `[limits] max_batch_samples = 50000`). Tables that\n\
-         only a file holds (prices, reclaim, webhooks, billing, rightsizing) are described in\n\
+         only a file holds (prices, reclaim, webhooks, billing, rightsizing, energy) are described in\n\
          [aggregator.md](aggregator.md), [showback.md](showback.md) and [reclaim.md](reclaim.md);\n\
          the example files are in [deploy/config/](../deploy/config/).\n",
     );

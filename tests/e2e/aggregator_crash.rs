@@ -136,6 +136,51 @@ async fn kill_9_ten_times_during_sustained_ingest_from_three_exporters_loses_and
         .unwrap();
     let total = instances * MINUTES * 60;
     assert_eq!((minute, hour, tenant, mask), (total, total, total, total));
+    assert_energy_stored_once(&conn, dir.path());
+}
+
+/// The traces' energy (each GPU-second once) is the ledger's, in every energy rollup: the kills
+/// lost and doubled no joule.
+fn assert_energy_stored_once(conn: &duckdb::Connection, dir: &std::path::Path) {
+    let files: Vec<String> = NODES
+        .iter()
+        .map(|node| format!("'{}'", dir.join(format!("{node}.csv")).display()))
+        .collect();
+    let (joules, seconds): (f64, i64) = conn
+        .query_row(
+            &format!(
+                "SELECT sum(e), count(*) FROM (SELECT DISTINCT gpu_uuid, timestamp, gpu_energy_joules AS e
+                 FROM read_csv([{}]) WHERE gpu_energy_joules IS NOT NULL)",
+                files.join(", ")
+            ),
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(seconds > 0 && joules > 0.0, "the simulated traces carry energy");
+    let (gpu_1m, mask, gpu_1h, gpu_1d): (f64, i64, f64, f64) = conn
+        .query_row(
+            "SELECT (SELECT sum(energy_j) FROM energy_gpu_1m), (SELECT sum(bit_count(seconds_mask)) FROM energy_gpu_1m)::BIGINT,
+                    (SELECT sum(energy_j) FROM energy_gpu_1h), (SELECT sum(energy_j) FROM energy_gpu_1d)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .unwrap();
+    assert_eq!(mask, seconds, "every GPU-second stored once");
+    let close = |a: f64| (a - joules).abs() <= 1e-9 * joules;
+    assert!(close(gpu_1m) && close(gpu_1h) && close(gpu_1d), "{joules} {gpu_1m} {gpu_1h} {gpu_1d}");
+    for table in ["energy_1m", "energy_1h", "energy_1d"] {
+        let parts: f64 = conn
+            .query_row(
+                &format!(
+                    "SELECT (SELECT sum(idle_j + active_j) FROM {table}) + (SELECT sum(uncovered_j) FROM energy_gpu_1m)"
+                ),
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(close(parts), "{table}: {parts} != {joules}");
+    }
 }
 
 /// Nodes of 8 GPUs × 7 MIG slices each, sending live 5 s batches (280 samples) for [`SECONDS`].

@@ -19,6 +19,7 @@ mod analytics;
 mod budgets;
 mod connections;
 mod demo;
+mod energy;
 mod deploy_config;
 mod docs_links;
 mod exporter_metrics;

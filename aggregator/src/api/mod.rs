@@ -10,6 +10,7 @@ pub mod hoarding;
 pub mod ingest;
 pub mod params;
 pub mod reclaim;
+pub mod energy;
 pub mod rightsizing;
 pub mod shares;
 pub mod showback;
@@ -145,6 +146,7 @@ impl App {
                     .map(|l| (l.tenant.clone(), (l.spent_ratio, l.forecast_ratio)))
                     .collect()
             });
+            current.energy = month_energy(&conn, &settings.energy);
             Ok::<_, duckdb::Error>((current, month))
         })
         .await
@@ -239,6 +241,35 @@ fn month_budgets(
         Err(e) => {
             tracing::warn!(error = %e, "Cannot price this month's budgets for /metrics.");
             None
+        }
+    }
+}
+
+/// This month's measured energy (J) and CO₂e (g) so far per tenant, for `/metrics`; none when it
+/// cannot be read now (logged; the next pass retries).
+fn month_energy(
+    conn: &duckdb::Connection,
+    settings: &gpuledger_ledger::analytics::energy::Settings,
+) -> Vec<(String, (f64, Option<f64>))> {
+    use gpuledger_ledger::analytics::energy;
+    let now = chrono::Utc::now().timestamp();
+    let (from, _) = budgets::month_of(now);
+    let to = now.div_euclid(60) * 60;
+    if to <= from {
+        return Vec::new();
+    }
+    match energy::energy(conn, (from, to), energy::GroupBy::Tenant, None, settings) {
+        Ok(e) => e
+            .rows
+            .into_iter()
+            .filter_map(|r| {
+                let joules = r.energy_kwh * energy::JOULES_PER_KWH;
+                Some((r.tenant?, (joules, r.co2e_kg.map(|kg| kg * 1000.0))))
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot read this month's energy for /metrics.");
+            Vec::new()
         }
     }
 }

@@ -727,3 +727,67 @@ mod tests {
         assert_eq!(segment("<script>/x y"), "%3Cscript%3E%2Fx%20y");
     }
 }
+
+/// An energy report: its key columns, kWh (idle and active) and CO₂e, with an energy cost where
+/// a price per kWh is configured.
+pub fn energy(e: &gpuledger_ledger::analytics::energy::Energy, query: &str) -> Table {
+    use gpuledger_ledger::analytics::energy::GroupBy;
+    let mut columns = match e.group_by {
+        GroupBy::Tenant => vec![Column::text("tenant", "Tenant")],
+        GroupBy::Workload => vec![
+            Column::text("tenant", "Tenant"),
+            Column::text("workload", "Workload"),
+        ],
+        GroupBy::Node => vec![Column::text("node", "Node")],
+        GroupBy::GpuModel => vec![Column::text("gpu_model", "GPU model")],
+    };
+    columns.extend([
+        Column::number("energy_kwh", "Energy kWh"),
+        Column::number("idle_energy_kwh", "Idle kWh"),
+        Column::number("active_energy_kwh", "Active kWh"),
+        Column::number("co2e_kg", "CO₂e kg"),
+    ]);
+    let priced = e.rows.iter().any(|r| r.energy_cost.is_some());
+    if priced {
+        columns.push(Column::number("energy_cost", "Energy cost"));
+    }
+    let mut t = Table::new("energy", columns);
+    for r in &e.rows {
+        let mut row = match e.group_by {
+            GroupBy::Tenant => vec![tenant_link(r.tenant.as_deref().unwrap_or(""), query)],
+            GroupBy::Workload => vec![
+                tenant_link(r.tenant.as_deref().unwrap_or(""), query),
+                Cell::opt_text(r.workload.clone()),
+            ],
+            GroupBy::Node => vec![Cell::opt_text(r.node.clone())],
+            GroupBy::GpuModel => vec![Cell::opt_text(r.gpu_model.clone())],
+        };
+        row.extend([
+            decimal(Some(r.energy_kwh)),
+            decimal(Some(r.idle_energy_kwh)),
+            decimal(Some(r.active_energy_kwh)),
+            decimal(r.co2e_kg),
+        ]);
+        if priced {
+            row.push(decimal(r.energy_cost));
+        }
+        t.rows.push(row);
+    }
+    t
+}
+
+/// Measured energy per UTC day (the overview's and a tenant page's energy chart).
+pub fn daily_energy(days: &[(i64, f64)]) -> Table {
+    let mut t = Table::new(
+        "daily_energy",
+        vec![
+            Column::text("day", "Day"),
+            Column::number("energy_kwh", "Energy kWh"),
+        ],
+    );
+    for &(day, kwh) in days {
+        t.rows
+            .push(vec![Cell::text(day_label(day)), decimal(Some(kwh))]);
+    }
+    t
+}

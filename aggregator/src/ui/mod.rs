@@ -420,6 +420,51 @@ fn money_kpi(label: &str, m: Money, currency: &str, sub: String) -> Kpi {
     }
 }
 
+/// Measured GPU energy per UTC day, charted (the fleet's, or one tenant's share).
+fn energy_section(days: &[(i64, f64)], fleet: bool) -> Section {
+    let cats: Vec<String> = days
+        .iter()
+        .map(|d| views::day_label(d.0)[5..].to_owned())
+        .collect();
+    let series = vec![Series {
+        name: "energy".into(),
+        class: "s0",
+        values: days.iter().map(|d| d.1).collect(),
+    }];
+    Section::table(
+        "Daily energy",
+        if fleet {
+            "kWh the GPUs used per UTC day, measured (schema/ANALYTICS.md, \"Energy and carbon\")."
+        } else {
+            "kWh of this tenant's slices per UTC day, measured and split by slices and SM activity."
+        },
+        views::daily_energy(days),
+    )
+    .with_chart(Chart::grouped("kWh per day", "kWh", &cats, &series))
+}
+
+/// The period's energy and CO₂e per tenant (one tenant's row for `tenant`), beside its cost.
+async fn energy_table(
+    app: &AppState,
+    req: &Request,
+    tenant: Option<String>,
+) -> Result<gpuledger_web::Table, ApiError> {
+    let (from, to) = (req.period.from, req.period.to);
+    let settings = app.config.analytics.energy.clone();
+    let e = read(app, move |c| {
+        analytics::energy::energy(
+            c,
+            (from, to),
+            analytics::energy::GroupBy::Tenant,
+            tenant.as_deref(),
+            &settings,
+        )
+        .map_err(|e| ApiError::internal(&e))
+    })
+    .await?;
+    Ok(views::energy(&e, &req.query()))
+}
+
 fn trend_chart(days: &[analytics::trend::Day], fleet: bool) -> Chart {
     let cats: Vec<String> = days
         .iter()
@@ -467,10 +512,12 @@ pub async fn overview(
     let (from, to, tenant) = (req.period.from, req.period.to, req.tenant.clone());
     let settings = app.config.analytics.clone();
     let raw = raw_from(&app);
-    let (bill, days, open) = read(&app, move |c| {
+    let (bill, days, open, energy) = read(&app, move |c| {
         let b = bill::compute(c, from, to, &settings, raw, mode, idle, tenant.as_deref())
             .map_err(showback_error)?;
         let d = analytics::trend::daily(c, from, to, tenant.as_deref())
+            .map_err(|e| ApiError::internal(&e))?;
+        let energy = analytics::energy::daily_kwh(c, from, to, tenant.as_deref())
             .map_err(|e| ApiError::internal(&e))?;
         let o = analytics::episodes_page(
             c,
@@ -483,7 +530,7 @@ pub async fn overview(
             PAGE_EPISODES,
         )
         .map_err(|e| ApiError::internal(&e))?;
-        Ok((b, d, o))
+        Ok((b, d, o, energy))
     })
     .await?;
     let (open, more_open) = open;
@@ -501,6 +548,7 @@ pub async fn overview(
             views::trend(&days, fleet),
         )
         .with_chart(trend_chart(&days, fleet)),
+        energy_section(&energy, fleet),
         Section::table(
             "Top idle spenders",
             "Tenants by the cost of GPU-hours they held but did not use.",
@@ -695,6 +743,11 @@ pub async fn tenants(
             views::budgets(&b, &req.query()),
         ));
     }
+    sections.push(Section::table(
+        "Energy and carbon",
+        "Measured GPU energy of each tenant's slices in the period, and its CO₂e at the configured carbon intensity (API: /api/v1/energy).",
+        energy_table(&app, &req, req.tenant.clone()).await?,
+    ));
     if let Some(r) = views::reconciliation(&bill) {
         sections.push(Section::table(
             "Reconciliation",
@@ -783,11 +836,14 @@ pub async fn tenant(
     let budget_section = budget_section(&app, &req, &name, mode).await?;
     let mut bill_table = views::bill_lines(&bill, &req.query());
     bill_table.footer = None;
-    let mut sections = vec![Section::table(
-        "Bill",
-        "This tenant's line of the bill.",
-        bill_table,
-    )];
+    let mut sections = vec![
+        Section::table("Bill", "This tenant's line of the bill.", bill_table),
+        Section::table(
+            "Energy and carbon",
+            "Measured GPU energy of this tenant's slices in the period, and its CO₂e.",
+            energy_table(&app, &req, Some(name.clone())).await?,
+        ),
+    ];
     sections.extend(budget_section);
     sections.extend([
 

@@ -27,6 +27,7 @@ pub mod hoarding;
 pub mod prices;
 pub mod rightsizing;
 pub mod shares;
+pub mod energy;
 pub mod showback;
 pub mod trend;
 
@@ -64,6 +65,8 @@ pub struct Settings {
     pub snapshot_instances: usize,
     /// `[rightsizing]`: the percentile, headrooms and minimum data of the recommendations.
     pub rightsizing: rightsizing::Settings,
+    /// `[energy]`: carbon intensity, an optional price per kWh, and the split's idle floors.
+    pub energy: energy::Settings,
 }
 
 impl Default for Settings {
@@ -85,6 +88,7 @@ impl Default for Settings {
             // "The evaluation read in short snapshots").
             snapshot_instances: 20_000,
             rightsizing: rightsizing::Settings::default(),
+            energy: energy::Settings::default(),
         }
     }
 }
@@ -382,6 +386,9 @@ pub struct Current {
     /// Tenant → what its rightsizing recommendations would have saved this month so far
     /// ([`rightsizing::rightsizing`]); filled by the aggregator's evaluation like `budgets`.
     pub savings: Vec<(String, f64)>,
+    /// Tenant → (joules, grams CO₂e when an intensity is configured) of its slices this UTC
+    /// month so far ([`energy::energy`]); filled by the aggregator's evaluation like `budgets`.
+    pub energy: Vec<(String, (f64, Option<f64>))>,
 }
 
 /// An open episode, for the metrics.

@@ -283,7 +283,7 @@ pub enum ShowbackError {
 
 /// A piece of the range and the table that answers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Level {
+pub(crate) enum Level {
     Raw,
     Minute,
     Hour,
@@ -291,7 +291,7 @@ enum Level {
 }
 
 /// Cuts `[from, to)` into pieces answerable exactly by each table.
-fn pieces(from: i64, to: i64) -> Vec<(Level, i64, i64)> {
+pub(crate) fn pieces(from: i64, to: i64) -> Vec<(Level, i64, i64)> {
     let up = |t: i64, w: i64| t.div_euclid(w) * w + if t.rem_euclid(w) == 0 { 0 } else { w };
     let down = |t: i64, w: i64| t.div_euclid(w) * w;
     let mut out = Vec::new();
