@@ -55,5 +55,5 @@ fi
 shellcheck test.sh .ci/run deploy/slurm/*.sh tests/slurm/*.sh benches/*.sh benches/prometheus/*.sh benches/gpu/*.sh
 # The real-GPU check's tools run only where a GPU is (benches/gpu/): here they must still compile.
 cc -Wall -Werror -fsyntax-only benches/gpu/gpuload.c
-python3 -m py_compile benches/gpu/gpm_reference.py
+python3 -m py_compile benches/gpu/gpm_reference.py benches/gpu/energy_report.py
 cargo test --workspace --all-targets --locked

@@ -47,7 +47,9 @@ def main():
             n.nvmlGpmSampleGet(h, s)
     with open(out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["ts", "gpu", *[m for m, _ in METRICS], "fb_used_bytes", "power_watts"])
+        w.writerow(
+            ["ts", "gpu", *[m for m, _ in METRICS], "fb_used_bytes", "power_watts", "energy_mj"]
+        )
         next_tick = int(time.time()) + 1
         for _ in range(seconds):
             time.sleep(max(0.0, next_tick - time.time()))
@@ -61,7 +63,10 @@ def main():
                     samples[i] = fresh
                 fb = n.nvmlDeviceGetMemoryInfo(h).used
                 power = n.nvmlDeviceGetPowerUsage(h) / 1000.0
-                w.writerow([next_tick, i, *act, fb, power])
+                # The total-energy counter (mJ since the driver loaded): the exporter's per-second
+                # joules are its differences (energy_report.py compares them).
+                energy = n.nvmlDeviceGetTotalEnergyConsumption(h)
+                w.writerow([next_tick, i, *act, fb, power, energy])
             f.flush()
             next_tick += 1
     n.nvmlShutdown()

@@ -156,6 +156,9 @@ fn print_welcome(
         "  budgets:          {base}/tenants   (two tenants are forecast over their monthly budget)"
     );
     eprintln!(
+        "  energy:           curl -s -H 'Authorization: Bearer {token}' '{base}/api/v1/energy?group_by=tenant'   (measured kWh per tenant since the demo started; the history before it has none)"
+    );
+    eprintln!(
         "  ledger metrics:   curl -s -H 'Authorization: Bearer {token}' {base}/metrics | grep gpuledger_tenant"
     );
     eprintln!(
