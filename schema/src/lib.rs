@@ -14,6 +14,7 @@
 
 pub mod error;
 pub mod exposition;
+pub mod keep;
 pub mod mig;
 pub mod migrations;
 pub mod options;

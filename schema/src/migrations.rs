@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "raw_compacted",
         sql: include_str!("../migrations/0011_raw_compacted.sql"),
     },
+    Migration {
+        version: 13,
+        name: "keep_links",
+        sql: include_str!("../migrations/0013_keep_links.sql"),
+    },
 ];
 
 /// The schema version this build writes.
