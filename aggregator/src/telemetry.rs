@@ -426,7 +426,7 @@ impl AggregatorMetrics {
     fn register_webhooks(&self, r: &mut Registry) {
         r.register(
             "gpuledger_aggregator_webhook_deliveries",
-            "Webhook attempts by endpoint and outcome: delivered, retry, gone (410: endpoint disabled), failed (past max_age)",
+            "Webhook and chat attempts by endpoint and outcome: delivered, retry, throttled (429: the endpoint paused), gone (410: endpoint disabled), failed (past max_age, or a chat endpoint's 400/403/404)",
             self.webhook_deliveries.clone(),
         );
         r.register(

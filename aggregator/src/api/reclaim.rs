@@ -401,7 +401,7 @@ pub async fn replay(
         )
     })
     .await?;
-    app.deliveries.notify_one();
+    app.deliveries.wake();
     Ok(Json(Requeued { requeued }))
 }
 
@@ -419,7 +419,7 @@ pub async fn enable_endpoint(
     }
     let now = chrono::Utc::now().timestamp();
     let requeued = write(&app, move |tx| records::enable_endpoint(tx, &name, now)).await?;
-    app.deliveries.notify_one();
+    app.deliveries.wake();
     Ok(Json(Requeued { requeued }))
 }
 

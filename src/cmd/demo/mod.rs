@@ -346,6 +346,7 @@ fn demo_billing() -> gpuledger_ledger::analytics::bill::BillingSettings {
                 team: Some(team.to_owned()),
                 org: Some(org.to_owned()),
                 monthly_budget: Some(budget),
+                contact: None,
             },
         )
     })
