@@ -9,6 +9,7 @@
 //! queries take its tenant (trend, episodes, breakdowns) or its line is cut out of the bill
 //! computed for the fleet ([`gpuledger_ledger::analytics::bill`]) — and never the fleet pages.
 
+pub mod keep;
 pub mod period;
 
 use askama::Template;
