@@ -376,6 +376,8 @@ impl Deliverer {
             return Ok(0);
         }
         let gate = Arc::new(tokio::sync::Semaphore::new(self.in_flight.max(1)));
+        // Set by a 429: the rest of the round is not attempted (the endpoint pauses).
+        let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut tasks = tokio::task::JoinSet::new();
         for row in rows {
             let Some(endpoint) = self
@@ -390,8 +392,12 @@ impl Deliverer {
             let client = self.client.clone();
             let gate = gate.clone();
             let metrics = self.metrics.clone();
+            let paused = paused.clone();
             tasks.spawn(async move {
                 let _slot = gate.acquire_owned().await;
+                if paused.load(std::sync::atomic::Ordering::Acquire) {
+                    return None;
+                }
                 let started = Instant::now();
                 let outcome = attempt(
                     &client,
@@ -412,6 +418,9 @@ impl Deliverer {
                         outcome: outcome.label(),
                     })
                     .inc();
+                if matches!(outcome, Outcome::Throttled { .. }) {
+                    paused.store(true, std::sync::atomic::Ordering::Release);
+                }
                 match &outcome {
                     Outcome::Delivered(_) => {}
                     Outcome::Retry { error, at, .. } | Outcome::Throttled { error, at } => tracing::info!(
@@ -432,10 +441,10 @@ impl Deliverer {
                         "A webhook event passed the endpoint's max_age undelivered; it is marked failed."
                     ),
                 }
-                (row.event_id, row.endpoint, row.attempts, outcome)
+                Some((row.event_id, row.endpoint, row.attempts, outcome))
             });
         }
-        let results: Vec<_> = tasks.join_all().await;
+        let results: Vec<_> = tasks.join_all().await.into_iter().flatten().collect();
         let n = results.len();
         let at = chrono::Utc::now().timestamp();
         self.writer

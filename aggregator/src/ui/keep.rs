@@ -150,7 +150,7 @@ async fn stored(app: &AppState, episode_id: String, now: i64) -> Result<Option<S
     let analytics = app.config.analytics.clone();
     tokio::task::spawn_blocking(move || -> duckdb::Result<Option<Stored>> {
         let row = conn.query_row(
-            "SELECT tenant, workload, state, started_at, notified_at, requested_at, ended_at, data
+            "SELECT tenant, workload, state, started_at, notified_at, requested_at, closed_at, data
              FROM reclaim_episodes WHERE episode_id = ?",
             [&episode_id],
             |r| {
