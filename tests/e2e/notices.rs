@@ -264,7 +264,8 @@ async fn keep_links_are_bounded_refuse_what_is_not_theirs_and_survive_a_restart(
     let (status, body) = post(&other, &a.url(), &long).await;
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("duration"), "{body}");
-    assert_eq!(exemptions(&a).await.len(), 2, "only the two keeps of 4242");
+    let ex = exemptions(&a).await;
+    assert!(ex.iter().all(|e| e["workload"] == "4242"), "nothing kept for lab/nb-idle: {ex:?}");
 
     // Tampered, another episode's id under this token's signature, garbage.
     let (base, token) = link.rsplit_once('/').unwrap();
