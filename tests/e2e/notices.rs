@@ -339,3 +339,43 @@ async fn a_throttled_or_hanging_chat_endpoint_never_delays_webhooks() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(chat.got("slack").len(), 1, "the whole endpoint pauses");
 }
+
+/// The keep page in Chromium: it opens without signing in, shows the one episode and no other
+/// tenant's or workload's data, and its "Keep 4 h" button keeps the workload; an admin then sees
+/// the exemption, made by `link`, on the Hoarding page.
+#[tokio::test(flavor = "multi_thread")]
+async fn chromium_opens_a_keep_page_without_sign_in_and_keeps_4_h() {
+    use crate::common::browser::Browser;
+    let Fed {
+        dir: _dir, rx, a, ..
+    } = fed(204, "", "").await;
+    notices(&a, &rx).await;
+    let link = keep_url(&rx, "lab/nb-idle");
+    let browser = Browser::start().await;
+    browser.go(&format!("{link}?d=4h")).await;
+    assert!(!browser.url().await.contains("/signin"), "no sign-in");
+    let text = browser.js("return document.body.innerText").await;
+    let text = text.as_str().unwrap();
+    assert!(text.contains("lab/nb-idle") && text.contains("ml"), "{text}");
+    for other in ["serve/llm-0", "4242", "lab/nb-recent", "GPU-LC"] {
+        assert!(!text.contains(other), "{other} is another episode's: {text}");
+    }
+    browser.screenshot("keep-page").await;
+    let button = browser.element("button[value=\"4h\"]").await;
+    browser
+        .cmd(
+            reqwest::Method::POST,
+            &format!("/element/{button}/click"),
+            serde_json::json!({}),
+        )
+        .await;
+    eventually("the kept page", Duration::from_secs(10), async || {
+        let t = browser.js("return document.body.innerText").await;
+        t.as_str().filter(|t| t.contains("Kept until")).map(str::to_owned)
+    })
+    .await;
+    browser.screenshot("keep-page-kept").await;
+    browser.sign_in(&a.url(), ADMIN_TOKEN, "/hoarding").await;
+    assert_eq!(browser.column("exemptions", "created_by").await, ["link"]);
+    assert_eq!(browser.column("exemptions", "workload").await, ["lab/nb-idle"]);
+}
