@@ -100,6 +100,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/analytics/evaluate", post(api::evaluate_now))
         .route("/api/v1/webhooks/deliveries", get(reclaim::deliveries))
         .route("/api/v1/keep-links", post(reclaim::create_keep_link))
+        .route(
+            "/api/v1/keep-links/rotate",
+            post(reclaim::rotate_keep_links),
+        )
         .route("/api/v1/webhooks/replay", post(reclaim::replay))
         .route(
             "/api/v1/webhooks/endpoints/{name}/enable",

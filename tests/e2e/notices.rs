@@ -164,7 +164,7 @@ async fn chat_messages_carry_the_keep_link_and_a_keep_withdraws_the_pending_requ
     }
     let r = client().get(&link).send().await.unwrap();
     assert_eq!(r.headers()["cache-control"], "no-store");
-    assert_eq!(r.headers()["referrer-policy"], "no-referrer");
+    assert_eq!(r.headers()["referrer-policy"], "same-origin");
     assert!(exemptions(&a).await.is_empty(), "a GET keeps nothing");
 
     let (status, body) = keep(&a, &link, "4h").await;
@@ -291,6 +291,16 @@ async fn keep_links_are_bounded_refuse_what_is_not_theirs_and_survive_a_restart(
     assert_eq!(status, 200, "{page}");
     let metrics = a.metrics_as(ADMIN_TOKEN).await;
     assert!(!metrics.contains(parts[4]), "no token in /metrics");
+    // A rotation: the new key signs, links already sent still work until they expire.
+    let (status, body) = crate::reclaim::post(
+        &a,
+        ADMIN_TOKEN,
+        "/api/v1/keep-links/rotate",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(open(&link).await.0, 200, "an issued link outlives a rotation");
 
     // Expired: 410 with a page that says when.
     eventually("the link's expiry", Duration::from_secs(60), async || {
@@ -299,6 +309,16 @@ async fn keep_links_are_bounded_refuse_what_is_not_theirs_and_survive_a_restart(
     })
     .await
     .contains("expired");
+    // A revocation refuses every link signed before it, expired or not.
+    let (status, body) = crate::reclaim::post(
+        &a,
+        ADMIN_TOKEN,
+        "/api/v1/keep-links/rotate",
+        serde_json::json!({"revoke": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(open(&other).await.0, 403, "revoked");
 }
 
 /// A chat endpoint that throttles (429, `Retry-After: 3600`) or hangs never delays the scheduler's

@@ -509,3 +509,56 @@ pub async fn create_keep_link(
         }),
     ))
 }
+
+/// `POST /api/v1/keep-links/rotate`'s body.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateRequest {
+    /// Refuse every link signed so far at once (a leak), rather than when it would expire.
+    #[serde(default)]
+    pub revoke: bool,
+}
+
+/// `POST /api/v1/keep-links/rotate`'s answer.
+#[derive(Debug, serde::Serialize)]
+pub struct Rotated {
+    /// The key that signs from now.
+    pub key_id: u32,
+    /// Until when the previous key still verifies the links it signed (Unix seconds).
+    pub previous_valid_until: i64,
+}
+
+/// `POST /api/v1/keep-links/rotate` (admin): a new key signs keep links from now; the previous
+/// one verifies until its links would expire anyway (`link_ttl`), or not at all with
+/// `{"revoke": true}`.
+pub async fn rotate_keep_links(
+    State(app): State<AppState>,
+    _: Admin,
+    extract::Json(req): extract::Json<RotateRequest>,
+) -> Result<Json<Rotated>, ApiError> {
+    let now = chrono::Utc::now().timestamp();
+    let links = &app.config.reclaim.links;
+    let retire_at = if req.revoke {
+        now
+    } else {
+        now + links.ttl.as_secs() as i64
+    };
+    let mut secret = vec![0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| ApiError::internal(&e))?;
+    let keys = write(&app, move |tx| {
+        gpuledger_ledger::reclaim::links::rotate(tx, now, retire_at, secret)?;
+        gpuledger_ledger::reclaim::links::keys(tx, now)
+    })
+    .await?;
+    let key_id = keys.first().map_or(0, |k| k.id);
+    links.keys.set(keys);
+    tracing::info!(
+        key_id,
+        revoke = req.revoke,
+        "The keep-link key was rotated."
+    );
+    Ok(Json(Rotated {
+        key_id,
+        previous_valid_until: retire_at,
+    }))
+}

@@ -66,7 +66,9 @@ impl From<ApiError> for Refusal {
 fn private(mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: with it a browser posts the page's form with `Origin: null`, which the
+    // same-origin check refuses. `same-origin` still keeps the token's URL from other sites.
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     h.insert("x-robots-tag", HeaderValue::from_static("noindex"));
     r
 }
