@@ -266,6 +266,7 @@ fn outbox() {
                 secret: Some(secret),
                 ..Default::default()
             }],
+            Vec::new(),
             None,
         )
         .unwrap();

@@ -24,7 +24,7 @@ use gpuledger_ledger::analytics::bill::BillingSettings;
 use gpuledger_ledger::analytics::prices::{PriceBook, PriceFile};
 use gpuledger_ledger::analytics::energy::Settings as EnergySettings;
 use gpuledger_ledger::analytics::rightsizing::Settings as RightsizingSettings;
-use gpuledger_ledger::reclaim::config::{AlertmanagerFile, ReclaimFile, WebhookFile};
+use gpuledger_ledger::reclaim::config::{AlertmanagerFile, NotifyFile, ReclaimFile, WebhookFile};
 use gpuledger_ledger::store::Retention;
 
 /// The options of `gpuledger aggregator`. A flag on the command line wins over its environment
@@ -128,6 +128,10 @@ pub struct AggregatorOptions {
     #[arg(skip)]
     #[serde(skip_serializing)]
     pub webhooks: Vec<WebhookFile>,
+    /// `[[notify]]`: chat channels sent a short message per event.
+    #[arg(skip)]
+    #[serde(skip_serializing)]
+    pub notify: Vec<NotifyFile>,
     /// `[alertmanager]`: push open episodes to Alertmanager.
     #[arg(skip)]
     #[serde(skip_serializing)]
@@ -402,7 +406,7 @@ impl AggregatorOptions {
         let tokens = tokens(self.token_file)?;
         let reclaim = self
             .reclaim
-            .resolve(self.webhooks, self.alertmanager)
+            .resolve(self.webhooks, self.notify, self.alertmanager)
             .map_err(|e| invalid(format!("the config file's reclaim settings: {e:#}")))?;
         Ok(Config {
             analytics,

@@ -96,9 +96,16 @@ pub fn router(state: AppState) -> Router {
         .route("/signin", get(ui::signin_page).post(ui::signin))
         .route("/signout", post(ui::signout))
         .route("/hoarding/snooze", post(ui::snooze))
+        // Keep links from the notices (no sign-in: the signed token is the credential)
+        .route("/keep/{token}", get(ui::keep::keep_page).post(ui::keep::keep))
         // Admin
         .route("/api/v1/analytics/evaluate", post(api::evaluate_now))
         .route("/api/v1/webhooks/deliveries", get(reclaim::deliveries))
+        .route("/api/v1/keep-links", post(reclaim::create_keep_link))
+        .route(
+            "/api/v1/keep-links/rotate",
+            post(reclaim::rotate_keep_links),
+        )
         .route("/api/v1/webhooks/replay", post(reclaim::replay))
         .route(
             "/api/v1/webhooks/endpoints/{name}/enable",

@@ -91,6 +91,11 @@ pub async fn run_with(
             source,
         })?;
     let http = config.http;
+    let mut config = config;
+    if config.reclaim.links.public_url.is_none() {
+        let bound = listener.local_addr().unwrap_or(config.listen);
+        config.reclaim.links.public_url = Some(default_public_url(bound));
+    }
     let (state, thread, compactor) = open(config, prepare.is_some())?;
     let otlp = start_otlp(&state)?;
     let background = spawn_background(&state, &compactor, prepare)?;
@@ -145,6 +150,16 @@ fn open(
         store::open_with(&path, Some(config.limits.duckdb_memory_limit.as_str()))
     })?;
     tracing::info!(db = %path.display(), schema_version_found = found, "Opened the ledger.");
+    // The keep links' keys, before the writer takes the connection: a fresh ledger gets one.
+    let keys = tokio::task::block_in_place(|| {
+        gpuledger_ledger::reclaim::links::load_or_create(
+            &conn,
+            chrono::Utc::now().timestamp(),
+            fresh_secret,
+        )
+    })
+    .map_err(store::StoreError::from_db)?;
+    config.reclaim.links.keys.set(keys);
     let readers = Readers::new(
         &conn,
         (path.as_os_str() != ":memory:").then(|| path.clone()),
@@ -164,6 +179,7 @@ fn open(
     )?;
     tracing::info!(listen = %config.listen, "The aggregator is listening.");
     let admission = crate::api::admission::Admission::new(&config.limits);
+    let lanes = crate::reclaim::delivery::Lanes::new(config.reclaim.endpoints.len());
     let state = AppState(Arc::new(App {
         tokens: config.tokens.clone(),
         config,
@@ -173,13 +189,39 @@ fn open(
         analytics_lock: tokio::sync::Mutex::new(()),
         admission,
         readiness: tokio::sync::Mutex::new(None),
-        deliveries: Arc::new(tokio::sync::Notify::new()),
+        deliveries: lanes,
         sessions: crate::auth::session::Sessions::default(),
         preparing: std::sync::Mutex::new(preparing.then(|| "starting".to_owned())),
         demand: Default::default(),
         month_savings: Default::default(),
     }));
     Ok((state, thread, compactor))
+}
+
+/// 32 random bytes: a new keep-link key.
+fn fresh_secret() -> Vec<u8> {
+    let mut key = vec![0u8; 32];
+    getrandom::fill(&mut key).expect("the operating system provides random bytes");
+    key
+}
+
+/// `reclaim.public_url` when unset: `http://` and the bound address, or the host's name when it
+/// listens on every address (a reader cannot reach `0.0.0.0`).
+fn default_public_url(bound: std::net::SocketAddr) -> String {
+    if bound.ip().is_unspecified() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into());
+        tracing::warn!(
+            host,
+            "reclaim.public_url is not set and the aggregator listens on every address: keep links name this host; set reclaim.public_url to the URL readers reach."
+        );
+        format!("http://{host}:{}", bound.port())
+    } else {
+        format!("http://{bound}")
+    }
 }
 
 /// The OTLP push, when configured.
@@ -215,17 +257,25 @@ fn spawn_background(
         .user_agent(concat!("gpuledger/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| ServeError::Serve(std::io::Error::other(e)))?;
-    let deliveries = tokio::spawn(
-        crate::reclaim::delivery::Deliverer {
-            endpoints: Arc::new(state.config.reclaim.endpoints.clone()),
-            readers: state.readers.clone(),
-            writer: state.writer.clone(),
-            metrics: state.metrics.clone(),
-            wake: state.deliveries.clone(),
-            client: client.clone(),
-        }
-        .run(),
-    );
+    // One lane per endpoint: a chat service that hangs or throttles never delays a webhook.
+    let deliveries: Vec<_> = (state.config.reclaim.endpoints.iter().enumerate())
+        .map(|(i, endpoint)| {
+            use crate::reclaim::delivery::{CHAT_IN_FLIGHT, Deliverer, IN_FLIGHT};
+            let chat = endpoint.kind != gpuledger_ledger::reclaim::config::EndpointKind::Webhook;
+            tokio::spawn(
+                Deliverer {
+                    endpoints: Arc::new(vec![endpoint.clone()]),
+                    readers: state.readers.clone(),
+                    writer: state.writer.clone(),
+                    metrics: state.metrics.clone(),
+                    wake: state.deliveries.lane(i),
+                    client: client.clone(),
+                    in_flight: if chat { CHAT_IN_FLIGHT } else { IN_FLIGHT },
+                }
+                .run(),
+            )
+        })
+        .collect();
     let alerts = state
         .config
         .reclaim
@@ -234,7 +284,7 @@ fn spawn_background(
         .map(|am| tokio::spawn(alertmanager_loop(state.clone(), am, client)));
     let mut tasks = vec![retention.abort_handle(), analytics.abort_handle()];
     tasks.extend(prepared.map(|p| p.abort_handle()));
-    tasks.push(deliveries.abort_handle());
+    tasks.extend(deliveries.iter().map(|d| d.abort_handle()));
     tasks.extend(alerts.map(|a| a.abort_handle()));
     Ok(tasks)
 }

@@ -68,7 +68,14 @@ pub struct EndpointLabels {
 pub struct EndpointOutcomeLabels {
     /// The endpoint's name.
     pub endpoint: String,
-    /// delivered | retry | gone | failed.
+    /// delivered | retry | throttled | gone | failed.
+    pub outcome: &'static str,
+}
+
+/// What a request to a keep link came to (a fixed set; never the token or the path).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeepOutcomeLabels {
+    /// shown | kept | forbidden | gone | bound.
     pub outcome: &'static str,
 }
 
@@ -214,6 +221,8 @@ pub struct AggregatorMetrics {
     pub reclaim_last_pass: Gauge,
     /// Webhook attempts by endpoint and outcome.
     pub webhook_deliveries: Family<EndpointOutcomeLabels, Counter>,
+    /// Requests to keep links by outcome.
+    pub keep_requests: Family<KeepOutcomeLabels, Counter>,
     /// Undelivered events per endpoint.
     pub webhook_pending: Family<EndpointLabels, Gauge>,
     /// Age of the oldest undelivered event per endpoint.
@@ -261,6 +270,7 @@ impl AggregatorMetrics {
             reclaim_deferred: Counter::default(),
             reclaim_last_pass: Gauge::default(),
             webhook_deliveries: Family::default(),
+            keep_requests: Family::default(),
             webhook_pending: Family::default(),
             webhook_oldest_pending_age: Family::default(),
             webhook_endpoint_disabled: Family::default(),
@@ -425,8 +435,13 @@ impl AggregatorMetrics {
     /// Registers the families of webhook delivery.
     fn register_webhooks(&self, r: &mut Registry) {
         r.register(
+            "gpuledger_aggregator_keep_requests",
+            "Requests to keep links by outcome: shown (GET), kept, forbidden (403), gone (410), bound (the per-episode bound reached)",
+            self.keep_requests.clone(),
+        );
+        r.register(
             "gpuledger_aggregator_webhook_deliveries",
-            "Webhook attempts by endpoint and outcome: delivered, retry, gone (410: endpoint disabled), failed (past max_age)",
+            "Webhook and chat attempts by endpoint and outcome: delivered, retry, throttled (429: the endpoint paused), gone (410: endpoint disabled), failed (past max_age, or a chat endpoint's 400/403/404)",
             self.webhook_deliveries.clone(),
         );
         r.register(

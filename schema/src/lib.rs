@@ -15,6 +15,7 @@
 pub mod energy;
 pub mod error;
 pub mod exposition;
+pub mod keep;
 pub mod mig;
 pub mod migrations;
 pub mod options;

@@ -75,6 +75,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "energy",
         sql: include_str!("../migrations/0012_energy.sql"),
     },
+    Migration {
+        version: 13,
+        name: "keep_links",
+        sql: include_str!("../migrations/0013_keep_links.sql"),
+    },
 ];
 
 /// The schema version this build writes.

@@ -166,6 +166,57 @@ pub struct EpisodeData {
     pub policy: PolicyData,
     /// True when the aggregator runs with `dry_run`: the receiver must not act.
     pub dry_run: bool,
+    /// The signed link at which a person keeps the workload for a while (`hoarding.detected`
+    /// and `reclaim.requested` only, when the aggregator can make links).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_url: Option<String>,
+    /// Who holds it, as far as the ledger knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<OwnerData>,
+}
+
+/// Who holds an episode's GPU, as far as the ledger knows: read from the workload's name and the
+/// tenant's `[billing.tenants."NAME"]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OwnerData {
+    /// The pod's namespace (a `namespace/pod` workload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The pod's name (a `namespace/pod` workload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The Slurm job id (a numeric workload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    /// The tenant's team.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// The tenant's contact: a chat channel or a mail address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contact: Option<String>,
+}
+
+impl OwnerData {
+    /// In a few words, for a message (`pod lab/nb-1, team vision, #ml-gpu`).
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match (&self.namespace, &self.name, &self.job_id) {
+            (Some(ns), Some(n), _) => parts.push(format!("pod {ns}/{n}")),
+            (_, _, Some(j)) => parts.push(format!("job {j}")),
+            _ => {}
+        }
+        if let Some(t) = &self.team {
+            parts.push(format!("team {t}"));
+        }
+        if let Some(c) = &self.contact {
+            parts.push(c.clone());
+        }
+        if parts.is_empty() {
+            "-".into()
+        } else {
+            parts.join(", ")
+        }
+    }
 }
 
 /// A tenant's month against its budget, as a `budget.*` event carries it (the figures of

@@ -28,6 +28,7 @@ mod exporter_replay;
 mod exporter_spool;
 mod fleet_pages;
 mod kubelet;
+mod notices;
 mod one_build;
 mod otlp;
 mod reclaim;

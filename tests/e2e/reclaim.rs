@@ -12,8 +12,8 @@ use gpuledger_schema::{Sample, SloClass};
 use serde_json::Value;
 use std::time::Duration;
 
-const NODE: &str = "node-token-0123456789abc";
-const TEAM: &str = "tenant-ml-token-0123456789";
+pub(crate) const NODE: &str = "node-token-0123456789abc";
+pub(crate) const TEAM: &str = "tenant-ml-token-0123456789";
 
 /// `n` seconds of `workload` on `uuid` ending at `end` (exclusive), SM activity from `sm(t)`.
 fn run(
@@ -137,16 +137,16 @@ timeout = "2s"
 }
 
 /// A running aggregator (see [`config`]) fed the trace ending at `now`, and its receiver.
-struct Fed {
-    dir: tempfile::TempDir,
-    rx: Receiver,
-    a: Aggregator,
-    now: i64,
+pub(crate) struct Fed {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) rx: Receiver,
+    pub(crate) a: Aggregator,
+    pub(crate) now: i64,
 }
 
 /// An aggregator whose `[reclaim]` gets the `reclaim` lines (and `extra` tables), sending to a
 /// receiver that answers `status`, fed the trace ending now.
-async fn fed(status: u16, reclaim: &str, extra: &str) -> Fed {
+pub(crate) async fn fed(status: u16, reclaim: &str, extra: &str) -> Fed {
     let dir = tempfile::tempdir().unwrap();
     let rx = Receiver::start(status).await;
     let cfg = config(dir.path(), &rx.url, reclaim, extra);
@@ -162,7 +162,7 @@ async fn fed(status: u16, reclaim: &str, extra: &str) -> Fed {
 }
 
 /// Waits until `rx` has accepted `n` distinct events.
-async fn wait_events(rx: &Receiver, n: usize, what: &str) {
+pub(crate) async fn wait_events(rx: &Receiver, n: usize, what: &str) {
     eventually(what, Duration::from_secs(30), async || {
         (rx.events().len() >= n).then_some(())
     })
@@ -170,12 +170,12 @@ async fn wait_events(rx: &Receiver, n: usize, what: &str) {
 }
 
 /// The evaluation `report` decided `n` events of type `kind`.
-fn assert_event_count(report: &Value, kind: &str, n: u64) {
+pub(crate) fn assert_event_count(report: &Value, kind: &str, n: u64) {
     assert_eq!(report["reclaim"]["events"][kind], n, "{report}");
 }
 
 /// Evaluates once and waits for the four notices.
-async fn notices(a: &Aggregator, rx: &Receiver) {
+pub(crate) async fn notices(a: &Aggregator, rx: &Receiver) {
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
     assert_event_count(&report, "hoarding.detected", 4);
     wait_events(&rx, 4, "the notices").await;
@@ -190,7 +190,7 @@ async fn feed(a: &Aggregator, now: i64) {
     }
 }
 
-async fn get(a: &Aggregator, token: &str, path: &str) -> (u16, Value) {
+pub(crate) async fn get(a: &Aggregator, token: &str, path: &str) -> (u16, Value) {
     let r = reqwest::Client::new()
         .get(format!("{}{path}", a.url()))
         .bearer_auth(token)
@@ -200,7 +200,7 @@ async fn get(a: &Aggregator, token: &str, path: &str) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
-async fn post(a: &Aggregator, token: &str, path: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn post(a: &Aggregator, token: &str, path: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new()
         .post(format!("{}{path}", a.url()))
         .bearer_auth(token)

@@ -240,6 +240,66 @@ pub struct SignIn {
     pub next: String,
 }
 
+/// A keep button: posts `duration = value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeepButton {
+    /// The duration as configured (`4h`).
+    pub value: String,
+    /// Its words (`Keep 4 h`).
+    pub label: String,
+    /// The one a chat button asked for (`?d=4h`): only marked, never posted.
+    pub highlighted: bool,
+}
+
+/// The page of a keep link (`GET /keep/{token}`): one episode and nothing else, readable
+/// without sign-in.
+#[derive(Template, Debug, Clone)]
+#[template(path = "keep.html")]
+pub struct Keep {
+    /// The workload.
+    pub workload: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its owner, in a few words.
+    pub owner: Option<String>,
+    /// The node.
+    pub node: String,
+    /// The GPU (model, MIG profile).
+    pub gpu: String,
+    /// How long it has been idle.
+    pub idle_for: String,
+    /// Its idle cost so far, with the currency.
+    pub idle_cost: String,
+    /// When it will be reclaimed, in words.
+    pub deadline: String,
+    /// The end of a keep in force (RFC 3339).
+    pub kept_until: Option<String>,
+    /// Kept through links so far, in words.
+    pub used: String,
+    /// The per-episode bound, in words.
+    pub bound: String,
+    /// The buttons (none once the bound is reached).
+    pub buttons: Vec<KeepButton>,
+    /// Where the form posts.
+    pub action: String,
+    /// The form's token.
+    pub form: String,
+    /// The minute the form token was issued.
+    pub form_t: String,
+    /// A sentence about the last answer (the bound reached).
+    pub message: Option<String>,
+}
+
+/// The page of a keep link that is refused (403, 410): why, in a sentence.
+#[derive(Template, Debug, Clone)]
+#[template(path = "keep_refused.html")]
+pub struct KeepRefused {
+    /// The heading.
+    pub title: String,
+    /// Why.
+    pub why: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +316,43 @@ mod tests {
             next: "month=2026-12".into(),
             csrf: Some("c5rf".into()),
         }
+    }
+
+    #[test]
+    fn the_keep_page_escapes_every_value() {
+        let evil = "<script>alert(1)</script>".to_owned();
+        let page = Keep {
+            workload: evil.clone(),
+            tenant: evil.clone(),
+            owner: Some(evil.clone()),
+            node: evil.clone(),
+            gpu: evil.clone(),
+            idle_for: evil.clone(),
+            idle_cost: evil.clone(),
+            deadline: evil.clone(),
+            kept_until: Some(evil.clone()),
+            used: evil.clone(),
+            bound: evil.clone(),
+            buttons: vec![KeepButton {
+                value: evil.clone(),
+                label: evil.clone(),
+                highlighted: true,
+            }],
+            action: evil.clone(),
+            form: evil.clone(),
+            form_t: evil.clone(),
+            message: Some(evil.clone()),
+        }
+        .render()
+        .unwrap();
+        assert!(!page.contains("<script>"), "{page}");
+        let refused = KeepRefused {
+            title: evil.clone(),
+            why: evil,
+        }
+        .render()
+        .unwrap();
+        assert!(!refused.contains("<script>"));
     }
 
     #[test]

@@ -48,8 +48,8 @@ pub struct App {
     pub admission: admission::Admission,
     /// The last readiness answer and when it was found.
     pub readiness: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
-    /// Wakes the webhook delivery loop when a pass put events in the outbox.
-    pub deliveries: Arc<tokio::sync::Notify>,
+    /// Wakes the delivery lanes (one per endpoint) when a pass put events in the outbox.
+    pub deliveries: crate::reclaim::delivery::Lanes,
     /// The pages' signed-in sessions.
     pub sessions: crate::auth::session::Sessions,
     /// What the service is preparing before it is ready (`None` once ready): see
@@ -182,7 +182,7 @@ impl App {
         )
         .await?;
         if !reclaim.events.is_empty() {
-            self.deliveries.notify_one();
+            self.deliveries.wake();
         }
         Ok(EvaluateReport {
             analytics: report,
@@ -204,7 +204,12 @@ impl App {
             return Ok(());
         };
         let now = chrono::Utc::now().timestamp();
-        let notices = budget_notices::plan(b, &self.config.reclaim.endpoints, now);
+        let notices = budget_notices::plan(
+            b,
+            &self.config.reclaim.endpoints,
+            &self.config.analytics.billing,
+            now,
+        );
         if notices.is_empty() {
             return Ok(());
         }
@@ -213,7 +218,7 @@ impl App {
             .apply_with(move |tx| budget_notices::store(tx, &notices, now))
             .await?;
         if added > 0 {
-            self.deliveries.notify_one();
+            self.deliveries.wake();
         }
         Ok(())
     }

@@ -7,7 +7,9 @@
 //!   `max_exemptions_per_tenant` in force), `DELETE /api/v1/exemptions/{id}`;
 //! - admin: `GET /api/v1/webhooks/deliveries?state=&endpoint=&event_id=`,
 //!   `POST /api/v1/webhooks/replay`, `POST /api/v1/webhooks/endpoints/{name}/enable`;
-//! - `POST /api/v1/alertmanager` (admin): Alertmanager's webhook.
+//! - `POST /api/v1/alertmanager` (admin): Alertmanager's webhook;
+//! - `POST /api/v1/keep-links` (admin): a keep link for a followed episode (docs/reclaim.md,
+//!   "Keep links").
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -401,7 +403,7 @@ pub async fn replay(
         )
     })
     .await?;
-    app.deliveries.notify_one();
+    app.deliveries.wake();
     Ok(Json(Requeued { requeued }))
 }
 
@@ -419,7 +421,7 @@ pub async fn enable_endpoint(
     }
     let now = chrono::Utc::now().timestamp();
     let requeued = write(&app, move |tx| records::enable_endpoint(tx, &name, now)).await?;
-    app.deliveries.notify_one();
+    app.deliveries.wake();
     Ok(Json(Requeued { requeued }))
 }
 
@@ -444,4 +446,119 @@ pub async fn alertmanager_webhook(
         write(&app, move |tx| alertmanager::store(tx, &ids, now)).await?;
     }
     Ok(Json(report))
+}
+
+/// `POST /api/v1/keep-links`'s body.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeepLinkRequest {
+    /// A followed episode (`ep_…`).
+    pub episode_id: String,
+}
+
+/// `POST /api/v1/keep-links`'s answer.
+#[derive(Debug, serde::Serialize)]
+pub struct KeepLink {
+    /// The link.
+    pub keep_url: String,
+    /// When it expires (Unix seconds).
+    pub expires_at: i64,
+}
+
+/// `POST /api/v1/keep-links` (admin): a keep link for an open episode, as a notice carries it
+/// (for a person told some other way, and for the demo).
+pub async fn create_keep_link(
+    State(app): State<AppState>,
+    _: Admin,
+    extract::Json(req): extract::Json<KeepLinkRequest>,
+) -> Result<(StatusCode, Json<KeepLink>), ApiError> {
+    let id = req.episode_id.clone();
+    let row = read(&app, move |c| {
+        let mut stmt = c.prepare(
+            "SELECT tenant, workload FROM reclaim_episodes
+             WHERE episode_id = ? AND state <> 'resolved'",
+        )?;
+        let mut rows = stmt.query_map([&id], |r| {
+            Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?))
+        })?;
+        rows.next().transpose()
+    })
+    .await?;
+    let Some((tenant, workload)) = row else {
+        return Err(ApiError::unprocessable(
+            "episode_id",
+            "no open episode has this id (GET /api/v1/reclaims lists them)",
+        ));
+    };
+    if !gpuledger_ledger::reclaim::pass::keepable(tenant.as_deref(), workload.as_deref()) {
+        return Err(ApiError::unprocessable(
+            "episode_id",
+            "its tenant or workload is unknown, or a glob: a link could not name it alone",
+        ));
+    }
+    let links = &app.config.reclaim.links;
+    let now = chrono::Utc::now().timestamp();
+    let keep_url = links
+        .url(&req.episode_id, now)
+        .ok_or_else(|| ApiError::bad_request("episode_id", "not an episode id (ep_ and 24 hex)"))?;
+    Ok((
+        StatusCode::CREATED,
+        Json(KeepLink {
+            keep_url,
+            expires_at: now + links.ttl.as_secs() as i64,
+        }),
+    ))
+}
+
+/// `POST /api/v1/keep-links/rotate`'s body.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateRequest {
+    /// Refuse every link signed so far at once (a leak), rather than when it would expire.
+    #[serde(default)]
+    pub revoke: bool,
+}
+
+/// `POST /api/v1/keep-links/rotate`'s answer.
+#[derive(Debug, serde::Serialize)]
+pub struct Rotated {
+    /// The key that signs from now.
+    pub key_id: u32,
+    /// Until when the previous key still verifies the links it signed (Unix seconds).
+    pub previous_valid_until: i64,
+}
+
+/// `POST /api/v1/keep-links/rotate` (admin): a new key signs keep links from now; the previous
+/// one verifies until its links would expire anyway (`link_ttl`), or not at all with
+/// `{"revoke": true}`.
+pub async fn rotate_keep_links(
+    State(app): State<AppState>,
+    _: Admin,
+    extract::Json(req): extract::Json<RotateRequest>,
+) -> Result<Json<Rotated>, ApiError> {
+    let now = chrono::Utc::now().timestamp();
+    let links = &app.config.reclaim.links;
+    let retire_at = if req.revoke {
+        now
+    } else {
+        now + links.ttl.as_secs() as i64
+    };
+    let mut secret = vec![0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| ApiError::internal(&e))?;
+    let keys = write(&app, move |tx| {
+        gpuledger_ledger::reclaim::links::rotate(tx, now, retire_at, secret)?;
+        gpuledger_ledger::reclaim::links::keys(tx, now)
+    })
+    .await?;
+    let key_id = keys.first().map_or(0, |k| k.id);
+    links.keys.set(keys);
+    tracing::info!(
+        key_id,
+        revoke = req.revoke,
+        "The keep-link key was rotated."
+    );
+    Ok(Json(Rotated {
+        key_id,
+        previous_valid_until: retire_at,
+    }))
 }

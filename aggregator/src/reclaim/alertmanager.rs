@@ -54,6 +54,12 @@ pub fn alerts(
         None,
         analytics,
     )?;
+    // Keep links only for episodes the reclaim pass already follows: a link must name an episode
+    // the keep page can find.
+    let followed: std::collections::HashSet<String> = conn
+        .prepare_cached("SELECT episode_id FROM reclaim_episodes WHERE state <> 'resolved'")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
     Ok(rows
         .into_iter()
         .filter(|e| e.ended_at.is_some() || now - (e.last_second + 1) <= stale)
@@ -77,6 +83,15 @@ pub fn alerts(
             .map(|(k, v)| (k.to_owned(), v))
             .collect();
             let idle = e.last_second + 1 - e.started_at;
+            let id = id_of(&e);
+            let keep_url = (e.ended_at.is_none()
+                && followed.contains(&id)
+                && gpuledger_ledger::reclaim::pass::keepable(
+                    e.tenant.as_deref(),
+                    e.workload.as_deref(),
+                ))
+            .then(|| settings.links.url(&id, now))
+            .flatten();
             let annotations = [
                 (
                     "summary",
@@ -97,6 +112,7 @@ pub fn alerts(
                 ),
             ]
             .into_iter()
+            .chain(keep_url.map(|u| ("keep_url", u)))
             .map(|(k, v)| (k.to_owned(), v))
             .collect();
             PostableAlert {

@@ -7,6 +7,13 @@
 //! `Retry-After` when it asks for longer. 410 Gone disables the endpoint (its pending rows become
 //! `disabled`) until an admin enables it again. A row older than the endpoint's `max_age` becomes
 //! `failed`; both can be retried or replayed from the admin API (`api/reclaim.rs`).
+//!
+//! Chat endpoints (`[[notify]]`) get the rendered message, unsigned. A 429 pauses the whole
+//! endpoint until its `Retry-After` (chat services limit per webhook, not per message); a chat's
+//! 400, 403 or 404 (a bad payload, a removed channel) fails the row at once.
+//!
+//! Key decision: one delivery lane per endpoint, each with its own loop, in-flight bound and
+//! wake-up, so a chat service that hangs or throttles never delays a scheduler's webhooks.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,14 +23,39 @@ use duckdb::{Connection, params};
 use gpuledger_schema::webhook;
 
 use crate::telemetry::{AggregatorMetrics, EndpointLabels, EndpointOutcomeLabels};
-use gpuledger_ledger::reclaim::config::Endpoint;
+use gpuledger_ledger::reclaim::config::{Endpoint, EndpointKind};
 use gpuledger_ledger::store::query::Readers;
 use gpuledger_ledger::store::{StoreError, Writer};
 
 /// Rows attempted per round at most.
 const ROUND: usize = 256;
-/// Attempts in flight at once.
-const IN_FLIGHT: usize = 16;
+/// Attempts in flight at once to one webhook endpoint.
+pub const IN_FLIGHT: usize = 16;
+/// Attempts in flight at once to one chat endpoint (Slack takes about one message a second).
+pub const CHAT_IN_FLIGHT: usize = 1;
+
+/// Wakes every delivery lane (one per endpoint) when a pass put events in the outbox.
+#[derive(Debug, Default)]
+pub struct Lanes(Vec<Arc<tokio::sync::Notify>>);
+
+impl Lanes {
+    /// One lane per endpoint.
+    pub fn new(endpoints: usize) -> Lanes {
+        Lanes((0..endpoints).map(|_| Arc::default()).collect())
+    }
+
+    /// The wake-up of lane `i`.
+    pub fn lane(&self, i: usize) -> Arc<tokio::sync::Notify> {
+        self.0[i].clone()
+    }
+
+    /// Wakes every lane.
+    pub fn wake(&self) {
+        for n in &self.0 {
+            n.notify_one();
+        }
+    }
+}
 
 /// A due outbox row.
 #[derive(Debug, Clone)]
@@ -49,6 +81,13 @@ pub enum Outcome {
         /// When to try again (Unix seconds).
         at: i64,
     },
+    /// 429: the endpoint asks for a pause; nothing more goes to it before `at`.
+    Throttled {
+        /// What it said.
+        error: String,
+        /// When to try again (Unix seconds).
+        at: i64,
+    },
     /// 410: the endpoint is gone.
     Gone,
     /// Older than the endpoint's max_age.
@@ -65,6 +104,7 @@ impl Outcome {
         match self {
             Outcome::Delivered(_) => "delivered",
             Outcome::Retry { .. } => "retry",
+            Outcome::Throttled { .. } => "throttled",
             Outcome::Gone => "gone",
             Outcome::Expired { .. } => "failed",
         }
@@ -114,23 +154,42 @@ pub async fn attempt(
     attempts_before: i32,
 ) -> Outcome {
     let now = chrono::Utc::now().timestamp();
-    let signature = webhook::signature_header(&endpoint.secrets, event_id, now, body.as_bytes());
-    let sent = client
+    let mut request = client
         .post(&endpoint.url)
         .timeout(endpoint.timeout)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .header(webhook::HEADER_ID, event_id)
-        .header(webhook::HEADER_TIMESTAMP, now.to_string())
-        .header(webhook::HEADER_SIGNATURE, signature)
-        .body(body.to_owned())
-        .send()
-        .await;
+        .header(reqwest::header::CONTENT_TYPE, "application/json");
+    if endpoint.kind == EndpointKind::Webhook {
+        let signature =
+            webhook::signature_header(&endpoint.secrets, event_id, now, body.as_bytes());
+        request = request
+            .header(webhook::HEADER_ID, event_id)
+            .header(webhook::HEADER_TIMESTAMP, now.to_string())
+            .header(webhook::HEADER_SIGNATURE, signature);
+    }
+    let sent = request.body(body.to_owned()).send().await;
     if let Ok(r) = &sent {
         tracing::Span::current().record("status", r.status().as_u16());
     }
+    let chat = endpoint.kind != EndpointKind::Webhook;
     let (status, error, asked) = match sent {
         Ok(r) if r.status().is_success() => return Outcome::Delivered(r.status().as_u16()),
         Ok(r) if r.status() == reqwest::StatusCode::GONE => return Outcome::Gone,
+        Ok(r) if r.status() == reqwest::StatusCode::TOO_MANY_REQUESTS
+            && now - created_at <= endpoint.max_age.as_secs() as i64 =>
+        {
+            let delay = backoff(attempts_before + 1).as_secs() as i64;
+            return Outcome::Throttled {
+                error: "answered 429 Too Many Requests".into(),
+                at: now + delay.max(retry_after(r.headers(), now).unwrap_or(0)).max(1),
+            };
+        }
+        // A chat service's 400, 403 or 404: a payload it will never take, or a channel removed.
+        Ok(r) if chat && matches!(r.status().as_u16(), 400 | 403 | 404) => {
+            return Outcome::Expired {
+                status: Some(r.status().as_u16()),
+                error: format!("answered {}; a chat endpoint does not retry it", r.status()),
+            };
+        }
         Ok(r) => (
             Some(r.status().as_u16()),
             format!("answered {}", r.status()),
@@ -234,6 +293,19 @@ fn store(
                  WHERE event_id = ? AND endpoint = ? AND state = 'pending'",
                 params![attempts, at, status, error, event_id, endpoint],
             )?,
+            Outcome::Throttled { error, at } => {
+                tx.execute(
+                    "UPDATE webhook_outbox SET attempts = ?, last_status = 429, last_error = ?
+                     WHERE event_id = ? AND endpoint = ? AND state = 'pending'",
+                    params![attempts, error, event_id, endpoint],
+                )?;
+                // The whole endpoint waits: its limit is per webhook, not per message.
+                tx.execute(
+                    "UPDATE webhook_outbox SET next_attempt_at = greatest(next_attempt_at, ?)
+                     WHERE endpoint = ? AND state = 'pending'",
+                    params![at, endpoint],
+                )?
+            }
             Outcome::Expired { status, error } => tx.execute(
                 "UPDATE webhook_outbox SET state = 'failed', attempts = ?, last_status = ?,
                      last_error = ?
@@ -279,6 +351,8 @@ pub struct Deliverer {
     pub wake: Arc<tokio::sync::Notify>,
     /// The HTTP client.
     pub client: reqwest::Client,
+    /// Attempts in flight at once ([`IN_FLIGHT`], [`CHAT_IN_FLIGHT`]).
+    pub in_flight: usize,
 }
 
 impl Deliverer {
@@ -301,7 +375,9 @@ impl Deliverer {
         if rows.is_empty() {
             return Ok(0);
         }
-        let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+        let gate = Arc::new(tokio::sync::Semaphore::new(self.in_flight.max(1)));
+        // Set by a 429: the rest of the round is not attempted (the endpoint pauses).
+        let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut tasks = tokio::task::JoinSet::new();
         for row in rows {
             let Some(endpoint) = self
@@ -316,8 +392,12 @@ impl Deliverer {
             let client = self.client.clone();
             let gate = gate.clone();
             let metrics = self.metrics.clone();
+            let paused = paused.clone();
             tasks.spawn(async move {
                 let _slot = gate.acquire_owned().await;
+                if paused.load(std::sync::atomic::Ordering::Acquire) {
+                    return None;
+                }
                 let started = Instant::now();
                 let outcome = attempt(
                     &client,
@@ -338,9 +418,12 @@ impl Deliverer {
                         outcome: outcome.label(),
                     })
                     .inc();
+                if matches!(outcome, Outcome::Throttled { .. }) {
+                    paused.store(true, std::sync::atomic::Ordering::Release);
+                }
                 match &outcome {
                     Outcome::Delivered(_) => {}
-                    Outcome::Retry { error, at, .. } => tracing::info!(
+                    Outcome::Retry { error, at, .. } | Outcome::Throttled { error, at } => tracing::info!(
                         endpoint = endpoint.name,
                         event_id = row.event_id,
                         error,
@@ -358,10 +441,10 @@ impl Deliverer {
                         "A webhook event passed the endpoint's max_age undelivered; it is marked failed."
                     ),
                 }
-                (row.event_id, row.endpoint, row.attempts, outcome)
+                Some((row.event_id, row.endpoint, row.attempts, outcome))
             });
         }
-        let results: Vec<_> = tasks.join_all().await;
+        let results: Vec<_> = tasks.join_all().await.into_iter().flatten().collect();
         let n = results.len();
         let at = chrono::Utc::now().timestamp();
         self.writer
@@ -396,7 +479,7 @@ impl Deliverer {
         // Every endpoint's series exist from the start (a rate over a series that appears with
         // its first failure misses that failure).
         for e in self.endpoints.iter() {
-            for outcome in ["delivered", "retry", "gone", "failed"] {
+            for outcome in ["delivered", "retry", "throttled", "gone", "failed"] {
                 self.metrics
                     .webhook_deliveries
                     .get_or_create(&EndpointOutcomeLabels {

@@ -247,6 +247,30 @@ pub fn day_label(t: i64) -> String {
         .unwrap_or_default()
 }
 
+/// The exemptions in force: who made each (`admin`, `tenant:…`, `link`) and until when.
+pub fn exemptions(rows: &[gpuledger_ledger::reclaim::records::Exemption]) -> Table {
+    let mut t = Table::new(
+        "exemptions",
+        vec![
+            Column::text("tenant", "Tenant"),
+            Column::text("workload", "Workload"),
+            Column::number("until", "Until"),
+            Column::text("reason", "Reason"),
+            Column::text("created_by", "By"),
+        ],
+    );
+    for e in rows {
+        t.rows.push(vec![
+            Cell::opt_text(e.tenant.clone()),
+            Cell::opt_text(e.workload.clone()),
+            Cell::time(Some(e.until)),
+            Cell::text(e.reason.clone()),
+            Cell::text(e.created_by.clone()),
+        ]);
+    }
+    t
+}
+
 /// Hoarding episodes with their idle cost.
 pub fn episodes(rows: &[EpisodeRow], id: &'static str, query: &str) -> Table {
     let mut t = Table::new(

@@ -9,6 +9,7 @@
 //! queries take its tenant (trend, episodes, breakdowns) or its line is cut out of the bill
 //! computed for the fleet ([`gpuledger_ledger::analytics::bill`]) — and never the fleet pages.
 
+pub mod keep;
 pub mod period;
 
 use askama::Template;
@@ -995,7 +996,8 @@ pub async fn hoarding(
     let after_ended =
         crate::api::hoarding::episode_cursor(PageQuery::given(&req.q.after_ended).as_deref())?;
     let settings = app.config.analytics.clone();
-    let (open, closed, (groups, all_groups)) = read(&app, move |c| {
+    let now = chrono::Utc::now().timestamp();
+    let (open, closed, (groups, all_groups), exempt) = read(&app, move |c| {
         let get = |s, after| {
             let totals = analytics::episode_totals(c, s, from, to, tenant.as_deref(), &settings)
                 .map_err(|e| ApiError::internal(&e))?;
@@ -1021,10 +1023,19 @@ pub async fn hoarding(
             PAGE_EPISODES,
         )
         .map_err(|e| ApiError::internal(&e))?;
+        let exempt = gpuledger_ledger::reclaim::records::exemptions(
+            c,
+            now,
+            tenant.as_deref(),
+            None,
+            PAGE_EPISODES as i64,
+        )
+        .map_err(|e| ApiError::internal(&e))?;
         Ok((
             get(EpisodeState::Open, after_open)?,
             get(EpisodeState::Closed, after_ended)?,
             groups,
+            exempt,
         ))
     })
     .await?;
@@ -1120,7 +1131,12 @@ pub async fn hoarding(
         ),
         views::episode_groups(&groups, &req.query()),
     );
-    let sections = vec![by_workload, open_section, ended_section];
+    let exemptions = Section::table(
+        "Exemptions in force",
+        "Snoozes and keeps that hold reclaim now: by an admin, a tenant's token, or a notice's keep link (link).".to_owned(),
+        views::exemptions(&exempt),
+    );
+    let sections = vec![by_workload, open_section, ended_section, exemptions];
     render(
         &req,
         "/hoarding",

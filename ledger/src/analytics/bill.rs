@@ -99,6 +99,10 @@ pub struct TenantInfo {
     pub org: Option<String>,
     /// Its budget per calendar month, in the price book's currency.
     pub monthly_budget: Option<f64>,
+    /// Who to tell about its idle GPUs: a chat channel (`#team-a-gpu`, matched by a
+    /// `[[notify]]` endpoint's `channel`) or a mail address (shown only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contact: Option<String>,
 }
 
 /// How bills are made (`[billing]` in the aggregator's config).

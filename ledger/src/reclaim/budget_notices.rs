@@ -12,7 +12,8 @@
 use duckdb::params;
 use gpuledger_schema::webhook::{self, BudgetData, BudgetEvent, EventType};
 
-use super::config::Endpoint;
+use super::config::{Endpoint, EndpointKind};
+use crate::analytics::bill::BillingSettings;
 use crate::analytics::budgets::Budgets;
 
 /// One outbox row to add.
@@ -28,11 +29,24 @@ pub struct Notice {
     pub notice_id: String,
     /// The body.
     pub body: String,
+    /// `webhook`, `slack` or `teams`.
+    pub channel: &'static str,
 }
 
-/// The notices `b` (a month's budgets as of now) calls for, per endpoint that takes them.
-pub fn plan(b: &Budgets, endpoints: &[Endpoint], now: i64) -> Vec<Notice> {
-    let takers = |kind: EventType| endpoints.iter().filter(move |e| e.events.contains(&kind));
+/// The notices `b` (a month's budgets as of now) calls for, per endpoint that takes them (a
+/// chat endpoint routes by tenant and by the tenant's `contact` in `billing`).
+pub fn plan(
+    b: &Budgets,
+    endpoints: &[Endpoint],
+    billing: &BillingSettings,
+    now: i64,
+) -> Vec<Notice> {
+    let takers = |kind: EventType, tenant: String| {
+        let contact = billing.tenants.get(&tenant).and_then(|i| i.contact.clone());
+        endpoints.iter().filter(move |e| {
+            e.events.contains(&kind) && e.takes(kind, Some(&tenant), contact.as_deref())
+        })
+    };
     let month = chrono::DateTime::from_timestamp(b.from, 0)
         .map(|d| d.format("%Y-%m").to_string())
         .unwrap_or_default();
@@ -48,11 +62,11 @@ pub fn plan(b: &Budgets, endpoints: &[Endpoint], now: i64) -> Vec<Notice> {
             (l.spent_ratio >= 1.0, EventType::BudgetExceeded),
         ];
         for (due, kind) in kinds {
-            if !due || takers(kind).next().is_none() {
+            if !due || takers(kind, l.tenant.clone()).next().is_none() {
                 continue;
             }
             let notice_id = webhook::budget_notice_id(&l.tenant, &month);
-            let body = serde_json::to_string(&BudgetEvent {
+            let event = BudgetEvent {
                 kind,
                 timestamp: webhook::rfc3339(now),
                 data: BudgetData {
@@ -68,15 +82,19 @@ pub fn plan(b: &Budgets, endpoints: &[Endpoint], now: i64) -> Vec<Notice> {
                     currency: b.currency.clone(),
                     cost_mode: b.cost_mode.as_str().to_owned(),
                 },
-            })
-            .expect("events serialize");
-            for e in takers(kind) {
+            };
+            let body = serde_json::to_string(&event).expect("events serialize");
+            for e in takers(kind, l.tenant.clone()) {
                 out.push(Notice {
                     event_id: webhook::event_id(&notice_id, kind),
                     endpoint: e.name.clone(),
                     kind,
                     notice_id: notice_id.clone(),
-                    body: body.clone(),
+                    body: match e.kind {
+                        EndpointKind::Webhook => body.clone(),
+                        chat => super::chat::render_budget(chat, kind, &event.data),
+                    },
+                    channel: e.kind.as_str(),
                 });
             }
         }
@@ -90,7 +108,7 @@ pub fn store(tx: &duckdb::Transaction<'_>, notices: &[Notice], now: i64) -> duck
     let mut added = 0;
     let mut stmt = tx.prepare_cached(
         "INSERT INTO webhook_outbox
-         SELECT ?, ?, ?, ?, ?, ?, 'pending', 0, ?, NULL, NULL, NULL
+         SELECT ?, ?, ?, ?, ?, ?, 'pending', 0, ?, NULL, NULL, NULL, ?
          WHERE NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE event_id = ? AND endpoint = ?)",
     )?;
     for n in notices {
@@ -102,6 +120,7 @@ pub fn store(tx: &duckdb::Transaction<'_>, notices: &[Notice], now: i64) -> duck
             n.body,
             now,
             now,
+            n.channel,
             n.event_id,
             n.endpoint
         ])?;

@@ -13,7 +13,9 @@
 //! same event to a receiver.
 
 pub mod budget_notices;
+pub mod chat;
 pub mod config;
+pub mod links;
 pub mod pass;
 pub mod policy;
 pub mod records;

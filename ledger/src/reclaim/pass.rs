@@ -8,9 +8,9 @@
 use std::collections::{HashMap, HashSet};
 
 use duckdb::{Connection, params};
-use gpuledger_schema::webhook::{self, EpisodeData, Event, EventType, PolicyData};
+use gpuledger_schema::webhook::{self, EpisodeData, Event, EventType, OwnerData, PolicyData};
 
-use super::config::Settings;
+use super::config::{EndpointKind, Settings};
 use super::policy::{self, Before, Context, Hold, Now, State, Step};
 use crate::analytics::{self, EpisodeRow, EpisodeState};
 
@@ -97,12 +97,17 @@ fn read_in_snapshot(
     .into_iter()
     .map(|e| (id_of(&e), e))
     .collect();
+    // Any endpoint's delivery of the notice counts (a person was told); only a scheduler
+    // webhook's delivery of the request does, so a chat channel that has it cannot stop a keep
+    // from withdrawing a request the scheduler never got.
     let no_endpoints = settings.endpoints.is_empty();
+    let no_webhooks = !(settings.endpoints.iter()).any(|e| e.kind == EndpointKind::Webhook);
     let mut stmt = conn.prepare_cached(
         "WITH delivered AS (
              SELECT episode_id,
                     min(delivered_at) FILTER (WHERE event_type = 'hoarding.detected') AS notice,
-                    count(*) FILTER (WHERE event_type = 'reclaim.requested') > 0 AS request
+                    count(*) FILTER (WHERE event_type = 'reclaim.requested'
+                                     AND coalesce(channel, 'webhook') = 'webhook') > 0 AS request
              FROM webhook_outbox WHERE state = 'delivered' GROUP BY episode_id)
          SELECT r.episode_id, r.state, r.last_hold, r.data, r.notified_at, d.notice,
                 coalesce(d.request, false), r.requested_at
@@ -124,7 +129,7 @@ fn read_in_snapshot(
                     data: r.get(3)?,
                     // With no receivers configured, the decision is the notice (shown by the API).
                     notice_delivered_at: if no_endpoints { notified_at } else { delivered },
-                    request_delivered: no_endpoints || r.get::<_, bool>(6)?,
+                    request_delivered: no_webhooks || r.get::<_, bool>(6)?,
                 },
             ))
         })?
@@ -197,6 +202,8 @@ pub struct OutboxWrite {
     kind: EventType,
     episode_id: String,
     body: String,
+    /// `webhook`, `slack` or `teams`.
+    channel: &'static str,
 }
 
 /// What a pass commits.
@@ -473,9 +480,11 @@ fn record(
 ) {
     let before = stored.get(&id);
     let state = policy::next_state(before.map(|b| b.state), &step);
-    let Some(data) = current_data(&id, row.as_ref(), before, &policy, analytics, settings) else {
+    let Some(mut data) = current_data(&id, row.as_ref(), before, &policy, analytics, settings)
+    else {
         return;
     };
+    data.owner = owner(data.tenant.as_deref(), data.workload.as_deref(), analytics);
     let data_json = serde_json::to_string(&data).expect("episode data serializes");
     let (tenant, workload, node) = (
         data.tenant.clone(),
@@ -592,22 +601,48 @@ fn queue_event(
     if kind == EventType::HoardingResolved {
         data.ended_at = data.ended_at.or_else(|| Some(webhook::rfc3339(plan.now)));
     }
-    let body = serde_json::to_string(&Event {
+    // Only here, after `record` stored the data: the link is in the outbox bodies, never in
+    // `reclaim_episodes.data`.
+    if matches!(
         kind,
-        timestamp: webhook::rfc3339(plan.now),
-        data,
-    })
-    .expect("events serialize");
+        EventType::HoardingDetected | EventType::ReclaimRequested
+    ) && keepable(data.tenant.as_deref(), data.workload.as_deref())
+    {
+        data.keep_url = settings.links.url(id, plan.now);
+    }
+    let contact = data.owner.as_ref().and_then(|o| o.contact.clone());
+    let mut body = None;
     for ep in &settings.endpoints {
-        if ep.events.is_empty() || ep.events.contains(&kind) {
-            plan.outbox.push(OutboxWrite {
-                event_id: event_id.clone(),
-                endpoint: ep.name.clone(),
-                kind,
-                episode_id: id.to_owned(),
-                body: body.clone(),
-            });
+        if !ep.takes(kind, data.tenant.as_deref(), contact.as_deref()) {
+            continue;
         }
+        let text = match ep.kind {
+            EndpointKind::Webhook => body
+                .get_or_insert_with(|| {
+                    serde_json::to_string(&Event {
+                        kind,
+                        timestamp: webhook::rfc3339(plan.now),
+                        data: data.clone(),
+                    })
+                    .expect("events serialize")
+                })
+                .clone(),
+            chat => super::chat::render_episode(
+                chat,
+                kind,
+                &data,
+                &settings.links.durations,
+                plan.now,
+            ),
+        };
+        plan.outbox.push(OutboxWrite {
+            event_id: event_id.clone(),
+            endpoint: ep.name.clone(),
+            kind,
+            episode_id: id.to_owned(),
+            body: text,
+            channel: ep.kind.as_str(),
+        });
     }
     // A request that is cancelled, or whose episode ended, must never go out later (a disabled
     // endpoint enabled again, a replay, another endpoint still retrying).
@@ -617,6 +652,44 @@ fn queue_event(
     }
     *plan.report.events.entry(kind.as_str().into()).or_default() += 1;
     event_id
+}
+
+/// Whether a keep link can name exactly this workload: its tenant and workload are known and
+/// the workload is no glob (an exemption for it would then cover others, or a whole tenant).
+pub fn keepable(tenant: Option<&str>, workload: Option<&str>) -> bool {
+    tenant.is_some() && workload.is_some_and(|w| !w.contains(['*', '?']))
+}
+
+/// Who holds the workload, as far as the ledger knows: a `namespace/pod` or a numeric Slurm job
+/// id, and the tenant's team and contact from `[billing.tenants."NAME"]`.
+pub fn owner(
+    tenant: Option<&str>,
+    workload: Option<&str>,
+    analytics: &analytics::Settings,
+) -> Option<OwnerData> {
+    let info = tenant.and_then(|t| analytics.billing.tenants.get(t));
+    let (namespace, name) = match workload.and_then(|w| w.split_once('/')) {
+        Some((ns, n)) => (Some(ns.to_owned()), Some(n.to_owned())),
+        None => (None, None),
+    };
+    let job_id = workload
+        .filter(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit() || b == b'_'))
+        .map(str::to_owned);
+    let o = OwnerData {
+        namespace,
+        name,
+        job_id,
+        team: info.and_then(|i| i.team.clone()),
+        contact: info.and_then(|i| i.contact.clone()),
+    };
+    (o != OwnerData {
+        namespace: None,
+        name: None,
+        job_id: None,
+        team: None,
+        contact: None,
+    })
+    .then_some(o)
 }
 
 /// The episode as events carry it.
@@ -647,6 +720,8 @@ pub fn episode_data(
         currency: analytics.prices.currency.clone(),
         policy,
         dry_run,
+        keep_url: None,
+        owner: None,
     }
 }
 
@@ -738,7 +813,8 @@ pub fn store(tx: &duckdb::Transaction<'_>, plan: &Plan) -> duckdb::Result<()> {
                 now,
                 None::<i64>,
                 None::<i32>,
-                None::<String>
+                None::<String>,
+                o.channel
             ])?;
         }
         app.flush()?;

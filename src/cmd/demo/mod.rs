@@ -42,6 +42,11 @@ pub struct Args {
     /// services' own `--otlp-*` flags do (metrics only: the demo exports no traces).
     #[command(flatten)]
     otlp: gpuledger_otel::OtlpOptions,
+    /// Also send a chat message per idle notebook, in Slack's form, to this incoming-webhook URL
+    /// (a `[[notify]] kind = "slack"` endpoint; a receiver in one line: docs/reclaim.md, "Chat
+    /// messages").
+    #[arg(long)]
+    chat_url: Option<String>,
 }
 
 /// Runs until Ctrl-C.
@@ -77,6 +82,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         prices: demo_prices(),
         billing: demo_billing(),
         otlp: args.otlp.clone(),
+        notify: (args.chat_url.iter())
+            .map(|url| gpuledger_ledger::reclaim::config::NotifyFile {
+                name: Some("demo-chat".into()),
+                kind: "slack".into(),
+                url: Some(url.clone()),
+                ..Default::default()
+            })
+            .collect(),
         ..AggregatorOptions::default()
     }
     .resolve()?;
@@ -122,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.listen,
         nodes,
         exporters,
-        began,
+        (began, token.clone()),
     ))?;
     print_totals(&db, &settings)
 }
@@ -189,7 +202,7 @@ async fn serve(
     listen: SocketAddr,
     nodes: Vec<String>,
     ex: Exporters,
-    began: std::time::Instant,
+    (began, token): (std::time::Instant, String),
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (agg_stop_tx, agg_stop_rx) = tokio::sync::watch::channel(false);
@@ -208,7 +221,7 @@ async fn serve(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let ready = tokio::spawn(announce_ready(ex.aggregator.clone(), began));
+    let ready = tokio::spawn(announce_ready(ex.aggregator.clone(), token, began));
     let mut exporters = Vec::new();
     for (i, node) in nodes.into_iter().enumerate() {
         let listen = SocketAddr::new(ex.first_listen.ip(), ex.first_listen.port() + 2 * i as u16);
@@ -297,8 +310,8 @@ fn print_totals(db: &Path, settings: &gpuledger_ledger::analytics::Settings) -> 
     Ok(())
 }
 
-/// Prints one line once `/readyz` first answers 200.
-async fn announce_ready(base: String, started: std::time::Instant) {
+/// Prints one line once `/readyz` first answers 200, then the keep link of an idle notebook.
+async fn announce_ready(base: String, token: String, started: std::time::Instant) {
     let Ok(client) = reqwest::Client::builder().build() else {
         return;
     };
@@ -310,10 +323,50 @@ async fn announce_ready(base: String, started: std::time::Instant) {
                 "gpuledger demo: ready after {:.1} s: open {base}/",
                 started.elapsed().as_secs_f64()
             );
+            match keep_link(&client, &base, &token).await {
+                Some((workload, url)) => eprintln!(
+                    "gpuledger demo: the notebook {workload} is idle; its owner's keep link (no sign-in): {url}"
+                ),
+                None => eprintln!("gpuledger demo: no idle notebook is followed yet, so no keep link to show."),
+            }
             return;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The keep link of an open idle-notebook episode, as its notice would carry it: (workload, URL).
+async fn keep_link(client: &reqwest::Client, base: &str, token: &str) -> Option<(String, String)> {
+    let decisions: serde_json::Value = client
+        .get(format!("{base}/api/v1/reclaims?limit=2000"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    for d in decisions["decisions"].as_array()? {
+        let (Some(workload), Some(episode)) = (d["workload"].as_str(), d["episode_id"].as_str())
+        else {
+            continue;
+        };
+        if !workload.contains("/jupyter-") || d["decision"] != "notify" {
+            continue;
+        }
+        let r = client
+            .post(format!("{base}/api/v1/keep-links"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({ "episode_id": episode }))
+            .send()
+            .await
+            .ok()?;
+        if r.status().is_success() {
+            let link: serde_json::Value = r.json().await.ok()?;
+            return Some((workload.to_owned(), link["keep_url"].as_str()?.to_owned()));
+        }
+    }
+    None
 }
 
 /// Illustrative list prices per GPU-hour of every model the simulated fleet runs, so that the
@@ -349,6 +402,7 @@ fn demo_billing() -> gpuledger_ledger::analytics::bill::BillingSettings {
                 team: Some(team.to_owned()),
                 org: Some(org.to_owned()),
                 monthly_budget: Some(budget),
+                contact: None,
             },
         )
     })

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod chat;
 pub mod fake_aggregator;
 pub mod receiver;
 pub mod traces;
