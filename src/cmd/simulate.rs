@@ -27,6 +27,11 @@ pub struct Args {
     /// Only this node.
     #[arg(long)]
     node: Option<String>,
+    /// Write each GPU's energy in each second (`gpu_energy_joules`, the simulator's power model)
+    /// on its rows. A GPU-second's energy is split among the rows of its batch, so an import
+    /// keeps a GPU's seconds together rather than each instance's whole series in one run.
+    #[arg(long)]
+    pub energy: bool,
     /// Output CSV ("-" for standard output).
     #[arg(long)]
     out: PathBuf,
@@ -71,7 +76,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|g| (g.gpu_uuid.clone(), g.energy_joules))
             .collect();
         for sample in second.into_samples() {
-            let e = energy.get(&sample.instance.gpu_uuid).copied().flatten();
+            let e = energy
+                .get(&sample.instance.gpu_uuid)
+                .copied()
+                .flatten()
+                .filter(|_| args.energy);
             w.write_with_energy(&sample, e)?;
             rows += 1;
         }

@@ -8,7 +8,9 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::common::{ADMIN_TOKEN, Aggregator, eventually, open_ledger, simulate, token_file};
+use crate::common::{
+    ADMIN_TOKEN, Aggregator, eventually, open_ledger, simulate_with, token_file,
+};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
@@ -32,7 +34,13 @@ async fn kill_9_ten_times_during_sustained_ingest_from_three_exporters_loses_and
     let mut exporters = Vec::new();
     for node in NODES {
         let trace = dir.path().join(format!("{node}.csv"));
-        simulate(&trace, node, &start.to_string(), &format!("{MINUTES}m"));
+        simulate_with(
+            &trace,
+            node,
+            &start.to_string(),
+            &format!("{MINUTES}m"),
+            &["--energy"],
+        );
         exporters.push(
             tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
                 .args([

@@ -356,6 +356,11 @@ pub fn replay(dir: &Path, a: &Aggregator, node: &str, trace: &Path) -> tokio::pr
 
 /// Writes a simulated trace of `node` from `start` for `duration` (humantime).
 pub fn simulate(path: &Path, node: &str, start: &str, duration: &str) {
+    simulate_with(path, node, start, duration, &[]);
+}
+
+/// [`simulate`] with more flags (`--energy`).
+pub fn simulate_with(path: &Path, node: &str, start: &str, duration: &str, more: &[&str]) {
     let status = gpuledger()
         .args([
             "simulate",
@@ -370,6 +375,7 @@ pub fn simulate(path: &Path, node: &str, start: &str, duration: &str) {
             "--out",
         ])
         .arg(path)
+        .args(more)
         .status()
         .unwrap();
     assert!(status.success());
