@@ -106,7 +106,7 @@ const KEEP_SAMPLES: u64 = 1_000_000;
 /// Samples, each with its GPU's energy in that second, cut into the batches handed on, at most
 /// [`CHUNK`] samples each. A full chunk leaves its last GPU-second (the rows of the last row's GPU
 /// and second side by side at its end) to the next one: the ledger splits a GPU-second's energy
-/// among the samples of its batch (`schema/WIRE.md`, "`gpus`").
+/// among the samples of its batch (`schema/WIRE.md`, "Request").
 #[derive(Default)]
 struct Chunker {
     samples: Vec<Sample>,

@@ -560,7 +560,7 @@ impl<W: Write> TraceWriter<W> {
 mod tests {
     use super::*;
 
-    const HEADER: &str = "timestamp,node,gpu_uuid,gpu_model,mig_profile,gpu_instance_id,placement_start,placement_size,tenant,workload,slo_class,sm_active,sm_occupancy,tensor_active,dram_active,fb_used_bytes,fb_total_bytes,nvlink_tx_bytes,nvlink_rx_bytes,gpu_energy_joules";
+    const HEADER: &str = "timestamp,node,gpu_uuid,gpu_model,mig_profile,gpu_instance_id,placement_start,placement_size,tenant,workload,slo_class,sm_active,sm_occupancy,tensor_active,dram_active,fb_used_bytes,fb_total_bytes,nvlink_tx_bytes,nvlink_rx_bytes";
 
     fn read(text: &str) -> Result<Vec<Sample>, TraceError> {
         TraceReader::new(Path::new("t.csv"), text.as_bytes())?.collect()
@@ -691,7 +691,7 @@ mod tests {
     #[test]
     fn written_traces_read_back_identically() {
         let text = format!(
-            "{HEADER}\n2026-01-01T00:00:00Z,n1,GPU-a,NVIDIA H100 80GB HBM3,3g.40gb,2,0,4,team-a,\"ml/train,0\",batch,0.5,0.25,0.125,0.1,100,200,,\n"
+            "{HEADER},gpu_energy_joules\n2026-01-01T00:00:00Z,n1,GPU-a,NVIDIA H100 80GB HBM3,3g.40gb,2,0,4,team-a,\"ml/train,0\",batch,0.5,0.25,0.125,0.1,100,200,,,\n"
         );
         let samples = read(&text).unwrap();
         let mut w = TraceWriter::new(Vec::new()).unwrap();

@@ -1585,7 +1585,8 @@ mod tests {
         };
         let e = Batch::decode_with(&batch.encode(), true, &limits).unwrap_err();
         assert!(
-            e.to_string().contains("21 samples and share seconds"),
+            e.to_string()
+                .contains("21 samples, share seconds and GPU-seconds"),
             "{e}"
         );
     }

@@ -360,7 +360,7 @@ async fn shares_are_checked_like_series() {
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("1001 samples and share seconds"),
+            .contains("1001 samples, share seconds and GPU-seconds"),
         "{body}"
     );
     // Nothing of the refused batches reached the ledger; a valid one does.

@@ -434,7 +434,12 @@ async fn a_ledger_from_before_the_notes_and_the_totals_upgrades_to_the_same_answ
     {
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch(
-            "DROP TABLE raw_compacted; DROP TABLE gpu_hours_changed; DROP SEQUENCE gpu_hours_changed_seq;
+            "DROP TABLE energy_gpu_1m; DROP TABLE energy_gpu_1h; DROP TABLE energy_gpu_1d;
+             DROP TABLE energy_1m; DROP TABLE energy_1h; DROP TABLE energy_1d;
+             DROP TABLE ingest_energy_gpu; DROP TABLE ingest_energy; DROP TABLE energy_idle_watts;
+             DROP TABLE keep_link_keys; DROP TABLE reclaim_keeps;
+             ALTER TABLE webhook_outbox DROP COLUMN channel;
+             DROP TABLE raw_compacted; DROP TABLE gpu_hours_changed; DROP SEQUENCE gpu_hours_changed_seq;
              ALTER TABLE hoarding_episodes DROP COLUMN base_through;
              ALTER TABLE hoarding_episodes DROP COLUMN base_held_seconds;
              ALTER TABLE hoarding_episodes DROP COLUMN base_sm_active_samples;

@@ -222,7 +222,7 @@ fn the_example_reclaim_configs_pass_check_config() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("(dry run), 1 webhook endpoint(s), Alertmanager push on"),
+        stdout.contains("(dry run), 2 webhook endpoint(s), Alertmanager push on"),
         "{stdout}"
     );
     // A bad key is named with its table.

@@ -150,6 +150,8 @@ fn expected_unit(unit: Option<&str>) -> &'static str {
         Some("seconds") => "s",
         Some("ratio" | "ratios") => "1",
         Some("watts") => "W",
+        Some("joules") => "J",
+        Some("grams") => "g",
         Some("gpu_equivalents") => "{gpu_equivalents}",
         Some(other) => panic!("no expected OTLP unit for the OpenMetrics unit {other:?}"),
     }

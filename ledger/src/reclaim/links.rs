@@ -61,12 +61,13 @@ pub fn rotate(
         "UPDATE keep_link_keys SET retired_at = ? WHERE retired_at IS NULL",
         [retire_at],
     )?;
-    tx.execute("DELETE FROM keep_link_keys WHERE retired_at <= ?", [now])?;
+    // The new key's id before any retired key goes: an id is never used twice.
     tx.execute(
         "INSERT INTO keep_link_keys
          SELECT coalesce(max(key_id), 0) + 1, ?, ?, NULL FROM keep_link_keys",
         params![secret, now],
     )?;
+    tx.execute("DELETE FROM keep_link_keys WHERE retired_at <= ?", [now])?;
     Ok(())
 }
 

@@ -715,7 +715,7 @@ mod tests {
                 .iter()
                 .all(|r| r.counters.sm_active.is_none())
         );
-        assert_eq!(second.collectors.len(), 3);
+        assert_eq!(second.collectors.len(), 4);
         assert!(
             NvmlSource::new(
                 FakeGpus {

@@ -5,7 +5,7 @@
 //! Key decision: exactly once by data, as the samples are. `energy_gpu_1m.seconds_mask` holds
 //! the GPU-seconds already stored; a second whose bit is set (a re-sent batch, a second batch
 //! with the same second) adds nothing. The split needs the second's instance samples, so the
-//! wire keeps a GPU's second in the batch of its samples (`schema/WIRE.md`, "`gpus`"): samples
+//! wire keeps a GPU's second in the batch of its samples (`schema/WIRE.md`, "Request"): samples
 //! of that second in another batch get no energy, which then counts as uncovered (unallocated),
 //! never twice.
 //!

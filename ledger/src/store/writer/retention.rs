@@ -131,6 +131,11 @@ pub(super) const RETENTION: &[(&str, &str, Window)] = &[
         Window::Raw,
     ),
     (
+        "reclaim_keeps",
+        "DELETE FROM reclaim_keeps WHERE created_at <= ?",
+        Window::Rollup,
+    ),
+    (
         "alertmanager_confirmations",
         "DELETE FROM alertmanager_confirmations WHERE confirmed_at <= ?",
         Window::Raw,
@@ -211,13 +216,18 @@ mod tests {
             .collect();
         // Kept as they are: the schema's version, the writer's scratch tables (empty once
         // committed), its probe row, its one-row record of held folds, the compactor's one-row
-        // record of where it stopped, and the webhook endpoints a 410 switched off (one row per
+        // record of where it stopped, the configured idle floors of the energy split, the keep
+        // links' signing keys (retired by rotation), and the webhook endpoints a 410 switched off (one row per
         // configured endpoint, until an admin enables it again: expiring it would re-enable it).
         const NONE_NEEDED: &[&str] = &[
             "schema_version",
             "ingest_delta_1m",
             "ingest_delta_gpu_1h",
             "ingest_shares",
+            "ingest_energy",
+            "ingest_energy_gpu",
+            "energy_idle_watts",
+            "keep_link_keys",
             "writer_probe",
             "fold_pending",
             "raw_compacted",
