@@ -21,8 +21,8 @@ use crate::config::{
 };
 use gpuledger_ledger::analytics::Settings as AnalyticsSettings;
 use gpuledger_ledger::analytics::bill::BillingSettings;
-use gpuledger_ledger::analytics::prices::{PriceBook, PriceFile};
 use gpuledger_ledger::analytics::energy::Settings as EnergySettings;
+use gpuledger_ledger::analytics::prices::{PriceBook, PriceFile};
 use gpuledger_ledger::analytics::rightsizing::Settings as RightsizingSettings;
 use gpuledger_ledger::reclaim::config::{AlertmanagerFile, NotifyFile, ReclaimFile, WebhookFile};
 use gpuledger_ledger::store::Retention;

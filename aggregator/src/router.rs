@@ -97,7 +97,10 @@ pub fn router(state: AppState) -> Router {
         .route("/signout", post(ui::signout))
         .route("/hoarding/snooze", post(ui::snooze))
         // Keep links from the notices (no sign-in: the signed token is the credential)
-        .route("/keep/{token}", get(ui::keep::keep_page).post(ui::keep::keep))
+        .route(
+            "/keep/{token}",
+            get(ui::keep::keep_page).post(ui::keep::keep),
+        )
         // Admin
         .route("/api/v1/analytics/evaluate", post(api::evaluate_now))
         .route("/api/v1/webhooks/deliveries", get(reclaim::deliveries))

@@ -167,7 +167,8 @@ fn open(
     let metrics = Arc::new(AggregatorMetrics::new());
     let compactor = store::Compactor::new(&conn)?;
     // The split's idle floors as configured now: the writer reads them when it starts.
-    store::set_idle_watts(&conn, &config.analytics.energy.idle_watts()).map_err(store::StoreError::from_db)?;
+    store::set_idle_watts(&conn, &config.analytics.energy.idle_watts())
+        .map_err(store::StoreError::from_db)?;
     let (writer, thread) = Writer::spawn_limited(
         conn,
         config.limits.queue_samples,

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gpuledger_schema::trace::{EnergyCheck, Parts, TraceError, TraceReader};
-use gpuledger_schema::{GpuSample, Sample};
 use gpuledger_schema::wire::{self, Batch, BatchSink};
+use gpuledger_schema::{GpuSample, Sample};
 
 use crate::store::{self, Retention, StoreError, Writer};
 

@@ -119,7 +119,10 @@ mod tests {
     fn without_activity_or_readings_the_active_part_goes_by_slices() {
         for sm in [Some(0.0), None] {
             let (out, s) = split(140.0, 70.0, &[part(4, sm), part(2, sm)]);
-            assert!(close(out[0].active, 40.0) && close(out[1].active, 20.0), "{sm:?}");
+            assert!(
+                close(out[0].active, 40.0) && close(out[1].active, 20.0),
+                "{sm:?}"
+            );
             assert!(close(s.uncovered, 20.0), "{sm:?}");
         }
         // A part without a reading beside one with activity gets no active energy.

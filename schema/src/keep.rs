@@ -169,7 +169,10 @@ mod tests {
         let k = key(1, 7);
         let t = sign(&k, EP, 1000).unwrap();
         assert!(t.len() < 100, "{t}");
-        assert!(t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)));
+        assert!(
+            t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        );
         let c = verify(std::slice::from_ref(&k), &t, 999).unwrap();
         assert_eq!((c.episode_id.as_str(), c.exp, c.kid), (EP, 1000, 1));
         assert_eq!(verify(&[k], &t, 1000), Err(KeepError::Expired));
@@ -189,17 +192,33 @@ mod tests {
         let ring = [k];
         // another episode's id under this token's signature
         let other_ep = other.split('.').nth(2).unwrap();
-        assert_eq!(verify(&ring, &swap(2, other_ep), 0), Err(KeepError::BadSignature));
+        assert_eq!(
+            verify(&ring, &swap(2, other_ep), 0),
+            Err(KeepError::BadSignature)
+        );
         // a later expiry
-        assert_eq!(verify(&ring, &swap(3, "2000"), 0), Err(KeepError::BadSignature));
+        assert_eq!(
+            verify(&ring, &swap(3, "2000"), 0),
+            Err(KeepError::BadSignature)
+        );
         // one character of the signature
         let mut sig = parts[4].to_owned();
         let c = if sig.starts_with('A') { "B" } else { "A" };
         sig.replace_range(0..1, c);
-        assert_eq!(verify(&ring, &swap(4, &sig), 0), Err(KeepError::BadSignature));
+        assert_eq!(
+            verify(&ring, &swap(4, &sig), 0),
+            Err(KeepError::BadSignature)
+        );
         // a key the ring lacks
         assert_eq!(verify(&ring, &swap(1, "2"), 0), Err(KeepError::UnknownKey));
-        for bad in ["", "garbage", "1.1.x.1.y", &swap(0, "2"), &format!("{t}.x"), &t[..t.len() - 1]] {
+        for bad in [
+            "",
+            "garbage",
+            "1.1.x.1.y",
+            &swap(0, "2"),
+            &format!("{t}.x"),
+            &t[..t.len() - 1],
+        ] {
             assert_eq!(verify(&ring, bad, 0), Err(KeepError::Malformed), "{bad}");
         }
         assert_eq!(sign(&ring[0], "not-an-episode", 1), None);

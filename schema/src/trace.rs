@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
-use crate::sample::{
-    Attribution, Counters, Instance, MAX_GPU_JOULES_PER_SECOND, Sample, SloClass,
-};
+use crate::sample::{Attribution, Counters, Instance, MAX_GPU_JOULES_PER_SECOND, Sample, SloClass};
 
 /// The columns, in the order gpuledger writes them. Readers find columns by name, so files may
 /// order them differently and carry extra columns.
@@ -342,11 +340,7 @@ impl EnergyCheck {
         reader: &TraceReader<R>,
         sample: &Sample,
     ) -> Result<(), TraceError> {
-        let (t, e, line) = (
-            sample.timestamp,
-            reader.gpu_energy_joules(),
-            reader.line(),
-        );
+        let (t, e, line) = (sample.timestamp, reader.gpu_energy_joules(), reader.line());
         match self.last.get_mut(sample.instance.gpu_uuid.as_str()) {
             Some((lt, le, ll)) if *lt == t => {
                 if *le != e {

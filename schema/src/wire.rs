@@ -581,7 +581,8 @@ impl Batch {
             let i = *index
                 .entry((g.node.as_str(), g.gpu_uuid.as_str()))
                 .or_insert_with(|| {
-                    self.gpus.push(Series::of_gpu(&g.node, &g.gpu_uuid, &g.gpu_model));
+                    self.gpus
+                        .push(Series::of_gpu(&g.node, &g.gpu_uuid, &g.gpu_model));
                     self.gpus.len() - 1
                 });
             let series = &mut self.gpus[i];
@@ -1044,13 +1045,16 @@ impl Series {
 
     /// A GPU series (`gpus`) as GPU samples.
     pub fn gpu_samples(&self) -> impl Iterator<Item = GpuSample> + '_ {
-        self.t.iter().enumerate().map(move |(j, &timestamp)| GpuSample {
-            timestamp,
-            node: self.node.clone(),
-            gpu_uuid: self.gpu_uuid.clone(),
-            gpu_model: self.gpu_model.clone(),
-            energy_joules: self.energy_at(j),
-        })
+        self.t
+            .iter()
+            .enumerate()
+            .map(move |(j, &timestamp)| GpuSample {
+                timestamp,
+                node: self.node.clone(),
+                gpu_uuid: self.gpu_uuid.clone(),
+                gpu_model: self.gpu_model.clone(),
+                energy_joules: self.energy_at(j),
+            })
     }
 
     /// The GPU's energy in the `j`th second (GPU series only).

@@ -8,9 +8,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::common::{
-    ADMIN_TOKEN, Aggregator, eventually, open_ledger, simulate_with, token_file,
-};
+use crate::common::{ADMIN_TOKEN, Aggregator, eventually, open_ledger, simulate_with, token_file};
 use gpuledger_schema::wire::Batch;
 use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
 
@@ -165,7 +163,10 @@ fn assert_energy_stored_once(conn: &duckdb::Connection, dir: &std::path::Path) {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .unwrap();
-    assert!(seconds > 0 && joules > 0.0, "the simulated traces carry energy");
+    assert!(
+        seconds > 0 && joules > 0.0,
+        "the simulated traces carry energy"
+    );
     let (gpu_1m, mask, gpu_1h, gpu_1d): (f64, i64, f64, f64) = conn
         .query_row(
             "SELECT (SELECT sum(energy_j) FROM energy_gpu_1m), (SELECT sum(bit_count(seconds_mask)) FROM energy_gpu_1m)::BIGINT,
@@ -176,7 +177,10 @@ fn assert_energy_stored_once(conn: &duckdb::Connection, dir: &std::path::Path) {
         .unwrap();
     assert_eq!(mask, seconds, "every GPU-second stored once");
     let close = |a: f64| (a - joules).abs() <= 1e-9 * joules;
-    assert!(close(gpu_1m) && close(gpu_1h) && close(gpu_1d), "{joules} {gpu_1m} {gpu_1h} {gpu_1d}");
+    assert!(
+        close(gpu_1m) && close(gpu_1h) && close(gpu_1d),
+        "{joules} {gpu_1m} {gpu_1h} {gpu_1d}"
+    );
     for table in ["energy_1m", "energy_1h", "energy_1d"] {
         let parts: f64 = conn
             .query_row(

@@ -204,17 +204,24 @@ async fn the_demo_opens_on_a_month_of_history() {
     )
     .await;
     // An idle notebook's keep link, which opens without signing in.
-    let link = common::eventually("the demo's keep link", Duration::from_secs(20), async || {
-        let log = demo.log();
-        let at = log.find("keep link (no sign-in): ")?;
-        let rest = &log[at + "keep link (no sign-in): ".len()..];
-        Some(rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())].to_owned())
-    })
+    let link = common::eventually(
+        "the demo's keep link",
+        Duration::from_secs(20),
+        async || {
+            let log = demo.log();
+            let at = log.find("keep link (no sign-in): ")?;
+            let rest = &log[at + "keep link (no sign-in): ".len()..];
+            Some(rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())].to_owned())
+        },
+    )
     .await;
     assert!(link.starts_with(&format!("{}/keep/", demo.base)), "{link}");
     let page = http.get(&link).send().await.unwrap();
     assert_eq!(page.status(), 200, "{link}");
-    assert!(page.text().await.unwrap().contains("jupyter-"), "the notebook's page");
+    assert!(
+        page.text().await.unwrap().contains("jupyter-"),
+        "the notebook's page"
+    );
 
     // A day 29 days back: what the simulator says of it, to the GPU-second.
     let day = (started - 29 * 86_400).div_euclid(86_400) * 86_400;

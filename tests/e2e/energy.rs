@@ -83,9 +83,18 @@ fn trace(start: i64) -> Vec<GpuSecond> {
         let sm = |v: f64| Some(if quiet { 0.0 } else { v });
         out.push(GpuSecond {
             t,
-            energy: Some(if k % 13 == 0 { 40.0 } else { 300.0 + 50.0 * (k % 7) as f64 }),
+            energy: Some(if k % 13 == 0 {
+                40.0
+            } else {
+                300.0 + 50.0 * (k % 7) as f64
+            }),
             instances: vec![
-                (a3.clone(), held("team-a", "train"), 3, sm(0.4 + 0.1 * (k % 6) as f64)),
+                (
+                    a3.clone(),
+                    held("team-a", "train"),
+                    3,
+                    sm(0.4 + 0.1 * (k % 6) as f64),
+                ),
                 (b2.clone(), held("team-b", "notebook"), 2, sm(0.0)),
                 (u1.clone(), Attribution::default(), 1, sm(0.2)),
             ],
@@ -201,7 +210,12 @@ fn close(a: f64, b: f64) -> bool {
 /// The report over `[from, to)` equals the rules' answer, per tenant and in total.
 async fn assert_report(a: &Aggregator, seconds: &[GpuSecond], from: i64, to: i64) {
     let (want, fleet) = expected(seconds, from, to);
-    let (status, body) = get(a, ADMIN_TOKEN, &format!("/api/v1/energy?from={from}&to={to}")).await;
+    let (status, body) = get(
+        a,
+        ADMIN_TOKEN,
+        &format!("/api/v1/energy?from={from}&to={to}"),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     let rows = v["rows"].as_array().unwrap();
@@ -222,12 +236,19 @@ async fn assert_report(a: &Aggregator, seconds: &[GpuSecond], from: i64, to: i64
             ("energy_cost", kwh * 0.25),
         ] {
             let got = r[field].as_f64().unwrap();
-            assert!(close(got, want), "{tenant} {field}: {got} != {want} ({from}..{to})");
+            assert!(
+                close(got, want),
+                "{tenant} {field}: {got} != {want} ({from}..{to})"
+            );
         }
     }
     let totals = &v["totals"];
     let got = totals["energy_kwh"].as_f64().unwrap();
-    assert!(close(got, fleet / 3.6e6), "fleet {got} != {}", fleet / 3.6e6);
+    assert!(
+        close(got, fleet / 3.6e6),
+        "fleet {got} != {}",
+        fleet / 3.6e6
+    );
     let unallocated = totals["unallocated_energy_kwh"].as_f64().unwrap();
     assert!(
         close(held + unallocated, got),
@@ -272,7 +293,11 @@ async fn each_tenant_gets_the_energy_of_its_slices_by_the_rules_through_import()
         .arg(&csv)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, format!("tenant:team-a {TENANT_A}\n")).unwrap();
     let a = Aggregator::start(
@@ -295,7 +320,11 @@ async fn each_tenant_gets_the_energy_of_its_slices_by_the_rules_through_import()
         .arg(&csv)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_reports(&a, &seconds, day).await;
 
     // A tenant token sees its own row and no fleet totals; another tenant is refused.
@@ -320,7 +349,10 @@ async fn each_tenant_gets_the_energy_of_its_slices_by_the_rules_through_import()
     assert_eq!(records.len(), v["rows"].as_array().unwrap().len());
     for (rec, row) in records.iter().zip(v["rows"].as_array().unwrap()) {
         assert_eq!(&rec[0], row["tenant"].as_str().unwrap());
-        assert_eq!(rec[1].parse::<f64>().unwrap(), row["energy_kwh"].as_f64().unwrap());
+        assert_eq!(
+            rec[1].parse::<f64>().unwrap(),
+            row["energy_kwh"].as_f64().unwrap()
+        );
     }
     let (_, body) = get(&a, ADMIN_TOKEN, &format!("{path}&group_by=workload")).await;
     let v: Value = serde_json::from_str(&body).unwrap();
@@ -361,7 +393,9 @@ async fn an_exporter_replaying_the_trace_ships_the_same_energy() {
     eventually(
         "the replay is stored",
         std::time::Duration::from_secs(60),
-        async || (a.value("gpuledger_aggregator_ingest_samples_total").await == Some(rows)).then_some(()),
+        async || {
+            (a.value("gpuledger_aggregator_ingest_samples_total").await == Some(rows)).then_some(())
+        },
     )
     .await;
     assert_reports(&a, &seconds, day).await;

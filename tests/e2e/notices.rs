@@ -54,7 +54,11 @@ fn input_value(html: &str, name: &str) -> String {
 fn form_body(fields: &[(&str, String)]) -> String {
     (fields.iter())
         .map(|(k, v)| {
-            assert!(v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)), "{v}");
+            assert!(
+                v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)),
+                "{v}"
+            );
             format!("{k}={v}")
         })
         .collect::<Vec<_>>()
@@ -123,7 +127,10 @@ async fn chat_messages_carry_the_keep_link_and_a_keep_withdraws_the_pending_requ
     .await;
     let slack = chat.got("slack");
     for m in &slack {
-        assert!(m.headers.get("webhook-signature").is_none(), "chat is not signed");
+        assert!(
+            m.headers.get("webhook-signature").is_none(),
+            "chat is not signed"
+        );
         assert_eq!(m.headers["content-type"], "application/json");
         assert!(m.body["text"].as_str().is_some_and(|t| !t.is_empty()));
         assert_eq!(m.body["blocks"][0]["type"], "header");
@@ -132,23 +139,37 @@ async fn chat_messages_carry_the_keep_link_and_a_keep_withdraws_the_pending_requ
         .find(|m| m.body["blocks"][0]["text"]["text"] == "Idle GPU: 4242")
         .expect("a Slack message about 4242");
     let buttons = msg.body["blocks"][2]["elements"].as_array().unwrap();
-    let labels: Vec<&str> = buttons.iter().map(|b| b["text"]["text"].as_str().unwrap()).collect();
+    let labels: Vec<&str> = buttons
+        .iter()
+        .map(|b| b["text"]["text"].as_str().unwrap())
+        .collect();
     assert_eq!(labels, ["Keep 4 h", "Keep 8 h", "Keep 24 h"]);
     for b in buttons {
         assert_eq!(b["type"], "button");
         assert!(b["url"].as_str().unwrap().starts_with(&link), "{b}");
     }
-    assert!(msg.body["text"].as_str().unwrap().contains(&link), "fallback text links too");
+    assert!(
+        msg.body["text"].as_str().unwrap().contains(&link),
+        "fallback text links too"
+    );
     let card = (chat.got("teams").into_iter())
         .map(|m| m.body)
         .find(|b| b["attachments"][0]["content"]["body"][0]["text"] == "Idle GPU: 4242")
         .expect("a Teams card about 4242");
     assert_eq!(card["type"], "message");
     let content = &card["attachments"][0]["content"];
-    assert_eq!(card["attachments"][0]["contentType"], "application/vnd.microsoft.card.adaptive");
+    assert_eq!(
+        card["attachments"][0]["contentType"],
+        "application/vnd.microsoft.card.adaptive"
+    );
     assert_eq!(content["type"], "AdaptiveCard");
     assert_eq!(content["actions"][0]["type"], "Action.OpenUrl");
-    assert!(content["actions"][0]["url"].as_str().unwrap().starts_with(&link));
+    assert!(
+        content["actions"][0]["url"]
+            .as_str()
+            .unwrap()
+            .starts_with(&link)
+    );
 
     // The scheduler is down: the requests stay pending there (the chat channels have them).
     rx.answer(503);
@@ -160,7 +181,10 @@ async fn chat_messages_carry_the_keep_link_and_a_keep_withdraws_the_pending_requ
         let (status, page) = open(&format!("{link}?d=4h")).await;
         assert_eq!(status, 200, "{page}");
         assert!(page.contains("4242") && page.contains("ml"), "{page}");
-        assert!(!page.contains("serve/llm-0") && !page.contains("lab/nb-idle"), "one episode only");
+        assert!(
+            !page.contains("serve/llm-0") && !page.contains("lab/nb-idle"),
+            "one episode only"
+        );
     }
     let r = client().get(&link).send().await.unwrap();
     assert_eq!(r.headers()["cache-control"], "no-store");
@@ -173,24 +197,37 @@ async fn chat_messages_carry_the_keep_link_and_a_keep_withdraws_the_pending_requ
     assert_eq!(ex.len(), 1, "{ex:?}");
     assert_eq!(ex[0]["created_by"], "link");
     assert_eq!(ex[0]["tenant"], "ml");
-    assert_eq!(ex[0]["workload"], "4242", "exactly this workload, never a glob");
+    assert_eq!(
+        ex[0]["workload"], "4242",
+        "exactly this workload, never a glob"
+    );
     let (_, page) = open(&link).await;
     assert!(page.contains("Kept until"), "{page}");
 
     // The keep withdraws 4242's request (a pass runs after it; this one may find it done).
     let (_, report) = a.evaluate(ADMIN_TOKEN).await;
-    assert!(report["reclaim"]["events"].get("reclaim.requested").is_none(), "{report}");
+    assert!(
+        report["reclaim"]["events"]
+            .get("reclaim.requested")
+            .is_none(),
+        "{report}"
+    );
     rx.answer(204);
-    eventually("the cancellation and the other request", Duration::from_secs(60), async || {
-        let e = rx.events();
-        (e.contains(&("4242".into(), "reclaim.cancelled".into()))
-            && e.contains(&("lab/nb-idle".into(), "reclaim.requested".into())))
-        .then_some(())
-    })
+    eventually(
+        "the cancellation and the other request",
+        Duration::from_secs(60),
+        async || {
+            let e = rx.events();
+            (e.contains(&("4242".into(), "reclaim.cancelled".into()))
+                && e.contains(&("lab/nb-idle".into(), "reclaim.requested".into())))
+            .then_some(())
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        !rx.events().contains(&("4242".into(), "reclaim.requested".into())),
+        !rx.events()
+            .contains(&("4242".into(), "reclaim.requested".into())),
         "the scheduler never gets the withdrawn request: {:?}",
         rx.events()
     );
@@ -242,7 +279,10 @@ async fn keep_links_are_bounded_refuse_what_is_not_theirs_and_survive_a_restart(
     let (status, page) = open(&link).await;
     assert_eq!(status, 200);
     assert!(page.contains("4 s of 4 s"), "{page}");
-    assert!(!page.contains("<button"), "no button past the bound: {page}");
+    assert!(
+        !page.contains("<button"),
+        "no button past the bound: {page}"
+    );
     let (status, body) = post(&link, &a.url(), &form_of(&before_bound, "2s")).await;
     assert_eq!(status, 409, "past the per-episode bound: {body}");
     assert!(body.contains("admin"), "names who can exempt it: {body}");
@@ -265,7 +305,10 @@ async fn keep_links_are_bounded_refuse_what_is_not_theirs_and_survive_a_restart(
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("duration"), "{body}");
     let ex = exemptions(&a).await;
-    assert!(ex.iter().all(|e| e["workload"] == "4242"), "nothing kept for lab/nb-idle: {ex:?}");
+    assert!(
+        ex.iter().all(|e| e["workload"] == "4242"),
+        "nothing kept for lab/nb-idle: {ex:?}"
+    );
 
     // Tampered, another episode's id under this token's signature, garbage.
     let (base, token) = link.rsplit_once('/').unwrap();
@@ -273,7 +316,10 @@ async fn keep_links_are_bounded_refuse_what_is_not_theirs_and_survive_a_restart(
     let mut sig = parts[4].to_owned();
     let c = if sig.starts_with('A') { "B" } else { "A" };
     sig.replace_range(0..1, c);
-    let tampered = format!("{base}/{}.{}.{}.{}.{sig}", parts[0], parts[1], parts[2], parts[3]);
+    let tampered = format!(
+        "{base}/{}.{}.{}.{}.{sig}",
+        parts[0], parts[1], parts[2], parts[3]
+    );
     let other_ep = other.rsplit('/').next().unwrap().split('.').nth(2).unwrap();
     let foreign = format!(
         "{base}/{}.{}.{other_ep}.{}.{}",
@@ -300,7 +346,11 @@ async fn keep_links_are_bounded_refuse_what_is_not_theirs_and_survive_a_restart(
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(open(&link).await.0, 200, "an issued link outlives a rotation");
+    assert_eq!(
+        open(&link).await.0,
+        200,
+        "an issued link outlives a rotation"
+    );
 
     // Expired: 410 with a page that says when.
     eventually("the link's expiry", Duration::from_secs(60), async || {
@@ -333,17 +383,21 @@ async fn a_throttled_or_hanging_chat_endpoint_never_delays_webhooks() {
         started.elapsed() < Duration::from_secs(20),
         "the webhooks came while chat hung"
     );
-    eventually("a throttled attempt counted", Duration::from_secs(30), async || {
-        let m = a.metrics_as(ADMIN_TOKEN).await;
-        m.lines()
-            .any(|l| {
-                l.starts_with("gpuledger_aggregator_webhook_deliveries_total{")
-                    && l.contains("endpoint=\"slack\"")
-                    && l.contains("outcome=\"throttled\"")
-                    && !l.ends_with(" 0")
-            })
-            .then_some(())
-    })
+    eventually(
+        "a throttled attempt counted",
+        Duration::from_secs(30),
+        async || {
+            let m = a.metrics_as(ADMIN_TOKEN).await;
+            m.lines()
+                .any(|l| {
+                    l.starts_with("gpuledger_aggregator_webhook_deliveries_total{")
+                        && l.contains("endpoint=\"slack\"")
+                        && l.contains("outcome=\"throttled\"")
+                        && !l.ends_with(" 0")
+                })
+                .then_some(())
+        },
+    )
     .await;
     // One attempt, then the endpoint waits for its Retry-After: no second attempt.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -366,9 +420,15 @@ async fn chromium_opens_a_keep_page_without_sign_in_and_keeps_4_h() {
     assert!(!browser.url().await.contains("/signin"), "no sign-in");
     let text = browser.js("return document.body.innerText").await;
     let text = text.as_str().unwrap();
-    assert!(text.contains("lab/nb-idle") && text.contains("ml"), "{text}");
+    assert!(
+        text.contains("lab/nb-idle") && text.contains("ml"),
+        "{text}"
+    );
     for other in ["serve/llm-0", "4242", "lab/nb-recent", "GPU-LC"] {
-        assert!(!text.contains(other), "{other} is another episode's: {text}");
+        assert!(
+            !text.contains(other),
+            "{other} is another episode's: {text}"
+        );
     }
     browser.screenshot("keep-page").await;
     let button = browser.element("button[value=\"4h\"]").await;
@@ -381,11 +441,16 @@ async fn chromium_opens_a_keep_page_without_sign_in_and_keeps_4_h() {
         .await;
     eventually("the kept page", Duration::from_secs(10), async || {
         let t = browser.js("return document.body.innerText").await;
-        t.as_str().filter(|t| t.contains("Kept until")).map(str::to_owned)
+        t.as_str()
+            .filter(|t| t.contains("Kept until"))
+            .map(str::to_owned)
     })
     .await;
     browser.screenshot("keep-page-kept").await;
     browser.sign_in(&a.url(), ADMIN_TOKEN, "/hoarding?").await;
     assert_eq!(browser.column("exemptions", "created_by").await, ["link"]);
-    assert_eq!(browser.column("exemptions", "workload").await, ["lab/nb-idle"]);
+    assert_eq!(
+        browser.column("exemptions", "workload").await,
+        ["lab/nb-idle"]
+    );
 }

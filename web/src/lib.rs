@@ -19,7 +19,7 @@ pub mod table;
 
 pub use chart::{Chart, Series};
 pub use pages::{
-    FilterField, FilterForm, GpuLayout, Keep, KeepButton, KeepRefused, Kpi, MoreLink, Nav, Page, Section,
-    SignIn, Slot, Snooze,
+    FilterField, FilterForm, GpuLayout, Keep, KeepButton, KeepRefused, Kpi, MoreLink, Nav, Page,
+    Section, SignIn, Slot, Snooze,
 };
 pub use table::{Cell, Column, Table};

@@ -52,7 +52,9 @@ pub async fn energy(
         ));
     }
     let offset = q.offset.unwrap_or(0);
-    Ok(Json(compute(&app, reader.scope, q).await?.page(offset, limit)))
+    Ok(Json(
+        compute(&app, reader.scope, q).await?.page(offset, limit),
+    ))
 }
 
 /// `GET /api/v1/energy.csv`: every row as RFC 4180 CSV.

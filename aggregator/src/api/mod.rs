@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod budgets;
+pub mod energy;
 pub mod export;
 pub mod extract;
 pub mod fragmentation;
@@ -10,7 +11,6 @@ pub mod hoarding;
 pub mod ingest;
 pub mod params;
 pub mod reclaim;
-pub mod energy;
 pub mod rightsizing;
 pub mod shares;
 pub mod showback;

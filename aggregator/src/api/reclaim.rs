@@ -479,7 +479,10 @@ pub async fn create_keep_link(
              WHERE episode_id = ? AND state <> 'resolved'",
         )?;
         let mut rows = stmt.query_map([&id], |r| {
-            Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?))
+            Ok((
+                r.get::<_, Option<String>>(0)?,
+                r.get::<_, Option<String>>(1)?,
+            ))
         })?;
         rows.next().transpose()
     })

@@ -174,8 +174,9 @@ pub async fn attempt(
     let (status, error, asked) = match sent {
         Ok(r) if r.status().is_success() => return Outcome::Delivered(r.status().as_u16()),
         Ok(r) if r.status() == reqwest::StatusCode::GONE => return Outcome::Gone,
-        Ok(r) if r.status() == reqwest::StatusCode::TOO_MANY_REQUESTS
-            && now - created_at <= endpoint.max_age.as_secs() as i64 =>
+        Ok(r)
+            if r.status() == reqwest::StatusCode::TOO_MANY_REQUESTS
+                && now - created_at <= endpoint.max_age.as_secs() as i64 =>
         {
             let delay = backoff(attempts_before + 1).as_secs() as i64;
             return Outcome::Throttled {

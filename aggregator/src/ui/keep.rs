@@ -68,7 +68,10 @@ fn private(mut r: Response) -> Response {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     // Not `no-referrer`: with it a browser posts the page's form with `Origin: null`, which the
     // same-origin check refuses. `same-origin` still keeps the token's URL from other sites.
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
     h.insert("x-robots-tag", HeaderValue::from_static("noindex"));
     r
 }
@@ -380,10 +383,9 @@ async fn keep_inner(
         ));
     }
     let sig = token.rsplit('.').next().unwrap_or_default();
-    let fresh = f
-        .t
-        .parse::<i64>()
-        .is_ok_and(|t| (0..=FORM_MINUTES).contains(&(now / 60 - t)));
+    let fresh =
+        f.t.parse::<i64>()
+            .is_ok_and(|t| (0..=FORM_MINUTES).contains(&(now / 60 - t)));
     let ring = app.config.reclaim.links.keys.keys();
     if !fresh
         || !ring
@@ -395,7 +397,11 @@ async fn keep_inner(
         ));
     }
     let links = &app.config.reclaim.links;
-    let Some((text, span)) = links.durations.iter().find(|(t, _)| *t == f.duration).cloned()
+    let Some((text, span)) = links
+        .durations
+        .iter()
+        .find(|(t, _)| *t == f.duration)
+        .cloned()
     else {
         let offered: Vec<&str> = links.durations.iter().map(|(t, _)| t.as_str()).collect();
         return Err(ApiError::bad_request(

@@ -249,9 +249,18 @@ pub async fn run(
         }
     }
     if !buffer.is_empty() || !shares.is_empty() || !gpus.is_empty() {
-        seal(&config, format(), &metrics, &spool, &notify, buffer, shares, gpus)
-            .await
-            .map_err(spool_err)?;
+        seal(
+            &config,
+            format(),
+            &metrics,
+            &spool,
+            &notify,
+            buffer,
+            shares,
+            gpus,
+        )
+        .await
+        .map_err(spool_err)?;
     }
     sealed_all.store(true, Ordering::Release);
     tracing::debug!("Sealed the last batch; waiting for the sender.");

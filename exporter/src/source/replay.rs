@@ -92,7 +92,11 @@ impl Source for ReplaySource {
         };
         let add = |(s, energy): (Sample, Option<f64>), second: &mut Second| {
             // One GPU reading per GPU with energy in the second (its rows agree: checked at open).
-            if energy.is_some() && !second.gpus.iter().any(|g| g.gpu_uuid == s.instance.gpu_uuid)
+            if energy.is_some()
+                && !second
+                    .gpus
+                    .iter()
+                    .any(|g| g.gpu_uuid == s.instance.gpu_uuid)
             {
                 second.gpus.push(GpuReading {
                     node: s.instance.node.clone(),

@@ -99,7 +99,11 @@ impl Settings {
     /// The carbon intensity of `node` at `t`, g/kWh.
     fn grams_per_kwh(&self, node: &str, t: i64) -> Option<f64> {
         let in_force = |c: &&CarbonPeriod| c.from.timestamp() <= t;
-        let latest = |cs: Vec<&CarbonPeriod>| cs.into_iter().max_by_key(|c| c.from).map(|c| c.grams_per_kwh);
+        let latest = |cs: Vec<&CarbonPeriod>| {
+            cs.into_iter()
+                .max_by_key(|c| c.from)
+                .map(|c| c.grams_per_kwh)
+        };
         let matching: Vec<&CarbonPeriod> = self
             .carbon_intensity
             .iter()
@@ -275,7 +279,10 @@ pub fn energy(
             ))?;
             let mut rows = stmt.query(params![a, b, tenant, tenant])?;
             while let Some(r) = rows.next()? {
-                let key = (r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?);
+                let key = (
+                    r.get::<_, Option<String>>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                );
                 let node: String = r.get(2)?;
                 let (idle, active): (f64, f64) = (r.get(3)?, r.get(4)?);
                 let g = settings.grams_per_kwh(&node, a);
@@ -329,9 +336,14 @@ pub fn energy(
         })
         .collect();
     rows.sort_by(|a, b| {
-        b.energy_kwh
-            .total_cmp(&a.energy_kwh)
-            .then_with(|| (&a.tenant, &a.workload, &a.node, &a.gpu_model).cmp(&(&b.tenant, &b.workload, &b.node, &b.gpu_model)))
+        b.energy_kwh.total_cmp(&a.energy_kwh).then_with(|| {
+            (&a.tenant, &a.workload, &a.node, &a.gpu_model).cmp(&(
+                &b.tenant,
+                &b.workload,
+                &b.node,
+                &b.gpu_model,
+            ))
+        })
     });
     let totals = tenant.is_none().then(|| {
         let fleet = fleet_j / JOULES_PER_KWH;

@@ -19,6 +19,7 @@
 
 pub mod bill;
 pub mod budgets;
+pub mod energy;
 pub mod facts;
 pub mod fleet;
 pub mod fragmentation;
@@ -27,7 +28,6 @@ pub mod hoarding;
 pub mod prices;
 pub mod rightsizing;
 pub mod shares;
-pub mod energy;
 pub mod showback;
 pub mod trend;
 

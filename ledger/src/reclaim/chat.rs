@@ -92,7 +92,10 @@ fn episode_message(
         title = format!("[dry run] {title}");
     }
     let mut facts: Vec<Fact> = vec![
-        ("Tenant".into(), d.tenant.clone().unwrap_or_else(|| "-".into())),
+        (
+            "Tenant".into(),
+            d.tenant.clone().unwrap_or_else(|| "-".into()),
+        ),
         ("Node".into(), d.node.clone()),
         ("Idle".into(), span_text(d.idle_seconds)),
         (
@@ -140,7 +143,10 @@ fn budget_message(kind: EventType, b: &BudgetData) -> Message {
             ("Tenant".into(), b.tenant.clone()),
             ("Spent".into(), format!("{:.2} {}", b.spent, b.currency)),
             ("Budget".into(), format!("{:.2} {}", b.budget, b.currency)),
-            ("Forecast".into(), format!("{:.2} {}", b.forecast, b.currency)),
+            (
+                "Forecast".into(),
+                format!("{:.2} {}", b.forecast, b.currency),
+            ),
         ],
         buttons: Vec::new(),
     }
@@ -303,10 +309,7 @@ mod tests {
         assert!(v["text"].as_str().unwrap().contains("&lt;idle&gt;&amp;co"));
         let buttons = v["blocks"][2]["elements"].as_array().unwrap();
         assert_eq!(buttons.len(), 3);
-        assert_eq!(
-            buttons[0]["url"],
-            "https://gpu.example/keep/TOKEN?d=4h"
-        );
+        assert_eq!(buttons[0]["url"], "https://gpu.example/keep/TOKEN?d=4h");
         assert_eq!(buttons[2]["text"]["text"], "Keep 24 h");
     }
 
@@ -323,7 +326,10 @@ mod tests {
         let card = &v["attachments"][0]["content"];
         assert_eq!(card["type"], "AdaptiveCard");
         assert_eq!(card["actions"][1]["type"], "Action.OpenUrl");
-        assert_eq!(card["actions"][1]["url"], "https://gpu.example/keep/TOKEN?d=8h");
+        assert_eq!(
+            card["actions"][1]["url"],
+            "https://gpu.example/keep/TOKEN?d=8h"
+        );
     }
 
     #[test]
@@ -339,7 +345,12 @@ mod tests {
         );
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["blocks"].as_array().unwrap().len(), 2);
-        assert!(v["blocks"][0]["text"]["text"].as_str().unwrap().starts_with("[dry run]"));
+        assert!(
+            v["blocks"][0]["text"]["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("[dry run]")
+        );
     }
 
     #[test]

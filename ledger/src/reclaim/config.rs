@@ -284,7 +284,11 @@ impl KeyRing {
 
     /// The key that signs new links, if any.
     pub fn signing(&self) -> Option<gpuledger_schema::keep::Key> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).first().cloned()
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .first()
+            .cloned()
     }
 
     /// Replaces the keys (the signing one first).
@@ -587,7 +591,9 @@ impl ReclaimFile {
                 l.durations.push((d.clone(), span));
             }
         }
-        if let Some((i, (d, _))) = (l.durations.iter().enumerate()).find(|(_, (_, s))| *s > l.max_keep) {
+        if let Some((i, (d, _))) =
+            (l.durations.iter().enumerate()).find(|(_, (_, s))| *s > l.max_keep)
+        {
             return Err(err(
                 format!("reclaim.keep_durations[{i}]"),
                 format!("{d} is over max_keep"),
@@ -603,8 +609,7 @@ impl ReclaimFile {
 /// `reclaim.public_url` checked (http or https, no query or fragment), without a trailing `/`.
 pub fn public_url(text: &str) -> Result<String, ConfigError> {
     let key = "reclaim.public_url";
-    let url = url::Url::parse(text)
-        .map_err(|e| err(key, format!("{text:?} is not a URL: {e}")))?;
+    let url = url::Url::parse(text).map_err(|e| err(key, format!("{text:?} is not a URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(err(key, "must be http or https"));
     }
@@ -923,24 +928,45 @@ mod tests {
         assert_eq!(l.max_per_episode, DEFAULT_MAX_KEEP_PER_EPISODE);
         let texts: Vec<&str> = l.durations.iter().map(|(t, _)| t.as_str()).collect();
         assert_eq!(texts, DEFAULT_KEEP_DURATIONS);
-        assert_eq!(l.public_url, None, "filled from the listen address by the service");
+        assert_eq!(
+            l.public_url, None,
+            "filled from the listen address by the service"
+        );
     }
 
     #[test]
     fn keep_link_and_notify_errors_name_the_key() {
         for (text, key) in [
-            ("[reclaim]\nkeep_durations = [\"4h\", \"48h\"]", "reclaim.keep_durations[1]"),
-            ("[reclaim]\nkeep_durations = [\"soon\"]", "reclaim.keep_durations[0]"),
+            (
+                "[reclaim]\nkeep_durations = [\"4h\", \"48h\"]",
+                "reclaim.keep_durations[1]",
+            ),
+            (
+                "[reclaim]\nkeep_durations = [\"soon\"]",
+                "reclaim.keep_durations[0]",
+            ),
             ("[reclaim]\nmax_keep = \"8d\"", "reclaim.max_keep"),
             (
                 "[reclaim]\nmax_keep_per_episode = \"1h\"",
                 "reclaim.max_keep_per_episode",
             ),
             ("[reclaim]\npublic_url = \"ftp://x\"", "reclaim.public_url"),
-            ("[reclaim]\npublic_url = \"http://x/?a=1\"", "reclaim.public_url"),
-            ("[[notify]]\nkind = \"slack\"\nurl = \"http://x\"", "notify[0].name"),
-            ("[[notify]]\nname = \"c\"\nkind = \"irc\"\nurl = \"http://x\"", "notify[0].kind"),
-            ("[[notify]]\nname = \"c\"\nkind = \"slack\"", "notify[0].url"),
+            (
+                "[reclaim]\npublic_url = \"http://x/?a=1\"",
+                "reclaim.public_url",
+            ),
+            (
+                "[[notify]]\nkind = \"slack\"\nurl = \"http://x\"",
+                "notify[0].name",
+            ),
+            (
+                "[[notify]]\nname = \"c\"\nkind = \"irc\"\nurl = \"http://x\"",
+                "notify[0].kind",
+            ),
+            (
+                "[[notify]]\nname = \"c\"\nkind = \"slack\"",
+                "notify[0].url",
+            ),
             (
                 "[[notify]]\nname = \"c\"\nkind = \"slack\"\nurl = \"http://x\"\nevents = [\"x\"]",
                 "notify[0].events",
@@ -952,7 +978,10 @@ mod tests {
         let e = parse("[reclaim]\nkeep_durations = [\"4h\", \"48h\"]").unwrap_err();
         assert!(e.ends_with("48h is over max_keep"), "{e}");
         let s = parse("[reclaim]\npublic_url = \"https://gpu.example/ledger/\"").unwrap();
-        assert_eq!(s.links.public_url.as_deref(), Some("https://gpu.example/ledger"));
+        assert_eq!(
+            s.links.public_url.as_deref(),
+            Some("https://gpu.example/ledger")
+        );
     }
 
     #[test]
@@ -968,7 +997,10 @@ mod tests {
         assert!(ep.takes(T::HoardingDetected, Some("ml"), None));
         assert!(ep.takes(T::ReclaimRequested, Some("cv"), Some("#gpu")));
         assert!(!ep.takes(T::ReclaimRequested, Some("cv"), Some("#other")));
-        assert!(!ep.takes(T::HoardingResolved, Some("ml"), None), "not a default event");
+        assert!(
+            !ep.takes(T::HoardingResolved, Some("ml"), None),
+            "not a default event"
+        );
     }
 
     #[test]

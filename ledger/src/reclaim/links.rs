@@ -146,7 +146,9 @@ mod tests {
     use super::*;
 
     fn ledger() -> Connection {
-        crate::store::open(std::path::Path::new(":memory:")).unwrap().0
+        crate::store::open(std::path::Path::new(":memory:"))
+            .unwrap()
+            .0
     }
 
     fn exemption(id: &str, now: i64, secs: i64) -> Exemption {
@@ -206,13 +208,27 @@ mod tests {
             KeepOutcome::EpisodeBound { used: 8 }
         );
         assert_eq!(
-            keep(&tx, &exemption("exm_4", 10, 4), "ep_ffffffffffffffffffffffff", 4, 10, 1)
-                .unwrap(),
+            keep(
+                &tx,
+                &exemption("exm_4", 10, 4),
+                "ep_ffffffffffffffffffffffff",
+                4,
+                10,
+                1
+            )
+            .unwrap(),
             KeepOutcome::Kept
         );
         assert_eq!(
-            keep(&tx, &exemption("exm_5", 11, 4), "ep_eeeeeeeeeeeeeeeeeeeeeeee", 4, 10, 1)
-                .unwrap(),
+            keep(
+                &tx,
+                &exemption("exm_5", 11, 4),
+                "ep_eeeeeeeeeeeeeeeeeeeeeeee",
+                4,
+                10,
+                1
+            )
+            .unwrap(),
             KeepOutcome::TenantBound { n: 1 }
         );
         tx.commit().unwrap();

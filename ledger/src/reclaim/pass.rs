@@ -627,13 +627,9 @@ fn queue_event(
                     .expect("events serialize")
                 })
                 .clone(),
-            chat => super::chat::render_episode(
-                chat,
-                kind,
-                &data,
-                &settings.links.durations,
-                plan.now,
-            ),
+            chat => {
+                super::chat::render_episode(chat, kind, &data, &settings.links.durations, plan.now)
+            }
         };
         plan.outbox.push(OutboxWrite {
             event_id: event_id.clone(),

@@ -327,7 +327,9 @@ async fn announce_ready(base: String, token: String, started: std::time::Instant
                 Some((workload, url)) => eprintln!(
                     "gpuledger demo: the notebook {workload} is idle; its owner's keep link (no sign-in): {url}"
                 ),
-                None => eprintln!("gpuledger demo: no idle notebook is followed yet, so no keep link to show."),
+                None => eprintln!(
+                    "gpuledger demo: no idle notebook is followed yet, so no keep link to show."
+                ),
             }
             return;
         }

@@ -214,7 +214,8 @@ impl<D: Driver> NvmlSource<D> {
         let tally = tallies.of(Collector::Energy);
         tally.duration += started.elapsed();
         let state = self.energy.entry(uuid.to_owned()).or_default();
-        let interval = |at: Option<Instant>| at.map_or(1.0, |at| started.duration_since(at).as_secs_f64());
+        let interval =
+            |at: Option<Instant>| at.map_or(1.0, |at| started.duration_since(at).as_secs_f64());
         let power = |at| watts.map(|w| w * interval(at));
         match read {
             Ok(c) => {
@@ -744,14 +745,25 @@ mod tests {
         let mut energy = Vec::new();
         for _ in 0..6 {
             let second = src.collect(0).unwrap().unwrap();
-            let gpu = |uuid: &str| second.gpus.iter().find(|g| g.gpu_uuid == uuid).cloned().unwrap();
+            let gpu = |uuid: &str| {
+                second
+                    .gpus
+                    .iter()
+                    .find(|g| g.gpu_uuid == uuid)
+                    .cloned()
+                    .unwrap()
+            };
             let (h100, a100) = (gpu("GPU-h100-mig"), gpu("GPU-a100"));
             // Without a counter: power × the interval, every second.
             assert_eq!(a100.energy_source, Some(Power));
             assert!(a100.energy_joules.unwrap() > 0.0);
             energy.push((h100.energy_joules, h100.energy_source));
         }
-        assert_eq!(energy[0], (None, Some(Counter)), "the first read is a baseline");
+        assert_eq!(
+            energy[0],
+            (None, Some(Counter)),
+            "the first read is a baseline"
+        );
         assert_eq!(energy[1], (Some(0.5), Some(Counter)));
         // The counter went back: one second of power × interval, and a new baseline.
         assert_eq!(energy[2].1, Some(Power));
@@ -775,7 +787,12 @@ mod tests {
         .unwrap();
         for _ in 0..3 {
             let second = src.collect(0).unwrap().unwrap();
-            assert!(second.gpus.iter().all(|g| g.energy_joules.is_none() && g.energy_source.is_none()));
+            assert!(
+                second
+                    .gpus
+                    .iter()
+                    .all(|g| g.energy_joules.is_none() && g.energy_source.is_none())
+            );
         }
     }
 }

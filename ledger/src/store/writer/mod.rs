@@ -38,6 +38,7 @@ mod batch_ids;
 mod checkpoints;
 mod compact;
 mod dims;
+mod energy;
 mod folder;
 mod held;
 mod minutes;
@@ -47,7 +48,6 @@ mod recent;
 mod retention;
 mod rollups;
 mod shares;
-mod energy;
 
 use checkpoints::Checkpoints;
 use checkpoints::compacting_checkpoint;
@@ -56,11 +56,11 @@ pub(crate) use checkpoints::{
 };
 pub use compact::Compactor;
 use dims::Dims;
+pub use energy::set_idle_watts;
 pub use minutes::{MinuteBatch, MinuteRow, MinutesOutcome};
 pub use raw::RawColumns;
 use rollups::Map;
 use shares::write_shares;
-pub use energy::set_idle_watts;
 
 /// What became of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
