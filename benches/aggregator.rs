@@ -195,6 +195,8 @@ fn writer_shares(dir: &std::path::Path) {
             tenant: Some(tenant.into()),
             workload: Some(format!("{tenant}/job")),
             slo_class: None,
+            owner: None,
+            owner_ref: None,
         };
         let shares: Vec<gpuledger_schema::ShareSample> = b
             .samples()

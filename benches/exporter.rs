@@ -98,6 +98,8 @@ fn shares_cycle() -> Duration {
             tenant: Some("team".into()),
             workload: Some(format!("ns/pod-{}", &uid[24..])),
             slo_class: None,
+            owner: None,
+            owner_ref: None,
         }),
         _ => None,
     };

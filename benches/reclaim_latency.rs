@@ -152,6 +152,8 @@ fn latency() {
                                         tenant: Some("bench".into()),
                                         workload: Some(format!("bench/w-{node}-{g}")),
                                         slo_class: Some(SloClass::Interactive),
+                                        owner: None,
+                                        owner_ref: None,
                                     }
                                 } else {
                                     Attribution::default()

@@ -123,6 +123,9 @@ pub struct OwnerReference {
     /// The owner's uid.
     #[serde(default)]
     pub uid: String,
+    /// Whether this owner is the object's managing controller.
+    #[serde(default)]
+    pub controller: bool,
 }
 
 /// A list answer (`PodList`, `WorkloadList`…).

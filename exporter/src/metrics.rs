@@ -590,6 +590,8 @@ mod tests {
                 tenant: tenant.map(Into::into),
                 workload: None,
                 slo_class: None,
+                owner: None,
+                owner_ref: None,
             },
             counters: Counters {
                 sm_active: sm,

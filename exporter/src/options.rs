@@ -129,6 +129,13 @@ pub struct ExporterOptions {
     /// Pod annotation whose value is the tenant (after the label).
     #[arg(long)]
     pub kube_tenant_annotation: Option<String>,
+    /// Pod label whose value is the workload's owner, named in reclaim notices (e.g.
+    /// `gpuledger.io/owner`).
+    #[arg(long)]
+    pub kube_owner_label: Option<String>,
+    /// Pod annotation whose value is the workload's owner (after the label).
+    #[arg(long)]
+    pub kube_owner_annotation: Option<String>,
     /// Pod label whose value is the SLO class.
     #[arg(long)]
     pub kube_class_label: Option<String>,
@@ -433,6 +440,8 @@ impl ExporterOptions {
                 .unwrap_or(DEFAULT_KUBE_REFRESH_INTERVAL),
             tenant_label: self.kube_tenant_label.take(),
             tenant_annotation: self.kube_tenant_annotation.take(),
+            owner_label: self.kube_owner_label.take(),
+            owner_annotation: self.kube_owner_annotation.take(),
             class_label: self.kube_class_label.take(),
             priority_classes: map(std::mem::take(&mut self.kube_priority_class)),
         }))

@@ -41,6 +41,8 @@ fn holder(tenant: &str, workload: &str, class: SloClass) -> Attribution {
         tenant: Some(tenant.into()),
         workload: Some(workload.into()),
         slo_class: Some(class),
+        owner: None,
+        owner_ref: None,
     }
 }
 

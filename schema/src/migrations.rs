@@ -80,6 +80,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "keep_links",
         sql: include_str!("../migrations/0013_keep_links.sql"),
     },
+    Migration {
+        version: 14,
+        name: "holder_owners",
+        sql: include_str!("../migrations/0014_holder_owners.sql"),
+    },
 ];
 
 /// The schema version this build writes.

@@ -102,6 +102,15 @@ pub struct Attribution {
     pub workload: Option<String>,
     /// The workload's service class.
     pub slo_class: Option<SloClass>,
+    /// Who the workload runs for, where the attribution knows: the pod's owner label or
+    /// annotation (the exporter's `--kube-owner-label` / `--kube-owner-annotation`), or the Slurm
+    /// job's user. Carried to the notices; not part of what is charged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// What the workload belongs to, as `Kind/name`: the pod's owner reference (`Job/train`,
+    /// `StatefulSet/notebooks`) or the Slurm job's account (`Account/vision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_ref: Option<String>,
 }
 
 impl Attribution {
@@ -302,6 +311,8 @@ impl Sample {
             ("mig_profile", self.instance.mig_profile.as_ref()),
             ("tenant", self.attribution.tenant.as_ref()),
             ("workload", self.attribution.workload.as_ref()),
+            ("owner", self.attribution.owner.as_ref()),
+            ("owner_ref", self.attribution.owner_ref.as_ref()),
         ] {
             if let Some(name) = name
                 && name.len() > MAX_NAME_BYTES
@@ -317,6 +328,8 @@ impl Sample {
             ("gpu_uuid", Some(&self.instance.gpu_uuid)),
             ("tenant", self.attribution.tenant.as_ref()),
             ("workload", self.attribution.workload.as_ref()),
+            ("owner", self.attribution.owner.as_ref()),
+            ("owner_ref", self.attribution.owner_ref.as_ref()),
         ] {
             if let Some(name) = name {
                 if name.chars().any(char::is_control) {

@@ -297,6 +297,8 @@ impl<R: Read> TraceReader<R> {
                 slo_class: row.optional("slo_class", |s| {
                     s.parse::<SloClass>().map_err(|e| e.to_string())
                 })?,
+                owner: None,
+                owner_ref: None,
             },
             counters: Counters {
                 sm_active: row.optional("sm_active", parse_ratio)?,

@@ -175,9 +175,10 @@ pub struct EpisodeData {
     pub owner: Option<OwnerData>,
 }
 
-/// Who holds an episode's GPU, as far as the ledger knows: read from the workload's name and the
-/// tenant's `[billing.tenants."NAME"]` entry.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Who holds an episode's GPU, as far as the ledger knows: read from the workload's name, what
+/// the exporter's attribution sent (`owner`, `owner_ref`) and the tenant's
+/// `[billing.tenants."NAME"]` entry.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct OwnerData {
     /// The pod's namespace (a `namespace/pod` workload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -188,6 +189,13 @@ pub struct OwnerData {
     /// The Slurm job id (a numeric workload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_id: Option<String>,
+    /// Who the workload runs for: the pod's owner label or annotation, or the Slurm job's user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// What the workload belongs to, `Kind/name`: the pod's controller (`Job/train`) or the
+    /// Slurm job's account (`Account/vision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_ref: Option<String>,
     /// The tenant's team.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,
@@ -200,10 +208,17 @@ impl OwnerData {
     /// In a few words, for a message (`pod lab/nb-1, team vision, #ml-gpu`).
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
+        let of = self
+            .owner_ref
+            .as_ref()
+            .map_or(String::new(), |r| format!(" of {r}"));
         match (&self.namespace, &self.name, &self.job_id) {
-            (Some(ns), Some(n), _) => parts.push(format!("pod {ns}/{n}")),
-            (_, _, Some(j)) => parts.push(format!("job {j}")),
-            _ => {}
+            (Some(ns), Some(n), _) => parts.push(format!("pod {ns}/{n}{of}")),
+            (_, _, Some(j)) => parts.push(format!("job {j}{of}")),
+            _ => parts.extend(self.owner_ref.clone()),
+        }
+        if let Some(o) = &self.owner {
+            parts.push(format!("owner {o}"));
         }
         if let Some(t) = &self.team {
             parts.push(format!("team {t}"));
@@ -458,6 +473,31 @@ mod tests {
 
     fn secret() -> Secret {
         Secret::parse(&Secret::encode(KEY)).unwrap()
+    }
+
+    #[test]
+    fn an_owner_reads_as_words_for_a_pod_a_slurm_job_and_a_bare_reference() {
+        let slurm = OwnerData {
+            job_id: Some("4242".into()),
+            owner: Some("alice".into()),
+            owner_ref: Some("Account/vision".into()),
+            ..OwnerData::default()
+        };
+        assert_eq!(slurm.describe(), "job 4242 of Account/vision, owner alice");
+        let pod = OwnerData {
+            namespace: Some("lab".into()),
+            name: Some("train-0".into()),
+            owner_ref: Some("Job/train".into()),
+            contact: Some("#ml".into()),
+            ..OwnerData::default()
+        };
+        assert_eq!(pod.describe(), "pod lab/train-0 of Job/train, #ml");
+        let bare = OwnerData {
+            owner_ref: Some("Job/train".into()),
+            ..OwnerData::default()
+        };
+        assert_eq!(bare.describe(), "Job/train");
+        assert_eq!(OwnerData::default().describe(), "-");
     }
 
     /// The signature an independent implementation (the `standardwebhooks` crate) makes and

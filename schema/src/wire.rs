@@ -344,6 +344,12 @@ pub struct Series {
     /// SLO class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_class: Option<SloClass>,
+    /// Who the workload runs for (a pod's owner label or annotation, a Slurm job's user).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// What the workload belongs to, `Kind/name` (`Job/train`, `Account/vision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_ref: Option<String>,
     /// The seconds (Unix) of the samples.
     #[serde(deserialize_with = "exact::column")]
     pub t: Vec<i64>,
@@ -1010,6 +1016,8 @@ impl Series {
             tenant: a.tenant.clone(),
             workload: a.workload.clone(),
             slo_class: a.slo_class,
+            owner: a.owner.clone(),
+            owner_ref: a.owner_ref.clone(),
             t: group.iter().map(|s| s.timestamp).collect(),
             sm_active: column(group, |c| c.sm_active),
             sm_occupancy: column(group, |c| c.sm_occupancy),
@@ -1083,6 +1091,8 @@ impl Series {
             tenant: self.tenant.clone(),
             workload: self.workload.clone(),
             slo_class: self.slo_class,
+            owner: self.owner.clone(),
+            owner_ref: self.owner_ref.clone(),
         }
     }
 
@@ -1244,6 +1254,8 @@ impl Series {
             ("tenant", self.tenant.is_some()),
             ("workload", self.workload.is_some()),
             ("slo_class", self.slo_class.is_some()),
+            ("owner", self.owner.is_some()),
+            ("owner_ref", self.owner_ref.is_some()),
             ("sm_active", self.sm_active.is_some()),
             ("sm_occupancy", self.sm_occupancy.is_some()),
             ("tensor_active", self.tensor_active.is_some()),
@@ -1324,6 +1336,8 @@ mod tests {
                 tenant: tenant.map(Into::into),
                 workload: None,
                 slo_class: None,
+                owner: None,
+                owner_ref: None,
             },
             counters: Counters {
                 sm_active: sm,

@@ -225,6 +225,8 @@ fn live_batch(n: usize, t: i64) -> Batch {
                     tenant: Some(format!("tenant-{}", k % 3)),
                     workload: Some(format!("wl-{n}-{k}")),
                     slo_class: Some(SloClass::Batch),
+                    owner: None,
+                    owner_ref: None,
                 },
                 counters: Counters {
                     sm_active: Some(((ts as u64 * 7 + k as u64) % 101) as f64 / 100.0),

@@ -59,6 +59,8 @@ fn whole_gpu(node: &str, gpu: &str, tenant: Option<&str>, t: i64, counters: Coun
             tenant: tenant.map(Into::into),
             workload: tenant.map(|t| format!("{t}/job")),
             slo_class: tenant.map(|_| SloClass::Batch),
+            owner: None,
+            owner_ref: None,
         },
         counters,
     }

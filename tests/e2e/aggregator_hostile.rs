@@ -60,6 +60,8 @@ fn valid_batch(t: i64) -> Batch {
                     tenant: Some("a".into()),
                     workload: Some("a/job".into()),
                     slo_class: Some(SloClass::Batch),
+                    owner: None,
+                    owner_ref: None,
                 },
                 counters: Counters {
                     sm_active: Some(0.5),

@@ -36,6 +36,8 @@ fn sample(node: &str, gi: u32, t: i64, sm: f64) -> Sample {
             tenant: Some("research".into()),
             workload: Some("research/job-1".into()),
             slo_class: Some(SloClass::Batch),
+            owner: None,
+            owner_ref: None,
         },
         counters: Counters {
             sm_active: Some(sm),

@@ -49,6 +49,8 @@ async fn fed_aggregator(dir: &std::path::Path) -> Aggregator {
                 tenant: Some("t1".into()),
                 workload: Some("t1/w".into()),
                 slo_class: Some(SloClass::Batch),
+                owner: None,
+                owner_ref: None,
             },
             counters: Counters {
                 sm_active: Some(0.0),

@@ -40,6 +40,8 @@ fn owner(tenant: &str, workload: &str) -> Attribution {
         tenant: Some(tenant.into()),
         workload: Some(workload.into()),
         slo_class: Some(SloClass::Batch),
+        owner: None,
+        owner_ref: None,
     }
 }
 

@@ -434,7 +434,8 @@ async fn a_ledger_from_before_the_notes_and_the_totals_upgrades_to_the_same_answ
     {
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch(
-            "DROP TABLE energy_gpu_1m; DROP TABLE energy_gpu_1h; DROP TABLE energy_gpu_1d;
+            "DROP TABLE holder_owners;
+             DROP TABLE energy_gpu_1m; DROP TABLE energy_gpu_1h; DROP TABLE energy_gpu_1d;
              DROP TABLE energy_1m; DROP TABLE energy_1h; DROP TABLE energy_1d;
              DROP TABLE ingest_energy_gpu; DROP TABLE ingest_energy; DROP TABLE energy_idle_watts;
              DROP TABLE keep_link_keys; DROP TABLE reclaim_keeps;

@@ -58,6 +58,8 @@ fn held(tenant: &str, workload: &str) -> Attribution {
         tenant: Some(tenant.into()),
         workload: Some(format!("{tenant}/{workload}")),
         slo_class: Some(SloClass::Batch),
+        owner: None,
+        owner_ref: None,
     }
 }
 

@@ -40,6 +40,8 @@ fn fixture_metrics() -> std::sync::Arc<Metrics> {
             tenant: Some("vision".into()),
             workload: Some("ml/train-0".into()),
             slo_class: Some(SloClass::Batch),
+            owner: None,
+            owner_ref: None,
         },
         processes: 2,
         memory_used_bytes: Some(16 << 30),

@@ -518,10 +518,22 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
         p["metadata"]["uid"] = uid.into();
         p
     };
+    // The pod that the shared device is charged to: its owner label and its controller.
+    let mut notebook = with_uid(
+        "ml",
+        "notebook-0",
+        "0a1b2c3d-0000-4000-8000-00000000000c",
+        serde_json::json!({"gpuledger.io/owner": "alice"}),
+    );
+    notebook["metadata"]["annotations"] = serde_json::json!({"example.com/contact": "bob"});
+    notebook["metadata"]["ownerReferences"] = serde_json::json!([
+        {"kind": "ReplicaSet", "name": "not-the-controller", "uid": "u1"},
+        {"kind": "StatefulSet", "name": "notebooks", "uid": "u2", "controller": true},
+    ]);
     let pods = Arc::new(Mutex::new(serde_json::json!({"kind": "PodList", "items": [
         with_uid("ml", "train-0", TRAIN, serde_json::json!({"gpuledger.io/tenant": "vision"})),
         with_uid("serving", "api-0", API, serde_json::json!({})),
-        with_uid("ml", "notebook-0", "0a1b2c3d-0000-4000-8000-00000000000c", serde_json::json!({})),
+        notebook,
     ]})));
     let port = fake_apiserver(pods, Arc::new(Mutex::new(Vec::new()))).await;
     let token = dir.path().join("token");
@@ -539,6 +551,8 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
             refresh: Duration::from_millis(200),
             tenant_label: Some("gpuledger.io/tenant".into()),
             tenant_annotation: None,
+            owner_label: Some("gpuledger.io/owner".into()),
+            owner_annotation: Some("example.com/contact".into()),
             class_label: None,
             priority_classes: Default::default(),
         }),
@@ -588,6 +602,16 @@ async fn a_time_sliced_gpu_is_split_per_pod_through_process_cgroups() {
         process(301, 1, 0.0),
     ];
     attributor.apply(&mut readings);
+    // The device is charged to the first live pod by namespace/name, and names its owner: the
+    // label before the annotation, and the controller among the owner references.
+    let held = &readings
+        .iter()
+        .find(|r| &r.instance.gpu_uuid == shared)
+        .unwrap()
+        .attribution;
+    assert_eq!(held.workload.as_deref(), Some("ml/notebook-0"));
+    assert_eq!(held.owner.as_deref(), Some("alice"));
+    assert_eq!(held.owner_ref.as_deref(), Some("StatefulSet/notebooks"));
     // The GPU was 60 % active over the second; the driver saw 0.3 + 0.1 of train-0's kernels and
     // 0.2 of api-0's.
     for r in readings

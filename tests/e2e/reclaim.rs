@@ -84,6 +84,15 @@ fn trace(now: i64) -> Vec<(String, Vec<Sample>)> {
         now,
         |_| 0.8,
     ));
+    // The batch job's exporter names its owner, as the Slurm attribution does: the job's user
+    // and account (schema/WIRE.md, `owner` and `owner_ref`).
+    for s in n1
+        .iter_mut()
+        .filter(|s| s.attribution.workload.as_deref() == Some("4242"))
+    {
+        s.attribution.owner = Some("alice".into());
+        s.attribution.owner_ref = Some("Account/physics".into());
+    }
     let n2 = run(
         "n2",
         "GPU-DEAD",
@@ -147,13 +156,20 @@ pub(crate) struct Fed {
 /// An aggregator whose `[reclaim]` gets the `reclaim` lines (and `extra` tables), sending to a
 /// receiver that answers `status`, fed the trace ending now.
 pub(crate) async fn fed(status: u16, reclaim: &str, extra: &str) -> Fed {
+    fed_logged(status, reclaim, extra, false).await
+}
+
+/// [`fed`]; with `log`, the aggregator logs at `debug` to `aggregator.log` in the directory.
+pub(crate) async fn fed_logged(status: u16, reclaim: &str, extra: &str, log: bool) -> Fed {
     let dir = tempfile::tempdir().unwrap();
     let rx = Receiver::start(status).await;
     let cfg = config(dir.path(), &rx.url, reclaim, extra);
-    let a = Aggregator::start(
+    let log = log.then(|| dir.path().join("aggregator.log"));
+    let a = Aggregator::start_logged(
         &dir.path().join("ledger.duckdb"),
         0,
         &["--config", cfg.to_str().unwrap()],
+        log.as_deref(),
     )
     .await;
     let now = chrono::Utc::now().timestamp();

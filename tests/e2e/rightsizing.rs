@@ -42,6 +42,8 @@ fn held(tenant: &str, workload: &str, class: SloClass) -> Attribution {
         tenant: Some(tenant.into()),
         workload: Some(format!("{tenant}/{workload}")),
         slo_class: Some(class),
+        owner: None,
+        owner_ref: None,
     }
 }
 

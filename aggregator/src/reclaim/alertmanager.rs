@@ -113,6 +113,15 @@ pub fn alerts(
             ]
             .into_iter()
             .chain(keep_url.map(|u| ("keep_url", u)))
+            .chain(
+                gpuledger_ledger::reclaim::pass::owner(
+                    e.tenant.as_deref(),
+                    e.workload.as_deref(),
+                    (e.owner.clone(), e.owner_ref.clone()),
+                    analytics,
+                )
+                .map(|o| ("owner", o.describe())),
+            )
             .map(|(k, v)| (k.to_owned(), v))
             .collect();
             PostableAlert {

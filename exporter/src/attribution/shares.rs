@@ -415,6 +415,8 @@ mod tests {
             tenant: Some("acct1".into()),
             workload: Some(w.into()),
             slo_class: None,
+            owner: None,
+            owner_ref: None,
         };
         // Job 1 runs on the GPU; "idle" holds a replica of it and runs nothing.
         let got = shares(
@@ -602,6 +604,8 @@ mod tests {
                     tenant: Some(format!("acct{job_id}")),
                     workload: Some(job_id.clone()),
                     slo_class: None,
+                    owner: None,
+                    owner_ref: None,
                 }),
                 _ => None,
             },

@@ -125,6 +125,12 @@ impl SlurmJobMap {
                     .copied()
                     .unwrap_or(SloClass::Batch),
             ),
+            owner: job.fields.get("user").filter(|u| !u.is_empty()).cloned(),
+            owner_ref: job
+                .fields
+                .get("account")
+                .filter(|a| !a.is_empty())
+                .map(|a| format!("Account/{a}")),
         })
     }
 
@@ -312,7 +318,9 @@ mod tests {
             Attribution {
                 tenant: Some("physics".into()),
                 workload: Some("41".into()),
-                slo_class: Some(SloClass::LatencyCritical)
+                slo_class: Some(SloClass::LatencyCritical),
+                owner: Some("alice".into()),
+                owner_ref: Some("Account/physics".into()),
             }
         );
         assert_eq!(rs[1].attribution.tenant.as_deref(), Some("chem"));

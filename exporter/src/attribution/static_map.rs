@@ -97,6 +97,8 @@ impl StaticMap {
                 tenant: Some(e.tenant),
                 workload: e.workload,
                 slo_class: e.slo_class,
+                owner: None,
+                owner_ref: None,
             };
             match (e.uuid, e.gpu_uuid, e.gpu_instance_id) {
                 (Some(uuid), None, None) => {

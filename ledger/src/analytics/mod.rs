@@ -442,6 +442,7 @@ pub fn current(conn: &Connection, settings: &Settings) -> duckdb::Result<Current
                 CASE WHEN i.gpu_instance_id < 0 THEN '' ELSE i.gpu_instance_id::VARCHAR END,
                 coalesce(h.slo_class, ''), e.last_second + 1 - e.started_at, e.gpu_equivalents
          FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+              LEFT JOIN holder_owners o USING (holder_id)
          WHERE e.ended_at IS NULL ORDER BY ALL",
     )?;
     out.episodes = stmt
@@ -513,6 +514,13 @@ pub struct EpisodeRow {
     /// Whether it ended because its holder became active again (not because the allocation
     /// ended).
     pub resumed: bool,
+    /// Who the workload runs for, as its exporter last sent it (a pod's owner label or
+    /// annotation, a Slurm job's user).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// What it belongs to, `Kind/name` (`Job/train`, `Account/vision`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner_ref: Option<String>,
 }
 
 /// The answer of `GET /api/v1/hoarding`.
@@ -627,6 +635,7 @@ macro_rules! episodes_where {
     () => {
         "
          FROM hoarding_episodes e JOIN instances i USING (instance_id) JOIN holders h USING (holder_id)
+              LEFT JOIN holder_owners o USING (holder_id)
          WHERE (? = 'all' OR (? = 'open') = (e.ended_at IS NULL))
            AND e.started_at < ? AND coalesce(e.ended_at, 9223372036854775807) > ?
            AND (? IS NULL OR h.tenant = ?)"
@@ -756,7 +765,7 @@ fn episode_rows(
                 i.gpu_model, h.slo_class, e.started_at, e.detected_at, e.ended_at, e.last_second,
                 CASE WHEN e.sm_active_samples > 0 THEN e.sm_active_sum / e.sm_active_samples END,
                 e.gpu_equivalents, e.idle_gpu_seconds, coalesce(e.resumed, false),
-                e.instance_id, e.holder_id",
+                e.instance_id, e.holder_id, o.owner, o.owner_ref",
         episodes_where!(),
         "
            AND (?::BIGINT IS NULL OR e.started_at > ?
@@ -807,6 +816,8 @@ fn episode_rows(
                             started_at,
                         ),
                     resumed: r.get(15)?,
+                    owner: r.get(18)?,
+                    owner_ref: r.get(19)?,
                     gpu_model,
                     mig_profile,
                     started_at,
@@ -883,6 +894,8 @@ mod tests {
                         tenant: Some("t".into()),
                         workload: Some("w".into()),
                         slo_class: Some(SloClass::Batch),
+                        owner: None,
+                        owner_ref: None,
                     },
                     counters: Counters {
                         sm_active: Some(0.5),

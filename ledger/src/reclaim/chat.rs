@@ -283,6 +283,8 @@ mod tests {
                 namespace: Some("lab".into()),
                 name: Some("nb-<idle>&co".into()),
                 job_id: None,
+                owner: Some("alice".into()),
+                owner_ref: Some("StatefulSet/notebooks".into()),
                 team: Some("vision".into()),
                 contact: Some("#ml-gpu".into()),
             }),
@@ -307,6 +309,11 @@ mod tests {
         );
         let v: Value = serde_json::from_str(&body).unwrap();
         assert!(v["text"].as_str().unwrap().contains("&lt;idle&gt;&amp;co"));
+        // The owner as the exporter sent it, beside the tenant's team and contact.
+        assert!(
+            body.contains("of StatefulSet/notebooks, owner alice, team vision, #ml-gpu"),
+            "{body}"
+        );
         let buttons = v["blocks"][2]["elements"].as_array().unwrap();
         assert_eq!(buttons.len(), 3);
         assert_eq!(buttons[0]["url"], "https://gpu.example/keep/TOKEN?d=4h");

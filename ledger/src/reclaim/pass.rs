@@ -484,7 +484,14 @@ fn record(
     else {
         return;
     };
-    data.owner = owner(data.tenant.as_deref(), data.workload.as_deref(), analytics);
+    // The team and contact as configured now; the owner as the exporter sent it.
+    let sent = data.owner.take().unwrap_or_default();
+    data.owner = owner(
+        data.tenant.as_deref(),
+        data.workload.as_deref(),
+        (sent.owner, sent.owner_ref),
+        analytics,
+    );
     let data_json = serde_json::to_string(&data).expect("episode data serializes");
     let (tenant, workload, node) = (
         data.tenant.clone(),
@@ -657,10 +664,12 @@ pub fn keepable(tenant: Option<&str>, workload: Option<&str>) -> bool {
 }
 
 /// Who holds the workload, as far as the ledger knows: a `namespace/pod` or a numeric Slurm job
-/// id, and the tenant's team and contact from `[billing.tenants."NAME"]`.
+/// id, the (owner, owner reference) its exporter sent, and the tenant's team and contact from
+/// `[billing.tenants."NAME"]`.
 pub fn owner(
     tenant: Option<&str>,
     workload: Option<&str>,
+    (sent_owner, owner_ref): (Option<String>, Option<String>),
     analytics: &analytics::Settings,
 ) -> Option<OwnerData> {
     let info = tenant.and_then(|t| analytics.billing.tenants.get(t));
@@ -675,17 +684,12 @@ pub fn owner(
         namespace,
         name,
         job_id,
+        owner: sent_owner,
+        owner_ref,
         team: info.and_then(|i| i.team.clone()),
         contact: info.and_then(|i| i.contact.clone()),
     };
-    (o != OwnerData {
-        namespace: None,
-        name: None,
-        job_id: None,
-        team: None,
-        contact: None,
-    })
-    .then_some(o)
+    (o != OwnerData::default()).then_some(o)
 }
 
 /// The episode as events carry it.
@@ -717,7 +721,11 @@ pub fn episode_data(
         policy,
         dry_run,
         keep_url: None,
-        owner: None,
+        owner: Some(OwnerData {
+            owner: e.owner.clone(),
+            owner_ref: e.owner_ref.clone(),
+            ..OwnerData::default()
+        }),
     }
 }
 

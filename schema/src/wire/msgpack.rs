@@ -170,6 +170,8 @@ mod tests {
                 tenant: tenant.map(Into::into),
                 workload: tenant.map(|t| format!("{t}/train")),
                 slo_class: tenant.map(|_| SloClass::LatencyCritical),
+                owner: None,
+                owner_ref: None,
             },
             counters: Counters {
                 sm_active: sm,

@@ -35,6 +35,8 @@ pub fn held(tenant: &str, workload: &str, class: SloClass) -> Attribution {
         tenant: Some(tenant.into()),
         workload: Some(workload.into()),
         slo_class: Some(class),
+        owner: None,
+        owner_ref: None,
     }
 }
 

@@ -35,6 +35,10 @@ pub struct ApiServerConfig {
     pub tenant_label: Option<String>,
     /// Pod annotation whose value is the tenant (after the label).
     pub tenant_annotation: Option<String>,
+    /// Pod label whose value is the workload's owner, named in notices (before the annotation).
+    pub owner_label: Option<String>,
+    /// Pod annotation whose value is the workload's owner (after the label).
+    pub owner_annotation: Option<String>,
     /// Pod label whose value is the SLO class (`latency_critical`, `interactive`, `batch`).
     pub class_label: Option<String>,
     /// Priority class name → SLO class.
@@ -65,6 +69,9 @@ pub struct PodMeta {
     pub priority_class: Option<String>,
     /// `status.phase`.
     pub phase: Option<String>,
+    /// The pod's owner as `Kind/name` (`Job/train`): the controller among its
+    /// `ownerReferences`, else the first.
+    pub owner_ref: Option<String>,
 }
 
 impl PodMeta {
@@ -95,6 +102,14 @@ fn pod_meta(p: kube::Pod) -> ((String, String), PodMeta) {
             annotations: p.metadata.annotations,
             priority_class: p.spec.priority_class_name,
             phase: p.status.phase,
+            owner_ref: p
+                .metadata
+                .owner_references
+                .iter()
+                .find(|o| o.controller)
+                .or(p.metadata.owner_references.first())
+                .filter(|o| !o.kind.is_empty() && !o.name.is_empty())
+                .map(|o| format!("{}/{}", o.kind, o.name)),
         },
     )
 }

@@ -85,6 +85,8 @@ impl Simulator {
                                 tenant: Some(lease.tenant.clone()),
                                 workload: Some(lease.workload.clone()),
                                 slo_class: Some(lease.slo_class),
+                                owner: None,
+                                owner_ref: None,
                             },
                             bucket,
                             mask,

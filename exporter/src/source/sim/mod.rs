@@ -340,6 +340,8 @@ impl Simulator {
                     tenant: Some(l.tenant),
                     workload: Some(l.workload),
                     slo_class: Some(l.slo_class),
+                    owner: None,
+                    owner_ref: None,
                 });
                 second.readings.push(Reading {
                     instance: inst.instance.clone(),

@@ -34,6 +34,10 @@ pub(super) struct Dims {
     pub(super) next_holder: i32,
     pub(super) new_instances: Vec<(i32, InstanceKey)>,
     pub(super) new_holders: Vec<(i32, HolderKey)>,
+    /// Each holder's owner and owner reference as last sent (`holder_owners`); a series without
+    /// them changes nothing, so only a change is written.
+    owners: HashMap<i32, Owner>,
+    new_owners: Vec<(i32, Owner)>,
     /// A series' key, encoded for a look-up; kept to reuse its allocation.
     scratch: Vec<u8>,
     /// Each node's last batch: the slots its entries' keys were found at, in its order.
@@ -52,6 +56,9 @@ pub(super) struct InstanceKey {
 }
 
 pub(super) type HolderKey = (Option<String>, Option<String>, Option<String>);
+
+/// A holder's (owner, owner_ref).
+type Owner = (Option<String>, Option<String>);
 
 /// Keys interned as bytes, found from a series' borrowed fields without an allocation.
 ///
@@ -326,6 +333,10 @@ impl Dims {
             encode_holder_key(&key, &mut scratch);
             holders.insert(hash_of(&scratch), &scratch, id);
         }
+        let mut stmt = conn.prepare("SELECT holder_id, owner, owner_ref FROM holder_owners")?;
+        let owners = stmt
+            .query_map([], |r| Ok((r.get::<_, i32>(0)?, (r.get(1)?, r.get(2)?))))?
+            .collect::<duckdb::Result<HashMap<i32, Owner>>>()?;
         Ok(Dims {
             total: per_node.values().sum(),
             next_instance: instances.ids().max().unwrap_or(0) + 1,
@@ -338,6 +349,8 @@ impl Dims {
             per_node,
             new_instances: Vec::new(),
             new_holders: Vec::new(),
+            owners,
+            new_owners: Vec::new(),
             scratch,
             recent: HashMap::new(),
         })
@@ -466,6 +479,9 @@ impl Dims {
                     }
                 };
                 seen.push(slots);
+                if s.owner.is_some() || s.owner_ref.is_some() {
+                    self.note_owner(slots.1.id, s);
+                }
                 let pair = (slots.0.id, slots.1.id);
                 match list {
                     List::Series => these.series.push(pair),
@@ -479,6 +495,18 @@ impl Dims {
             ids.push(these);
         }
         Ok(ids)
+    }
+
+    /// Records `s`'s owner for `holder` when it differs from the one last sent.
+    fn note_owner(&mut self, holder: i32, s: &Series) {
+        let same = self.owners.get(&holder).is_some_and(|(o, r)| {
+            o.as_deref() == s.owner.as_deref() && r.as_deref() == s.owner_ref.as_deref()
+        });
+        if !same {
+            let owner = (s.owner.clone(), s.owner_ref.clone());
+            self.owners.insert(holder, owner.clone());
+            self.new_owners.push((holder, owner));
+        }
     }
 
     /// Every instance of the GPUs of `instances`, sorted, each once: whose masks a group reads (a
@@ -542,6 +570,14 @@ impl Dims {
                 app.append_row(params![id, key.0, key.1, key.2])?;
             }
             app.flush()?;
+        }
+        if !self.new_owners.is_empty() {
+            let mut forget = conn.prepare("DELETE FROM holder_owners WHERE holder_id = ?")?;
+            let mut keep = conn.prepare("INSERT INTO holder_owners VALUES (?, ?, ?)")?;
+            for (id, (owner, owner_ref)) in self.new_owners.drain(..) {
+                forget.execute([id])?;
+                keep.execute(params![id, owner, owner_ref])?;
+            }
         }
         Ok(())
     }

@@ -391,6 +391,8 @@ pub(super) mod tests {
             tenant: Some(t.into()),
             workload: Some(format!("{t}-job")),
             slo_class: Some(SloClass::Batch),
+            owner: None,
+            owner_ref: None,
         };
         let seconds = |from: i64, to: i64| -> Vec<Sample> {
             (from..to)

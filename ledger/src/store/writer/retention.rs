@@ -161,6 +161,11 @@ pub(super) const DIMENSION_RETENTION: &[(&str, &str)] = &[
             UNION SELECT holder_id FROM rollup_share_1h UNION SELECT holder_id FROM hoarding_episodes
             UNION SELECT holder_id FROM energy_1d)",
     ),
+    // After `holders`: an owner outlives no holder.
+    (
+        "holder_owners",
+        "DELETE FROM holder_owners WHERE holder_id NOT IN (SELECT holder_id FROM holders)",
+    ),
 ];
 
 impl WriterThread {
