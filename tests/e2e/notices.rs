@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::common::chat::{Answer, ChatReceiver};
 use crate::common::receiver::{Receiver, assert_schema_valid};
 use crate::common::{ADMIN_TOKEN, Aggregator, eventually};
-use crate::reclaim::{Fed, assert_event_count, fed, get, notices};
+use crate::reclaim::{Fed, assert_event_count, fed, fed_logged, get, notices};
 
 /// `[[notify]]` tables for a Slack and a Teams endpoint of `chat`.
 fn chat_tables(chat: &ChatReceiver) -> String {
@@ -120,6 +120,14 @@ async fn chat_messages_carry_the_keep_link_and_a_keep_withdraws_the_pending_requ
     let link = keep_url(&rx, "4242");
     assert!(link.starts_with(&format!("{}/keep/1.", a.url())), "{link}");
     assert_ne!(link, keep_url(&rx, "lab/nb-idle"), "one link per episode");
+    // The owner the exporter sent, in the event beside what the workload's name tells.
+    let detected = (rx.received().into_iter())
+        .find(|r| r.workload() == "4242" && r.kind() == "hoarding.detected")
+        .unwrap();
+    let owner = &detected.body["data"]["owner"];
+    assert_eq!(owner["job_id"], "4242", "{owner}");
+    assert_eq!(owner["owner"], "alice", "{owner}");
+    assert_eq!(owner["owner_ref"], "Account/physics", "{owner}");
 
     eventually("the chat messages", Duration::from_secs(30), async || {
         (chat.got("slack").len() >= 4 && chat.got("teams").len() >= 4).then_some(())
@@ -151,6 +159,13 @@ async fn chat_messages_carry_the_keep_link_and_a_keep_withdraws_the_pending_requ
     assert!(
         msg.body["text"].as_str().unwrap().contains(&link),
         "fallback text links too"
+    );
+    assert!(
+        msg.body
+            .to_string()
+            .contains("job 4242 of Account/physics, owner alice"),
+        "the message names the owner: {}",
+        msg.body
     );
     let card = (chat.got("teams").into_iter())
         .map(|m| m.body)
@@ -231,6 +246,42 @@ async fn chat_messages_carry_the_keep_link_and_a_keep_withdraws_the_pending_requ
         "the scheduler never gets the withdrawn request: {:?}",
         rx.events()
     );
+}
+
+/// Keep tokens are secrets as long as they last: none appears in the aggregator's log (at
+/// `debug`, through issuing, opening, keeping, a refused tampered token and the evaluations after)
+/// nor in its `/metrics`, though the log does record the keep (so this test can fail).
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_tokens_appear_in_no_log_and_no_metric() {
+    let chat = ChatReceiver::start().await;
+    let Fed { dir, rx, a, .. } = fed_logged(204, "", &chat_tables(&chat), true).await;
+    notices(&a, &rx).await;
+    let link = keep_url(&rx, "4242");
+    let token = link.rsplit('/').next().unwrap().to_owned();
+    assert!(token.len() > 20, "{link}");
+    let (status, body) = keep(&a, &link, "4h").await;
+    assert_eq!(status, 303, "{body}");
+    let mut tampered = link.clone();
+    tampered.push('x');
+    assert_eq!(open(&tampered).await.0, 403);
+    let (status, body) = a.evaluate(ADMIN_TOKEN).await;
+    assert_eq!(status, 200, "{body}");
+    eventually("the chat messages", Duration::from_secs(30), async || {
+        (chat.got("slack").len() >= 4).then_some(())
+    })
+    .await;
+    let metrics = a.metrics_as(ADMIN_TOKEN).await;
+    assert!(metrics.contains("gpuledger_aggregator_keep_requests_total"));
+    assert!(!metrics.contains(&token), "a token in /metrics");
+    let log = std::fs::read_to_string(dir.path().join("aggregator.log")).unwrap();
+    assert!(
+        log.contains("A reclaim exemption was added through a keep link."),
+        "the log records the keep: {log}"
+    );
+    for secret in [&token, &tampered] {
+        let secret = secret.rsplit('/').next().unwrap();
+        assert!(!log.contains(secret), "a token in the log");
+    }
 }
 
 /// The rest of the "done when": a second keep after the first expired works until the

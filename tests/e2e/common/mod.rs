@@ -185,35 +185,57 @@ pub struct Aggregator {
     pub port: u16,
     pub db: std::path::PathBuf,
     args: Vec<String>,
+    /// Where its log goes (at `debug`), when a test reads it; else the test's stderr (`warn`).
+    log: Option<std::path::PathBuf>,
 }
 
 impl Aggregator {
     /// Starts `gpuledger aggregator --db <db> --listen 127.0.0.1:<port> <args>` (port 0: a free
     /// one) with [`ADMIN_TOKEN`] and waits for /healthz.
     pub async fn start(db: &Path, port: u16, args: &[&str]) -> Aggregator {
+        Self::start_logged(db, port, args, None).await
+    }
+
+    /// [`Aggregator::start`], its log at `debug` appended to `log` (restarts too) when given.
+    pub async fn start_logged(
+        db: &Path,
+        port: u16,
+        args: &[&str],
+        log: Option<&Path>,
+    ) -> Aggregator {
         let port = if port == 0 { free_port() } else { port };
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let log = log.map(Path::to_owned);
         let mut a = Aggregator {
-            child: Self::spawn(db, port, args),
+            child: Self::spawn(db, port, &args, log.as_deref()),
             port,
             db: db.to_owned(),
-            args: args.iter().map(|s| s.to_string()).collect(),
+            args,
+            log,
         };
         a.wait_healthy().await;
         a
     }
 
-    fn spawn(db: &Path, port: u16, args: &[impl AsRef<std::ffi::OsStr>]) -> Child {
-        gpuledger()
-            .arg("aggregator")
+    fn spawn(db: &Path, port: u16, args: &[String], log: Option<&Path>) -> Child {
+        let mut cmd = gpuledger();
+        cmd.arg("aggregator")
             .arg("--db")
             .arg(db)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(args)
             .env("GPULEDGER_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("the gpuledger binary starts")
+            .stdout(Stdio::null());
+        if let Some(log) = log {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap();
+            cmd.env("RUST_LOG", "debug").stderr(file);
+        }
+        cmd.spawn().expect("the gpuledger binary starts")
     }
 
     async fn wait_healthy(&mut self) {
@@ -273,7 +295,7 @@ impl Aggregator {
     pub async fn crash_and_restart(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-        self.child = Self::spawn(&self.db, self.port, &self.args);
+        self.child = Self::spawn(&self.db, self.port, &self.args, self.log.as_deref());
         self.wait_healthy().await;
     }
 
