@@ -29,7 +29,8 @@
 //!
 //! Run: `cargo bench --bench ingest_load` (release), options after `--`: `--senders 1000`,
 //! `--seconds 60` (per node, throughput phase; 0 skips it), `--paced-senders 1250`, `--paced-seconds 30`,
-//! `--flag ARG` (repeatable: passed to the aggregator), `--memory-trace`, `--wire-format json`
+//! `--flag ARG` (repeatable: passed to the aggregator), `--memory-trace`, `--energy` (each batch
+//! also carries its 8 GPUs' joules per second, as with the exporter's energy collector), `--wire-format json`
 //! (the bodies' encoding; default msgpack, what the exporter sends), `--rewrite-instances N`
 //! (the aggregator starts on a ledger holding a closed hour of N instances in live order that it
 //! has yet to rewrite, as after a restart; use with `--seconds 0` and a paced phase long enough
@@ -43,7 +44,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fleet::{INSTANCES_PER_NODE, node_batches, node_name, quantile};
+use fleet::{INSTANCES_PER_NODE, node_batches_with, node_name, quantile};
 use gpuledger_ledger::store::writer::RawColumns;
 use gpuledger_schema::wire::{Batch, Format};
 
@@ -59,6 +60,8 @@ struct Args {
     format: Format,
     /// Instances of the closed hour the aggregator rewrites as it starts (0: none).
     rewrite_instances: i64,
+    /// Each batch carries its GPUs' joules per second (`gpus`), as with the energy collector.
+    energy: bool,
 }
 
 /// Two values of the aggregator's `/metrics`, by their full names.
@@ -201,6 +204,7 @@ fn args() -> Args {
         memory_trace: false,
         format: Format::default(),
         rewrite_instances: 0,
+        energy: false,
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -214,6 +218,11 @@ fn args() -> Args {
             "--flag" => a.flags.push(value()),
             "--wire-format" => a.format = value().parse().unwrap(),
             "--rewrite-instances" => a.rewrite_instances = value().parse().unwrap(),
+            "--energy" => {
+                a.energy = true;
+                i += 1;
+                continue;
+            }
             "--memory-trace" => {
                 a.memory_trace = true;
                 i += 1;
@@ -492,12 +501,13 @@ fn main() {
     let mut cols = RawColumns::default();
     let (mut first, mut bulk, mut paced) = (Vec::new(), Vec::new(), Vec::new());
     for node in 0..nodes {
-        let all = node_batches(
+        let all = node_batches_with(
             node,
             BATCH_SECONDS + a.seconds + a.paced_seconds,
             BATCH_SECONDS,
             t0,
             88172645463325252 + node as u64,
+            a.energy,
         );
         let (head, rest) = all.split_at(1);
         let (mid, tail) = rest.split_at((a.seconds / BATCH_SECONDS) as usize);
@@ -675,6 +685,16 @@ fn main() {
         [stored, raw, minutes, batches].iter().all(|&n| n == sent),
         "stored must equal sent"
     );
+    if a.energy {
+        // Every GPU-second sent (one per 7 instance-seconds) is in the minute energy rollup once.
+        let gpu_seconds = count("SELECT sum(observed_seconds)::BIGINT FROM energy_gpu_1m");
+        eprintln!("  GPU-seconds of energy in the ledger's minute rollup: {gpu_seconds}");
+        assert_eq!(
+            gpu_seconds * 7,
+            sent,
+            "every GPU-second's energy stored once"
+        );
+    }
     if prefilled > 0 {
         // The file holds the prefilled hour too: its bytes say nothing of the batches'.
         return;

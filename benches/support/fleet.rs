@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuledger_schema::wire::Batch;
-use gpuledger_schema::{Attribution, Counters, Instance, Sample, SloClass};
+use gpuledger_schema::{Attribution, Counters, GpuSample, Instance, Sample, SloClass};
 
 /// The admin token the benchmarks' aggregators accept.
 pub const TOKEN: &str = "bench-admin-token-0123456789";
@@ -35,6 +35,20 @@ pub fn node_batches(
     t0: i64,
     seed: u64,
 ) -> Vec<Batch> {
+    node_batches_with(node, seconds, batch_seconds, t0, seed, false)
+}
+
+/// [`node_batches`], and with `energy` each GPU's joules for each second in the batch's `gpus`
+/// (75 to 700 J, as an H100's board between idle and its limit), as an exporter with the energy
+/// collector sends them.
+pub fn node_batches_with(
+    node: usize,
+    seconds: i64,
+    batch_seconds: i64,
+    t0: i64,
+    seed: u64,
+    energy: bool,
+) -> Vec<Batch> {
     let mut x: u64 = seed | 1;
     let mut rnd = move || {
         x ^= x << 13;
@@ -47,8 +61,18 @@ pub fn node_batches(
     let mut start = t0;
     while start < t0 + seconds {
         let mut samples = Vec::new();
+        let mut gpus = Vec::new();
         for t in start..(start + batch_seconds).min(t0 + seconds) {
             for gpu in 0..8u32 {
+                if energy {
+                    gpus.push(GpuSample {
+                        timestamp: t,
+                        node: name.clone(),
+                        gpu_uuid: format!("GPU-{node:04}-{gpu}"),
+                        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                        energy_joules: Some(75.0 + (rnd() % 625_000) as f64 / 1000.0),
+                    });
+                }
                 for gi in 0..7u32 {
                     let sm = (rnd() % 1000) as f64 / 1000.0;
                     samples.push(Sample {
@@ -66,6 +90,8 @@ pub fn node_batches(
                             tenant: Some(format!("tenant-{}", (node * 8 + gpu as usize) % 40)),
                             workload: Some(format!("wl-{node}-{gpu}-{gi}")),
                             slo_class: Some(SloClass::Batch),
+                            owner: None,
+                            owner_ref: None,
                         },
                         counters: Counters {
                             sm_active: Some(sm),
@@ -81,7 +107,7 @@ pub fn node_batches(
                 }
             }
         }
-        out.push(Batch::from_samples(&name, &samples));
+        out.push(Batch::from_samples(&name, &samples).with_gpus(&gpus));
         start += batch_seconds;
     }
     out

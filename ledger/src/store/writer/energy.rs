@@ -203,14 +203,25 @@ pub(super) fn write_energy(
         }
         app.flush()?;
     }
-    tx.execute_batch(&energy_rollup())
+    static ROLLUP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    tx.execute_batch(ROLLUP.get_or_init(energy_rollup))
 }
 
-/// Merges the scratch tables into every energy rollup, then empties them.
+/// Merges the scratch tables into every energy rollup, then empties them (built once). Each MERGE
+/// matches only target rows inside the group's bucket range (as the sample rollups do,
+/// [`super::rollups::rollup_statements`]), so that it scans the buckets it can touch, not a
+/// table that grows with the fleet's history.
 fn energy_rollup() -> String {
-    let mut sql = String::from(
+    let range = |scratch: &str, width: i64| {
+        format!(
+            "r.bucket BETWEEN (SELECT min(bucket) - min(bucket) % {width} FROM {scratch})
+                          AND (SELECT max(bucket) FROM {scratch})"
+        )
+    };
+    let mut sql = format!(
         "MERGE INTO energy_gpu_1m AS r USING ingest_energy_gpu AS d
          ON r.bucket = d.bucket AND r.node = d.node AND r.gpu_uuid = d.gpu_uuid
+            AND {}
          WHEN MATCHED THEN UPDATE SET seconds_mask = r.seconds_mask | d.seconds_mask,
              observed_seconds = r.observed_seconds + d.observed_seconds,
              energy_j = r.energy_j + d.energy_j, idle_j = r.idle_j + d.idle_j,
@@ -218,9 +229,12 @@ fn energy_rollup() -> String {
          WHEN NOT MATCHED THEN INSERT BY NAME;
          MERGE INTO energy_1m AS r USING ingest_energy AS d
          ON r.bucket = d.bucket AND r.instance_id = d.instance_id AND r.holder_id = d.holder_id
+            AND {}
          WHEN MATCHED THEN UPDATE SET seconds = r.seconds + d.seconds,
              idle_j = r.idle_j + d.idle_j, active_j = r.active_j + d.active_j
          WHEN NOT MATCHED THEN INSERT BY NAME;",
+        range("ingest_energy_gpu", 60),
+        range("ingest_energy", 60),
     );
     for (table, width) in [("1h", 3600), ("1d", 86400)] {
         sql.push_str(&format!(
@@ -231,6 +245,7 @@ fn energy_rollup() -> String {
                         sum(energy_j) AS energy_j, sum(idle_j) AS idle_j, sum(uncovered_j) AS uncovered_j
                  FROM ingest_energy_gpu GROUP BY ALL) AS d
              ON r.bucket = d.bucket AND r.node = d.node AND r.gpu_uuid = d.gpu_uuid
+                AND {gpu_range}
              WHEN MATCHED THEN UPDATE SET seconds = r.seconds + d.seconds,
                  observed_seconds = r.observed_seconds + d.observed_seconds,
                  energy_j = r.energy_j + d.energy_j, idle_j = r.idle_j + d.idle_j,
@@ -241,9 +256,12 @@ fn energy_rollup() -> String {
                         sum(seconds)::BIGINT AS seconds, sum(idle_j) AS idle_j, sum(active_j) AS active_j
                  FROM ingest_energy GROUP BY ALL) AS d
              ON r.bucket = d.bucket AND r.instance_id = d.instance_id AND r.holder_id = d.holder_id
+                AND {part_range}
              WHEN MATCHED THEN UPDATE SET seconds = r.seconds + d.seconds,
                  idle_j = r.idle_j + d.idle_j, active_j = r.active_j + d.active_j
-             WHEN NOT MATCHED THEN INSERT BY NAME;"
+             WHEN NOT MATCHED THEN INSERT BY NAME;",
+            gpu_range = range("ingest_energy_gpu", width),
+            part_range = range("ingest_energy", width),
         ));
     }
     sql.push_str("DELETE FROM ingest_energy_gpu; DELETE FROM ingest_energy;");
