@@ -128,6 +128,19 @@ async fn chat_messages_carry_the_keep_link_and_a_keep_withdraws_the_pending_requ
     assert_eq!(owner["job_id"], "4242", "{owner}");
     assert_eq!(owner["owner"], "alice", "{owner}");
     assert_eq!(owner["owner_ref"], "Account/physics", "{owner}");
+    // ... and on the Hoarding page's open episodes (its CSV: the table as shown).
+    let csv = client()
+        .get(format!("{}/hoarding?format=csv&table=open", a.url()))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(csv.lines().next().unwrap().contains(",owner,"), "{csv}");
+    let row = csv.lines().find(|l| l.contains(",4242,")).expect(&csv);
+    assert!(row.contains(",alice (Account/physics),"), "{row}");
 
     eventually("the chat messages", Duration::from_secs(30), async || {
         (chat.got("slack").len() >= 4 && chat.got("teams").len() >= 4).then_some(())

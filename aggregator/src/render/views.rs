@@ -278,6 +278,7 @@ pub fn episodes(rows: &[EpisodeRow], id: &'static str, query: &str) -> Table {
         vec![
             Column::text("tenant", "Tenant"),
             Column::text("workload", "Workload"),
+            Column::text("owner", "Owner"),
             Column::text("slo_class", "Class"),
             Column::text("node", "Node"),
             Column::text("gpu_uuid", "GPU"),
@@ -296,6 +297,11 @@ pub fn episodes(rows: &[EpisodeRow], id: &'static str, query: &str) -> Table {
                 None => Cell::Empty,
             },
             Cell::opt_text(e.workload.clone()),
+            // As the exporter's attribution sent it: `alice (Account/physics)`.
+            Cell::opt_text(match (&e.owner, &e.owner_ref) {
+                (Some(o), Some(r)) => Some(format!("{o} ({r})")),
+                (o, r) => o.clone().or_else(|| r.clone()),
+            }),
             Cell::opt_text(e.slo_class.clone()),
             Cell::text(e.node.clone()),
             Cell::text(e.gpu_uuid.clone()),
