@@ -157,6 +157,18 @@ pub const MAX_NVLINK_BYTES_PER_SECOND: u64 = 8_000_000_000_000;
 /// pod's `namespace/name` is at most 317; nothing legitimate comes near.
 pub const MAX_NAME_BYTES: usize = 512;
 
+/// Whether `name` may travel as a tenant, workload or owner: not empty, at most
+/// [`MAX_NAME_BYTES`], no control characters, no whitespace at either end (what
+/// [`Sample::validate`] requires of them). What an attributor reads from outside (a pod
+/// annotation) is checked with this before it is sent, so that one odd value cannot get every
+/// batch of its node refused.
+pub fn is_wire_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
+        && !name.chars().any(char::is_control)
+        && name.trim() == name
+}
+
 /// Largest MIG GPU instance id or placement value accepted. NVML's ids are below 16 and
 /// placements are in eighths of the memory; the bound keeps them clear of the ledger's "whole
 /// GPU" marker (−1) and of 32-bit overflow.
@@ -418,6 +430,26 @@ impl Sample {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What an attributor may send as an owner is exactly what validation accepts.
+    #[test]
+    fn a_wire_name_is_what_validation_accepts() {
+        let long = "a".repeat(MAX_NAME_BYTES + 1);
+        for (name, ok) in [
+            ("alice", true),
+            ("team vision", true),
+            ("", false),
+            (" alice", false),
+            ("alice\n", false),
+            ("line\nbreak", false),
+            (long.as_str(), false),
+        ] {
+            assert_eq!(is_wire_name(name), ok, "{name:?}");
+            let mut s = whole_gpu();
+            s.attribution.owner = Some(name.into());
+            assert_eq!(s.validate().is_ok(), ok, "{name:?}");
+        }
+    }
 
     fn whole_gpu() -> Sample {
         Sample {

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use gpuledger_schema::sample::is_wire_name;
 use gpuledger_schema::{Attribution, SloClass};
 
 use super::Attributor;
@@ -125,12 +126,13 @@ impl SlurmJobMap {
                     .copied()
                     .unwrap_or(SloClass::Batch),
             ),
-            owner: job.fields.get("user").filter(|u| !u.is_empty()).cloned(),
+            owner: job.fields.get("user").filter(|u| is_wire_name(u)).cloned(),
             owner_ref: job
                 .fields
                 .get("account")
                 .filter(|a| !a.is_empty())
-                .map(|a| format!("Account/{a}")),
+                .map(|a| format!("Account/{a}"))
+                .filter(|a| is_wire_name(a)),
         })
     }
 

@@ -440,18 +440,21 @@ impl KubeletAttributor {
                 api?.priority_classes.get(pc).copied()
             })
             .or_else(|| self.config.namespace_classes.get(&h.namespace).copied());
-        let owner =
+        // Named in notices only: a value that could not travel is left out, never sent.
+        let wire = |v: Option<String>| v.filter(|v| gpuledger_schema::sample::is_wire_name(v));
+        let owner = wire(
             from_meta(api.and_then(|a| a.owner_label.as_ref()), |m| &m.labels).or_else(|| {
                 from_meta(api.and_then(|a| a.owner_annotation.as_ref()), |m| {
                     &m.annotations
                 })
-            });
+            }),
+        );
         Attribution {
             tenant: Some(tenant),
             workload: Some(format!("{}/{}", h.namespace, h.pod)),
             slo_class,
             owner,
-            owner_ref: meta.and_then(|m| m.owner_ref.clone()),
+            owner_ref: wire(meta.and_then(|m| m.owner_ref.clone())),
         }
     }
 }
