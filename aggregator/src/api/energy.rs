@@ -44,13 +44,7 @@ pub async fn energy(
     reader: Reader,
     Query(q): Query<EnergyQuery>,
 ) -> Result<Json<Energy>, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "limit",
-            format!("must be 1 to {MAX_LIMIT}"),
-        ));
-    }
+    let limit = super::extract::page_limit(q.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let offset = q.offset.unwrap_or(0);
     Ok(Json(
         compute(&app, reader.scope, q).await?.page(offset, limit),

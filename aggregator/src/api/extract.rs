@@ -189,6 +189,19 @@ impl<'de> serde::Deserialize<'de> for Month {
     }
 }
 
+/// A page's `limit` parameter: `default` when absent, else 1 to `max`; a 400 naming `limit`.
+pub fn page_limit(given: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    let limit = given.unwrap_or(default);
+    if (1..=max).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::bad_request(
+            "limit",
+            format!("must be 1 to {max}"),
+        ))
+    }
+}
+
 /// The range parameters most read endpoints take: `month=YYYY-MM`, or `from`/`to` (`to`
 /// defaults to now, `from` to the start of `to`'s UTC month). Declared in each query struct
 /// (serde cannot flatten into a struct that refuses unknown fields) and read here once.

@@ -46,13 +46,7 @@ pub async fn rightsizing(
     reader: Reader,
     Query(q): Query<RightsizingQuery>,
 ) -> Result<Json<Rightsizing>, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "limit",
-            format!("must be 1 to {MAX_LIMIT}"),
-        ));
-    }
+    let limit = super::extract::page_limit(q.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let (reason, offset) = (q.reason, q.offset.unwrap_or(0));
     let v = compute(&app, reader.scope, q).await?;
     Ok(Json(v.page(reason, offset, limit)))

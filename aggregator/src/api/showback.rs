@@ -39,13 +39,7 @@ pub async fn showback(
     reader: Reader,
     Query(q): Query<ShowbackQuery>,
 ) -> Result<Json<showback::ShowbackView>, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "limit",
-            format!("must be 1 to {MAX_LIMIT}"),
-        ));
-    }
+    let limit = super::extract::page_limit(q.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let offset = q.offset.unwrap_or(0);
     Ok(Json(view(&app, reader, q).await?.page(offset, limit)))
 }
